@@ -1,0 +1,1 @@
+"""Load generation, the engine simulator and benchmarks for extproc."""
