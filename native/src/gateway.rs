@@ -1,0 +1,105 @@
+//! The gateway's shared, read-mostly state: served models and their engine endpoints.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde_json::json;
+
+use crate::model::ModelFiles;
+
+pub fn unix_now() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+}
+
+pub struct ServedModel {
+    pub name: String,
+    pub files: ModelFiles,
+    pub max_context: u32,
+    pub created: u64,
+    /// Endpoints ("host:port") ready to take requests, set by the control plane.
+    endpoints: RwLock<Arc<Vec<String>>>,
+    next: AtomicUsize,
+}
+
+impl ServedModel {
+    /// Round robin over the ready endpoints; `None` when none is ready.
+    pub fn pick_endpoint(&self) -> Option<String> {
+        let endpoints = self.endpoints.read().expect("endpoint lock").clone();
+        if endpoints.is_empty() {
+            return None;
+        }
+        let i = self.next.fetch_add(1, Ordering::Relaxed) % endpoints.len();
+        Some(endpoints[i].clone())
+    }
+
+    pub fn set_endpoints(&self, endpoints: Vec<String>) {
+        *self.endpoints.write().expect("endpoint lock") = Arc::new(endpoints);
+    }
+
+    pub fn endpoints(&self) -> Arc<Vec<String>> {
+        self.endpoints.read().expect("endpoint lock").clone()
+    }
+}
+
+/// Limits applied to every request.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    pub max_body_bytes: usize,
+    /// Largest single gRPC message accepted from an engine.
+    pub max_engine_message: usize,
+}
+
+pub struct Gateway {
+    models: RwLock<HashMap<String, Arc<ServedModel>>>,
+    pub limits: Limits,
+}
+
+impl Gateway {
+    pub fn new(limits: Limits) -> Self {
+        Gateway { models: RwLock::new(HashMap::new()), limits }
+    }
+
+    /// Load a model directory and serve it as `name` (replacing any model of that name).
+    pub fn add_model(&self, name: &str, dir: &Path, max_context: Option<u32>) -> Result<Arc<ServedModel>, String> {
+        let files = ModelFiles::load(dir)?;
+        let max_context = max_context.or(files.max_context).unwrap_or(8192);
+        let model = Arc::new(ServedModel {
+            name: name.to_string(),
+            files,
+            max_context,
+            created: unix_now(),
+            endpoints: RwLock::new(Arc::new(Vec::new())),
+            next: AtomicUsize::new(0),
+        });
+        self.models.write().expect("model lock").insert(name.to_string(), model.clone());
+        Ok(model)
+    }
+
+    pub fn model(&self, name: &str) -> Option<Arc<ServedModel>> {
+        self.models.read().expect("model lock").get(name).cloned()
+    }
+
+    /// `GET /v1/models`: every served model, sorted by name.
+    pub fn models_json(&self) -> Vec<u8> {
+        let models = self.models.read().expect("model lock");
+        let mut names: Vec<&String> = models.keys().collect();
+        names.sort();
+        let data: Vec<_> = names
+            .into_iter()
+            .map(|name| {
+                let m = &models[name];
+                json!({
+                    "id": m.name,
+                    "object": "model",
+                    "created": m.created,
+                    "owned_by": "extproc",
+                    "max_model_len": m.max_context,
+                })
+            })
+            .collect();
+        serde_json::to_vec(&json!({"object": "list", "data": data})).expect("models JSON serializes")
+    }
+}

@@ -1,0 +1,232 @@
+//! `POST /v1/chat/completions` request: parsed, validated, ready for the template and the engine.
+
+use serde_json::{Map, Value};
+
+use super::fields::{
+    opt_bool, opt_f32, opt_int, opt_object, opt_str, opt_str_or_list, opt_u32_list, Object,
+};
+use crate::error::ApiError;
+
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Sampling {
+    pub max_tokens: Option<u32>,
+    pub min_tokens: u32,
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub top_k: Option<i32>,
+    pub min_p: Option<f32>,
+    pub presence_penalty: Option<f32>,
+    pub frequency_penalty: Option<f32>,
+    pub repetition_penalty: Option<f32>,
+    pub seed: Option<i32>,
+    pub stop: Vec<String>,
+    pub stop_token_ids: Vec<u32>,
+    pub ignore_eos: bool,
+    pub skip_special_tokens: bool,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct ChatRequest {
+    pub model: String,
+    /// Messages as the template sees them: text content parts joined into one string.
+    pub messages: Vec<Value>,
+    pub stream: bool,
+    pub include_usage: bool,
+    pub tools: Option<Value>,
+    pub add_generation_prompt: bool,
+    pub continue_final_message: bool,
+    pub chat_template_kwargs: Map<String, Value>,
+    pub sampling: Sampling,
+}
+
+pub fn parse_chat_request(body: &[u8]) -> Result<ChatRequest, ApiError> {
+    let value: Value = serde_json::from_slice(body)
+        .map_err(|e| ApiError::invalid(format!("request body is not valid JSON: {e}")))?;
+    let obj = value.as_object().ok_or_else(|| ApiError::invalid("request body must be a JSON object"))?;
+
+    let model = opt_str(obj, "model")?
+        .ok_or_else(|| ApiError::invalid_param("model", "'model' is required"))?
+        .to_string();
+    let messages = parse_messages(obj)?;
+    let stream = opt_bool(obj, "stream")?.unwrap_or(false);
+    let include_usage = match opt_object(obj, "stream_options")? {
+        Some(options) => opt_bool(options, "include_usage")
+            .map_err(|_| ApiError::invalid_param("stream_options.include_usage", "must be a boolean"))?
+            .unwrap_or(false),
+        None => false,
+    };
+    if let Some(n) = opt_int(obj, "n", 1, 128)? {
+        if n != 1 {
+            return Err(ApiError::invalid_param("n", "n > 1 is not supported yet"));
+        }
+    }
+    if opt_bool(obj, "logprobs")?.unwrap_or(false) {
+        return Err(ApiError::invalid_param("logprobs", "logprobs are not supported yet"));
+    }
+    let continue_final_message = opt_bool(obj, "continue_final_message")?.unwrap_or(false);
+    let add_generation_prompt = opt_bool(obj, "add_generation_prompt")?.unwrap_or(!continue_final_message);
+    if continue_final_message && add_generation_prompt {
+        return Err(ApiError::invalid_param(
+            "continue_final_message",
+            "continue_final_message and add_generation_prompt cannot both be true",
+        ));
+    }
+    let tools = match obj.get("tools") {
+        None | Some(Value::Null) => None,
+        Some(tools @ Value::Array(_)) => Some(tools.clone()),
+        Some(_) => return Err(ApiError::invalid_param("tools", "'tools' must be a list")),
+    };
+    let chat_template_kwargs = opt_object(obj, "chat_template_kwargs")?.cloned().unwrap_or_default();
+
+    Ok(ChatRequest {
+        model,
+        messages,
+        stream,
+        include_usage,
+        tools,
+        add_generation_prompt,
+        continue_final_message,
+        chat_template_kwargs,
+        sampling: parse_sampling(obj)?,
+    })
+}
+
+fn parse_sampling(obj: &Object) -> Result<Sampling, ApiError> {
+    let max_tokens = match opt_int(obj, "max_completion_tokens", 1, u32::MAX as i64)? {
+        Some(n) => Some(n),
+        None => opt_int(obj, "max_tokens", 1, u32::MAX as i64)?,
+    };
+    let stop = opt_str_or_list(obj, "stop")?;
+    if stop.iter().any(String::is_empty) {
+        return Err(ApiError::invalid_param("stop", "stop strings must not be empty"));
+    }
+    Ok(Sampling {
+        max_tokens: max_tokens.map(|n| n as u32),
+        min_tokens: opt_int(obj, "min_tokens", 0, u32::MAX as i64)?.unwrap_or(0) as u32,
+        temperature: opt_f32(obj, "temperature", 0.0, 2.0)?,
+        top_p: opt_f32(obj, "top_p", f64::MIN_POSITIVE, 1.0)?,
+        top_k: opt_int(obj, "top_k", -1, i32::MAX as i64)?.map(|k| k as i32),
+        min_p: opt_f32(obj, "min_p", 0.0, 1.0)?,
+        presence_penalty: opt_f32(obj, "presence_penalty", -2.0, 2.0)?,
+        frequency_penalty: opt_f32(obj, "frequency_penalty", -2.0, 2.0)?,
+        repetition_penalty: opt_f32(obj, "repetition_penalty", f64::MIN_POSITIVE, 2.0)?,
+        seed: opt_int(obj, "seed", i32::MIN as i64, i32::MAX as i64)?.map(|s| s as i32),
+        stop,
+        stop_token_ids: opt_u32_list(obj, "stop_token_ids")?,
+        ignore_eos: opt_bool(obj, "ignore_eos")?.unwrap_or(false),
+        skip_special_tokens: opt_bool(obj, "skip_special_tokens")?.unwrap_or(true),
+    })
+}
+
+fn parse_messages(obj: &Object) -> Result<Vec<Value>, ApiError> {
+    let list = match obj.get("messages") {
+        None | Some(Value::Null) => return Err(ApiError::invalid_param("messages", "'messages' is required")),
+        Some(Value::Array(list)) => list,
+        Some(_) => return Err(ApiError::invalid_param("messages", "'messages' must be a list")),
+    };
+    if list.is_empty() {
+        return Err(ApiError::invalid_param("messages", "'messages' must not be empty"));
+    }
+    list.iter().enumerate().map(|(i, m)| normalize_message(i, m)).collect()
+}
+
+fn normalize_message(index: usize, message: &Value) -> Result<Value, ApiError> {
+    let param = format!("messages[{index}]");
+    let mut message = message
+        .as_object()
+        .cloned()
+        .ok_or_else(|| ApiError::invalid_param(&param, format!("{param} must be an object")))?;
+    match message.get("role") {
+        Some(Value::String(_)) => {}
+        _ => return Err(ApiError::invalid_param(&format!("{param}.role"), format!("{param}.role must be a string"))),
+    }
+    let content_param = format!("{param}.content");
+    let content = match message.get("content") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(_)) => None, // kept as is
+        Some(Value::Array(parts)) => Some(join_text_parts(parts, &content_param)?),
+        Some(_) => {
+            return Err(ApiError::invalid_param(&content_param, format!("{content_param} must be a string or a list of parts")))
+        }
+    };
+    if let Some(text) = content {
+        message.insert("content".into(), Value::String(text));
+    }
+    Ok(Value::Object(message))
+}
+
+/// Text parts joined with newlines (what vLLM does for "string"-format templates).
+fn join_text_parts(parts: &[Value], param: &str) -> Result<String, ApiError> {
+    let mut texts = Vec::with_capacity(parts.len());
+    for part in parts {
+        let kind = part.get("type").and_then(Value::as_str);
+        match (kind, part.get("text").and_then(Value::as_str)) {
+            (Some("text"), Some(text)) => texts.push(text),
+            (Some("text"), None) => return Err(ApiError::invalid_param(param, "a text part needs a 'text' string")),
+            (Some(other), _) => {
+                return Err(ApiError::invalid_param(param, format!("content parts of type '{other}' are not supported")))
+            }
+            (None, _) => return Err(ApiError::invalid_param(param, "each content part needs a 'type'")),
+        }
+    }
+    Ok(texts.join("\n"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn err(body: &str) -> ApiError {
+        parse_chat_request(body.as_bytes()).unwrap_err()
+    }
+
+    #[test]
+    fn parses_a_minimal_request_with_defaults() {
+        let r = parse_chat_request(br#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#).unwrap();
+        assert_eq!(r.model, "m");
+        assert!(!r.stream && r.add_generation_prompt && r.sampling.skip_special_tokens);
+        assert_eq!(r.sampling.max_tokens, None);
+    }
+
+    #[test]
+    fn rejects_bad_input_naming_the_parameter() {
+        let cases = [
+            ("{", None),
+            ("[]", None),
+            (r#"{"messages":[{"role":"user","content":"x"}]}"#, Some("model")),
+            (r#"{"model":"m"}"#, Some("messages")),
+            (r#"{"model":"m","messages":[]}"#, Some("messages")),
+            (r#"{"model":"m","messages":"hi"}"#, Some("messages")),
+            (r#"{"model":"m","messages":[{"content":"x"}]}"#, Some("messages[0].role")),
+            (r#"{"model":"m","messages":[{"role":"user","content":5}]}"#, Some("messages[0].content")),
+            (r#"{"model":"m","messages":[{"role":"user","content":"x"}],"temperature":"hot"}"#, Some("temperature")),
+            (r#"{"model":"m","messages":[{"role":"user","content":"x"}],"temperature":3}"#, Some("temperature")),
+            (r#"{"model":"m","messages":[{"role":"user","content":"x"}],"max_tokens":0}"#, Some("max_tokens")),
+            (r#"{"model":"m","messages":[{"role":"user","content":"x"}],"max_tokens":1.5}"#, Some("max_tokens")),
+            (r#"{"model":"m","messages":[{"role":"user","content":"x"}],"stream":"yes"}"#, Some("stream")),
+            (r#"{"model":"m","messages":[{"role":"user","content":"x"}],"top_p":0}"#, Some("top_p")),
+        ];
+        for (body, param) in cases {
+            let e = err(body);
+            assert_eq!(e.status, 400, "{body}");
+            assert_eq!(e.param.as_deref(), param, "{body}");
+        }
+    }
+
+    #[test]
+    fn joins_text_parts_and_reads_stream_options() {
+        let r = parse_chat_request(
+            br#"{"model":"m","stream":true,"stream_options":{"include_usage":true},"max_completion_tokens":7,
+                "messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]}]}"#,
+        )
+        .unwrap();
+        assert_eq!(r.messages[0]["content"], "a\nb");
+        assert!(r.stream && r.include_usage);
+        assert_eq!(r.sampling.max_tokens, Some(7));
+    }
+
+    #[test]
+    fn unknown_fields_are_ignored() {
+        assert!(parse_chat_request(br#"{"model":"m","messages":[{"role":"user","content":"x"}],"foo":{"bar":1}}"#).is_ok());
+    }
+}

@@ -1,0 +1,34 @@
+//! `google.protobuf.Struct` / `Value`: only what dynamic metadata needs (nested string maps).
+
+use std::collections::BTreeMap;
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct Struct {
+    #[prost(btree_map = "string, message", tag = "1")]
+    pub fields: BTreeMap<String, Value>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct Value {
+    #[prost(oneof = "value::Kind", tags = "3, 5")]
+    pub kind: Option<value::Kind>,
+}
+
+pub mod value {
+    #[derive(Clone, PartialEq, prost::Oneof)]
+    pub enum Kind {
+        #[prost(string, tag = "3")]
+        StringValue(String),
+        #[prost(message, tag = "5")]
+        StructValue(super::Struct),
+    }
+}
+
+impl Value {
+    pub fn string(s: impl Into<String>) -> Self {
+        Value { kind: Some(value::Kind::StringValue(s.into())) }
+    }
+    pub fn structure(s: Struct) -> Self {
+        Value { kind: Some(value::Kind::StructValue(s)) }
+    }
+}

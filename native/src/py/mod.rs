@@ -1,0 +1,111 @@
+//! PyO3 glue: the only place that knows about Python. Every call copies its inputs into owned Rust
+//! values and releases the GIL while the work runs.
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict, PyList};
+
+use crate::gateway::{Gateway, Limits};
+use crate::stream::RequestStream;
+
+/// Served models and their endpoints, shared by every request stream.
+#[pyclass(name = "Gateway", module = "extproc._native", frozen)]
+pub struct PyGateway {
+    inner: Arc<Gateway>,
+}
+
+#[pymethods]
+impl PyGateway {
+    #[new]
+    #[pyo3(signature = (*, max_body_bytes, max_engine_message = 64 * 1024 * 1024))]
+    fn new(max_body_bytes: usize, max_engine_message: usize) -> Self {
+        PyGateway { inner: Arc::new(Gateway::new(Limits { max_body_bytes, max_engine_message })) }
+    }
+
+    /// Load `model_dir` (tokenizer, chat template) and serve it as `name`.
+    #[pyo3(signature = (name, model_dir, *, max_context = None))]
+    fn add_model(&self, py: Python<'_>, name: String, model_dir: PathBuf, max_context: Option<u32>) -> PyResult<()> {
+        let gateway = self.inner.clone();
+        py.detach(move || gateway.add_model(&name, &model_dir, max_context).map(|_| ()))
+            .map_err(PyValueError::new_err)
+    }
+
+    /// Replace the ready endpoints ("host:port") of `name`.
+    fn set_endpoints(&self, name: &str, endpoints: Vec<String>) -> PyResult<()> {
+        let model = self.inner.model(name).ok_or_else(|| PyValueError::new_err(format!("unknown model {name}")))?;
+        model.set_endpoints(endpoints);
+        Ok(())
+    }
+
+    fn endpoints(&self, name: &str) -> PyResult<Vec<String>> {
+        let model = self.inner.model(name).ok_or_else(|| PyValueError::new_err(format!("unknown model {name}")))?;
+        Ok(model.endpoints().as_ref().clone())
+    }
+
+    fn max_context(&self, name: &str) -> PyResult<u32> {
+        let model = self.inner.model(name).ok_or_else(|| PyValueError::new_err(format!("unknown model {name}")))?;
+        Ok(model.max_context)
+    }
+
+    /// Tokenize `text` with `name`'s tokenizer (no special tokens added).
+    fn encode(&self, py: Python<'_>, name: &str, text: String) -> PyResult<Vec<u32>> {
+        let model = self.inner.model(name).ok_or_else(|| PyValueError::new_err(format!("unknown model {name}")))?;
+        py.detach(move || model.files.tokenizer.encode(&text)).map_err(PyRuntimeError::new_err)
+    }
+
+    fn new_stream(&self) -> PyStream {
+        PyStream { inner: Mutex::new(RequestStream::new(self.inner.clone())) }
+    }
+}
+
+/// One HTTP request's ext_proc stream.
+#[pyclass(name = "Stream", module = "extproc._native", frozen)]
+pub struct PyStream {
+    inner: Mutex<RequestStream>,
+}
+
+#[pymethods]
+impl PyStream {
+    /// One serialized `ProcessingRequest` in; the serialized `ProcessingResponse`s to send, in order.
+    fn process<'py>(&self, py: Python<'py>, message: &[u8]) -> PyResult<Bound<'py, PyList>> {
+        let message = message.to_vec();
+        let replies = py.detach(|| self.inner.lock().expect("stream lock").process(&message));
+        PyList::new(py, replies.iter().map(|r| PyBytes::new(py, r)))
+    }
+
+    /// `(endpoint, engine_request_id)` of an engine call still running, to abort when the stream ends.
+    fn pending_abort(&self) -> Option<(String, String)> {
+        self.inner.lock().expect("stream lock").pending_abort()
+    }
+
+    #[getter]
+    fn done(&self) -> bool {
+        self.inner.lock().expect("stream lock").is_done()
+    }
+
+    /// What the request became: a dict for logs and metrics.
+    fn summary<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let s = self.inner.lock().expect("stream lock").summary();
+        let d = PyDict::new(py);
+        d.set_item("request_id", s.request_id)?;
+        d.set_item("path", s.path)?;
+        d.set_item("model", s.model)?;
+        d.set_item("endpoint", s.endpoint)?;
+        d.set_item("status", s.status)?;
+        d.set_item("prompt_tokens", s.prompt_tokens)?;
+        d.set_item("completion_tokens", s.completion_tokens)?;
+        d.set_item("cached_tokens", s.cached_tokens)?;
+        d.set_item("finish_reason", s.finish_reason)?;
+        d.set_item("error", s.error)?;
+        Ok(d)
+    }
+}
+
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<PyGateway>()?;
+    m.add_class::<PyStream>()?;
+    Ok(())
+}

@@ -1,0 +1,359 @@
+//! The per-request ext_proc state machine.
+//!
+//! Envoy sends `ProcessingRequest`s (request headers, body chunks, response headers, body chunks,
+//! trailers) over one bidi stream per HTTP request; `RequestStream::process` takes each one and returns
+//! the `ProcessingResponse`s to send, in the order Envoy requires: the request-headers reply only after
+//! the whole body is parsed (it carries the routing decision), before any body reply; the
+//! response-headers reply before any response body; trailers last.
+
+mod replies;
+mod request;
+mod response;
+
+use std::sync::Arc;
+
+use prost::Message;
+
+use crate::error::ApiError;
+use crate::gateway::{unix_now, Gateway};
+use crate::grpc_frame;
+use crate::openai::chat_request::parse_chat_request;
+use crate::openai::chat_response::ResponseMeta;
+use crate::pb::ext_proc::{processing_request::Request, HeaderMap, HttpBody, HttpHeaders, ProcessingRequest, ProcessingResponse};
+use crate::pb::vllm::GENERATE_PATH;
+use response::ResponseTranslator;
+
+pub use replies::{DESTINATION_HEADER, MAX_BODY_CHUNK};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    RequestHeaders,
+    RequestBody,
+    ResponseHeaders,
+    ResponseBody,
+    Done,
+}
+
+/// What the request became, for logs and metrics once the stream ends.
+#[derive(Debug, Clone, Default)]
+pub struct Summary {
+    pub request_id: String,
+    pub path: String,
+    pub model: String,
+    pub endpoint: String,
+    pub status: u16,
+    pub prompt_tokens: u32,
+    pub completion_tokens: u32,
+    pub cached_tokens: u32,
+    pub finish_reason: String,
+    pub error: String,
+}
+
+/// The engine call in flight, once the request was routed.
+struct Exchange {
+    endpoint: String,
+    engine_request_id: String,
+    translator: ResponseTranslator,
+    client_headers_sent: bool,
+}
+
+pub struct RequestStream {
+    gateway: Arc<Gateway>,
+    phase: Phase,
+    body: Vec<u8>,
+    exchange: Option<Exchange>,
+    summary: Summary,
+}
+
+enum Api {
+    Models,
+    ChatCompletions,
+}
+
+impl RequestStream {
+    pub fn new(gateway: Arc<Gateway>) -> Self {
+        RequestStream { gateway, phase: Phase::RequestHeaders, body: Vec::new(), exchange: None, summary: Summary::default() }
+    }
+
+    /// One ext_proc message in (serialized `ProcessingRequest`), the replies out (serialized).
+    pub fn process(&mut self, message: &[u8]) -> Vec<Vec<u8>> {
+        let replies = match ProcessingRequest::decode(message) {
+            Ok(request) => self.dispatch(request),
+            Err(e) => self.fail(ApiError::internal(format!("undecodable ext_proc message: {e}"))),
+        };
+        replies.iter().map(Message::encode_to_vec).collect()
+    }
+
+    /// The engine request to abort if the stream ends now (the client went away mid-exchange).
+    pub fn pending_abort(&self) -> Option<(String, String)> {
+        match (&self.exchange, self.phase) {
+            (Some(x), Phase::ResponseHeaders | Phase::ResponseBody) => Some((x.endpoint.clone(), x.engine_request_id.clone())),
+            _ => None,
+        }
+    }
+
+    pub fn summary(&self) -> Summary {
+        let mut s = self.summary.clone();
+        if let Some(x) = &self.exchange {
+            s.prompt_tokens = x.translator.usage.prompt_tokens;
+            s.completion_tokens = x.translator.usage.completion_tokens;
+            s.cached_tokens = x.translator.usage.cached_tokens;
+            s.finish_reason = x.translator.finish_reason.clone().unwrap_or_default();
+        }
+        s
+    }
+
+    pub fn is_done(&self) -> bool {
+        self.phase == Phase::Done
+    }
+
+    fn dispatch(&mut self, request: ProcessingRequest) -> Vec<ProcessingResponse> {
+        match (self.phase, request.request) {
+            (Phase::RequestHeaders, Some(Request::RequestHeaders(h))) => self.on_request_headers(h),
+            (Phase::RequestBody, Some(Request::RequestBody(b))) => self.on_request_body(b),
+            // Trailers after the body also end it (a client sending HTTP trailers).
+            (Phase::RequestBody, Some(Request::RequestTrailers(_))) => self.forward(),
+            (Phase::ResponseHeaders, Some(Request::ResponseHeaders(h))) => self.on_response_headers(h),
+            (Phase::ResponseBody, Some(Request::ResponseBody(b))) => self.on_response_body(b),
+            (Phase::ResponseBody, Some(Request::ResponseTrailers(t))) => self.on_response_trailers(t.trailers.unwrap_or_default()),
+            // Envoy may repeat an end-of-stream body chunk on large bodies; anything after the end
+            // of a phase is dropped, never processed twice.
+            _ => Vec::new(),
+        }
+    }
+
+    fn request_id(&self) -> &str {
+        &self.summary.request_id
+    }
+
+    /// Answer the client directly with `error`; nothing reaches an engine.
+    fn fail(&mut self, error: ApiError) -> Vec<ProcessingResponse> {
+        self.phase = Phase::Done;
+        self.summary.status = error.status;
+        self.summary.error = error.message.clone();
+        vec![replies::immediate_error(&error, &self.summary.request_id)]
+    }
+
+    fn on_request_headers(&mut self, h: HttpHeaders) -> Vec<ProcessingResponse> {
+        let headers = h.headers.unwrap_or_default();
+        self.summary.request_id = headers.get("x-request-id").unwrap_or_default().to_string();
+        let method = headers.get(":method").unwrap_or_default();
+        let full_path = headers.get(":path").unwrap_or_default();
+        let path = full_path.split('?').next().unwrap_or_default().to_string();
+        self.summary.path = path.clone();
+        let api = match path.trim_end_matches('/') {
+            "/v1/models" => Api::Models,
+            "/v1/chat/completions" => Api::ChatCompletions,
+            _ => return self.fail(ApiError::not_found(format!("no route for {path}"))),
+        };
+        match (api, method) {
+            (Api::Models, "GET") => {
+                self.phase = Phase::Done;
+                self.summary.status = 200;
+                let body = self.gateway.models_json();
+                vec![replies::immediate(200, "application/json", body, self.request_id(), "extproc_models")]
+            }
+            (Api::ChatCompletions, "POST") if h.end_of_stream => self.fail(ApiError::invalid("a JSON request body is required")),
+            (Api::ChatCompletions, "POST") => {
+                self.phase = Phase::RequestBody;
+                Vec::new()
+            }
+            (_, other) => self.fail(ApiError::new(405, "invalid_request_error", format!("method {other} not allowed on {path}"))),
+        }
+    }
+
+    fn on_request_body(&mut self, b: HttpBody) -> Vec<ProcessingResponse> {
+        let limit = self.gateway.limits.max_body_bytes;
+        if self.body.len() + b.body.len() > limit {
+            return self.fail(ApiError::new(413, "invalid_request_error", format!("request body exceeds {limit} bytes")));
+        }
+        self.body.extend_from_slice(&b.body);
+        if b.end_of_stream {
+            self.forward()
+        } else {
+            Vec::new()
+        }
+    }
+
+    /// The whole body is in: turn it into the engine call, or answer with the error.
+    fn forward(&mut self) -> Vec<ProcessingResponse> {
+        match self.prepare() {
+            Ok(replies) => replies,
+            Err(error) => self.fail(error),
+        }
+    }
+
+    fn prepare(&mut self) -> Result<Vec<ProcessingResponse>, ApiError> {
+        let chat = parse_chat_request(&self.body)?;
+        self.body = Vec::new();
+        self.summary.model = chat.model.clone();
+        let model = self.gateway.model(&chat.model).ok_or_else(|| {
+            let mut e = ApiError::not_found(format!("The model '{}' does not exist.", chat.model));
+            e.param = Some("model".into());
+            e
+        })?;
+        let prompt = request::chat_prompt(&model, &chat)?;
+        request::check_context(&model, prompt.input_ids.len(), &chat.sampling)?;
+        let endpoint = model
+            .pick_endpoint()
+            .ok_or_else(|| ApiError::unavailable(format!("no engine is ready to serve model '{}'", model.name)))?;
+
+        let engine_request_id = if self.summary.request_id.is_empty() {
+            format!("extproc-{}", unix_now())
+        } else {
+            self.summary.request_id.clone()
+        };
+        let generate = request::generate_request(&engine_request_id, prompt, &chat.sampling, chat.stream);
+        let framed = grpc_frame::encode(&generate.encode_to_vec());
+
+        let meta = ResponseMeta { id: format!("chatcmpl-{engine_request_id}"), created: unix_now(), model: model.name.clone() };
+        let translator = ResponseTranslator::new(
+            model,
+            meta,
+            chat.stream,
+            chat.include_usage,
+            chat.sampling.skip_special_tokens,
+            self.gateway.limits.max_engine_message,
+        );
+        self.summary.endpoint = endpoint.clone();
+        let mut out = vec![replies::route_to_engine(&endpoint, GENERATE_PATH)];
+        out.extend(replies::body_chunks(&framed, true, true));
+        self.exchange = Some(Exchange { endpoint, engine_request_id, translator, client_headers_sent: false });
+        self.phase = Phase::ResponseHeaders;
+        Ok(out)
+    }
+
+    fn on_response_headers(&mut self, h: HttpHeaders) -> Vec<ProcessingResponse> {
+        let headers = h.headers.unwrap_or_default();
+        let status = headers.get(":status").unwrap_or_default().to_string();
+        // A gRPC error before any message comes "trailers-only": grpc-status in the headers.
+        if let Some(code) = headers.get("grpc-status") {
+            if code != "0" {
+                return self.fail(grpc_error(&headers, code));
+            }
+        }
+        if status != "200" {
+            return self.fail(ApiError::new(502, "bad_gateway", format!("engine answered HTTP {status}")));
+        }
+        if h.end_of_stream {
+            return self.fail(ApiError::new(502, "bad_gateway", "engine ended the call without a response"));
+        }
+        // The client headers wait until the first content (streams) or the outcome (non-streamed)
+        // is known, so an early engine error can still get its own status code.
+        self.phase = Phase::ResponseBody;
+        Vec::new()
+    }
+
+    fn on_response_body(&mut self, b: HttpBody) -> Vec<ProcessingResponse> {
+        let exchange = self.exchange.as_mut().expect("an exchange exists after routing");
+        let events = match exchange.translator.push(&b.body) {
+            Ok(events) => events,
+            Err(error) => return self.finish(Some(error)),
+        };
+        if b.end_of_stream {
+            // The engine closed the body without trailers: the end, and the call's outcome is unknown.
+            let error = exchange_error_without_trailers(exchange);
+            return self.finish(error);
+        }
+        if events.is_empty() {
+            return Vec::new();
+        }
+        let mut out = Vec::new();
+        if !exchange.client_headers_sent {
+            exchange.client_headers_sent = true;
+            out.push(replies::client_headers(200, "text/event-stream", &self.summary.request_id));
+        }
+        out.extend(replies::body_chunks(&events, false, false));
+        out
+    }
+
+    fn on_response_trailers(&mut self, trailers: HeaderMap) -> Vec<ProcessingResponse> {
+        let code = trailers.get("grpc-status").unwrap_or("");
+        let error = match code {
+            "0" => self.exchange.as_ref().and_then(exchange_error_without_trailers),
+            "" => Some(ApiError::new(502, "bad_gateway", "engine call ended without a gRPC status")),
+            code => Some(grpc_error(&trailers, code)),
+        };
+        self.finish(error)
+    }
+
+    /// The last replies of an exchange: client headers if still owed, the final body, the trailers.
+    fn finish(&mut self, error: Option<ApiError>) -> Vec<ProcessingResponse> {
+        self.phase = Phase::Done;
+        let request_id = self.summary.request_id.clone();
+        let exchange = self.exchange.as_mut().expect("an exchange exists after routing");
+        let mut out = Vec::new();
+        let body = match (&error, exchange.client_headers_sent) {
+            (None, sent) => {
+                if !sent {
+                    let content_type = if exchange.translator.stream { "text/event-stream" } else { "application/json" };
+                    out.push(replies::client_headers(200, content_type, &request_id));
+                }
+                self.summary.status = 200;
+                exchange.translator.finish()
+            }
+            (Some(e), false) => {
+                out.push(replies::client_headers(e.status, "application/json", &request_id));
+                self.summary.status = e.status;
+                e.to_json()
+            }
+            (Some(e), true) => {
+                self.summary.status = 200;
+                exchange.translator.fail_stream(e)
+            }
+        };
+        exchange.client_headers_sent = true;
+        if let Some(e) = error {
+            self.summary.error = e.message;
+        }
+        out.extend(replies::body_chunks(&body, true, false));
+        out.push(replies::strip_grpc_trailers());
+        out
+    }
+}
+
+fn grpc_error(headers: &HeaderMap, code: &str) -> ApiError {
+    let message = headers.get("grpc-message").map(percent_decode).unwrap_or_default();
+    ApiError::from_grpc(code.parse().unwrap_or(2), &message)
+}
+
+/// An OK status with no finished output is still a failure the client must hear about.
+fn exchange_error_without_trailers(exchange: &Exchange) -> Option<ApiError> {
+    if exchange.translator.finish_reason.is_some() {
+        None
+    } else {
+        Some(ApiError::new(502, "bad_gateway", "engine stream ended before the generation finished"))
+    }
+}
+
+/// `grpc-message` is percent-encoded.
+fn percent_decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' && i + 2 < bytes.len() {
+            let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).unwrap_or("");
+            if let Ok(b) = u8::from_str_radix(hex, 16) {
+                out.push(b);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::percent_decode;
+
+    #[test]
+    fn grpc_messages_are_percent_decoded() {
+        assert_eq!(percent_decode("prompt%20too%20long"), "prompt too long");
+        assert_eq!(percent_decode("100%"), "100%");
+        assert_eq!(percent_decode("%e2%9c%93"), "✓");
+    }
+}

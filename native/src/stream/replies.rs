@@ -1,0 +1,143 @@
+//! Builders for the `ProcessingResponse` messages Envoy accepts, in the shapes it requires.
+
+use crate::error::ApiError;
+use crate::pb::ext_proc::{
+    body_mutation, processing_response::Response, BodyMutation, BodyResponse, CommonResponse, HeaderMutation,
+    HeadersResponse, HttpStatus, ImmediateResponse, ProcessingResponse, StreamedBodyResponse, TrailersResponse,
+};
+use crate::pb::structs::{Struct, Value};
+
+/// Envoy's ext_proc takes streamed body chunks of at most 64 KiB; stay clearly under it.
+pub const MAX_BODY_CHUNK: usize = 62_000;
+
+/// The endpoint-picker header and metadata key (Gateway API Inference Extension).
+pub const DESTINATION_HEADER: &str = "x-gateway-destination-endpoint";
+pub const LB_METADATA_NAMESPACE: &str = "envoy.lb";
+
+pub fn immediate(status: u16, content_type: &str, body: Vec<u8>, request_id: &str, details: &str) -> ProcessingResponse {
+    let mut headers = HeaderMutation::default();
+    headers.set("content-type", content_type);
+    if !request_id.is_empty() {
+        headers.set("x-request-id", request_id);
+    }
+    ProcessingResponse {
+        response: Some(Response::ImmediateResponse(ImmediateResponse {
+            status: Some(HttpStatus { code: status as i32 }),
+            headers: Some(headers),
+            body,
+            details: details.to_string(),
+        })),
+        dynamic_metadata: None,
+    }
+}
+
+pub fn immediate_error(error: &ApiError, request_id: &str) -> ProcessingResponse {
+    immediate(error.status, "application/json", error.to_json(), request_id, "extproc_error")
+}
+
+fn common(mutation: HeaderMutation, clear_route_cache: bool) -> Option<CommonResponse> {
+    Some(CommonResponse {
+        status: 0,
+        header_mutation: Some(mutation),
+        body_mutation: None,
+        clear_route_cache,
+    })
+}
+
+/// The request-headers reply that sends the request to `endpoint`'s gRPC `path`.
+pub fn route_to_engine(endpoint: &str, path: &str) -> ProcessingResponse {
+    let mut m = HeaderMutation::default();
+    m.set(":path", path)
+        .set("content-type", "application/grpc")
+        .set("te", "trailers")
+        .set(DESTINATION_HEADER, endpoint)
+        .remove("content-length");
+    let mut lb = Struct::default();
+    lb.fields.insert(DESTINATION_HEADER.to_string(), Value::string(endpoint));
+    let mut metadata = Struct::default();
+    metadata.fields.insert(LB_METADATA_NAMESPACE.to_string(), Value::structure(lb));
+    ProcessingResponse {
+        response: Some(Response::RequestHeaders(HeadersResponse { response: common(m, true) })),
+        dynamic_metadata: Some(metadata),
+    }
+}
+
+/// The response-headers reply: the client sees `status` and `content_type`, no gRPC headers.
+pub fn client_headers(status: u16, content_type: &str, request_id: &str) -> ProcessingResponse {
+    let mut m = HeaderMutation::default();
+    m.set(":status", &status.to_string()).set("content-type", content_type);
+    if content_type == "text/event-stream" {
+        m.set("cache-control", "no-cache");
+    }
+    if !request_id.is_empty() {
+        m.set("x-request-id", request_id);
+    }
+    m.remove("grpc-accept-encoding").remove("grpc-encoding").remove("content-length");
+    ProcessingResponse {
+        response: Some(Response::ResponseHeaders(HeadersResponse { response: common(m, false) })),
+        dynamic_metadata: None,
+    }
+}
+
+fn body_reply(body: &[u8], end_of_stream: bool, request_side: bool) -> ProcessingResponse {
+    let streamed = StreamedBodyResponse { body: body.to_vec(), end_of_stream };
+    let body_response = BodyResponse {
+        response: Some(CommonResponse {
+            status: 0,
+            header_mutation: None,
+            body_mutation: Some(BodyMutation { mutation: Some(body_mutation::Mutation::StreamedResponse(streamed)) }),
+            clear_route_cache: false,
+        }),
+    };
+    let response = if request_side { Response::RequestBody(body_response) } else { Response::ResponseBody(body_response) };
+    ProcessingResponse { response: Some(response), dynamic_metadata: None }
+}
+
+/// A replacement body as streamed chunks of at most `MAX_BODY_CHUNK` bytes; the last one ends the
+/// stream when `end_of_stream`. An empty body still yields one (empty) chunk.
+pub fn body_chunks(body: &[u8], end_of_stream: bool, request_side: bool) -> Vec<ProcessingResponse> {
+    if body.is_empty() {
+        return vec![body_reply(body, end_of_stream, request_side)];
+    }
+    let count = body.len().div_ceil(MAX_BODY_CHUNK);
+    body.chunks(MAX_BODY_CHUNK)
+        .enumerate()
+        .map(|(i, chunk)| body_reply(chunk, end_of_stream && i + 1 == count, request_side))
+        .collect()
+}
+
+/// The response-trailers reply: gRPC status trailers are the engine's business, not the client's.
+pub fn strip_grpc_trailers() -> ProcessingResponse {
+    let mut m = HeaderMutation::default();
+    m.remove("grpc-status").remove("grpc-message").remove("grpc-status-details-bin");
+    ProcessingResponse {
+        response: Some(Response::ResponseTrailers(TrailersResponse { header_mutation: Some(m) })),
+        dynamic_metadata: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bodies_are_split_under_envoys_limit_and_only_the_last_chunk_ends_the_stream() {
+        let body = vec![b'x'; MAX_BODY_CHUNK * 2 + 1];
+        let chunks = body_chunks(&body, true, true);
+        assert_eq!(chunks.len(), 3);
+        let ends: Vec<bool> = chunks
+            .iter()
+            .map(|c| match &c.response {
+                Some(Response::RequestBody(b)) => match &b.response.as_ref().unwrap().body_mutation.as_ref().unwrap().mutation {
+                    Some(body_mutation::Mutation::StreamedResponse(s)) => {
+                        assert!(s.body.len() <= MAX_BODY_CHUNK);
+                        s.end_of_stream
+                    }
+                    _ => panic!("not streamed"),
+                },
+                _ => panic!("not a request body reply"),
+            })
+            .collect();
+        assert_eq!(ends, vec![false, false, true]);
+    }
+}
