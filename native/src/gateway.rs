@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 use std::path::Path;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -17,7 +17,7 @@ pub fn unix_now() -> u64 {
 pub struct ServedModel {
     pub name: String,
     pub files: ModelFiles,
-    pub max_context: u32,
+    max_context: AtomicU32,
     pub created: u64,
     /// Endpoints ("host:port") ready to take requests, set by the control plane.
     endpoints: RwLock<Arc<Vec<String>>>,
@@ -37,6 +37,16 @@ impl ServedModel {
 
     pub fn set_endpoints(&self, endpoints: Vec<String>) {
         *self.endpoints.write().expect("endpoint lock") = Arc::new(endpoints);
+    }
+
+    /// The longest prompt plus completion the engines accept, in tokens.
+    pub fn max_context(&self) -> u32 {
+        self.max_context.load(Ordering::Relaxed)
+    }
+
+    /// Engines report their context length at registration; it overrides the directory's.
+    pub fn set_max_context(&self, tokens: u32) {
+        self.max_context.store(tokens, Ordering::Relaxed);
     }
 
     pub fn endpoints(&self) -> Arc<Vec<String>> {
@@ -69,7 +79,7 @@ impl Gateway {
         let model = Arc::new(ServedModel {
             name: name.to_string(),
             files,
-            max_context,
+            max_context: AtomicU32::new(max_context),
             created: unix_now(),
             endpoints: RwLock::new(Arc::new(Vec::new())),
             next: AtomicUsize::new(0),
@@ -96,7 +106,7 @@ impl Gateway {
                     "object": "model",
                     "created": m.created,
                     "owned_by": "extproc",
-                    "max_model_len": m.max_context,
+                    "max_model_len": m.max_context(),
                 })
             })
             .collect();

@@ -47,7 +47,13 @@ impl PyGateway {
 
     fn max_context(&self, name: &str) -> PyResult<u32> {
         let model = self.inner.model(name).ok_or_else(|| PyValueError::new_err(format!("unknown model {name}")))?;
-        Ok(model.max_context)
+        Ok(model.max_context())
+    }
+
+    fn set_max_context(&self, name: &str, tokens: u32) -> PyResult<()> {
+        let model = self.inner.model(name).ok_or_else(|| PyValueError::new_err(format!("unknown model {name}")))?;
+        model.set_max_context(tokens);
+        Ok(())
     }
 
     /// Tokenize `text` with `name`'s tokenizer (no special tokens added).

@@ -56,7 +56,7 @@ fn cut_after_final_message(mut text: String, request: &ChatRequest) -> Result<St
 
 /// Refuse prompts the engine could not take: over the context, or leaving no room for `max_tokens`.
 pub fn check_context(model: &ServedModel, prompt_len: usize, sampling: &Sampling) -> Result<(), ApiError> {
-    let limit = model.max_context as usize;
+    let limit = model.max_context() as usize;
     let wanted = prompt_len + sampling.max_tokens.unwrap_or(0) as usize;
     if prompt_len >= limit || wanted > limit {
         return Err(ApiError::invalid_param(

@@ -1,0 +1,44 @@
+"""Shared test helpers: free TCP ports on loopback."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+class FreePorts:
+    """Hands out loopback ports that are free now and distinct within one test."""
+
+    def __init__(self) -> None:
+        self.given: set[int] = set()
+
+    def one(self) -> int:
+        return self.block(1)
+
+    def block(self, n: int) -> int:
+        """The first of `n` consecutive free ports (for servers that take a port range)."""
+        for _ in range(200):
+            with socket.socket() as sock:
+                sock.bind(("127.0.0.1", 0))
+                first = sock.getsockname()[1]
+            span = range(first, first + n)
+            if first + n <= 65536 and not self.given.intersection(span) and all(map(_bindable, span)):
+                self.given.update(span)
+                return first
+        raise RuntimeError(f"no {n} consecutive free ports found")
+
+
+@pytest.fixture
+def free_ports() -> FreePorts:
+    return FreePorts()
