@@ -1,0 +1,65 @@
+"""Faults get clean, documented behaviour: client gone → engine Abort; engines down → 503."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from load.simulator import SimOptions
+from tests.conftest import FreePorts
+from tests.integration.harness import Stack, local_stack
+
+
+@pytest.fixture
+def slow_stack(tmp_path: Path) -> Iterator[Stack]:
+    # 50 ms per token: a 200-token generation takes 10 s, long enough to walk away from.
+    with local_stack(FreePorts(), tmp_path, sim=SimOptions(itl_ms=50.0)) as s:
+        yield s
+
+
+def wait_for(predicate, timeout: float = 10.0) -> bool:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_client_disconnect_mid_stream_aborts_the_engine_request(slow_stack: Stack) -> None:
+    host, port = slow_stack.base_url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=10)
+    body = {"model": slow_stack.model, "messages": [{"role": "user", "content": "x"}], "stream": True}
+    body |= {"max_tokens": 200, "ignore_eos": True}
+    conn.request("POST", "/v1/chat/completions", json.dumps(body), {"content-type": "application/json"})
+    response = conn.getresponse()
+    assert response.status == 200
+    assert response.read(6) == b"data: "  # the stream is flowing
+    conn.close()  # the client goes away
+
+    engines = slow_stack.engines.engines
+    assert wait_for(lambda: sum(e.stats.abort_calls for e in engines) == 1), "no Abort reached the engine"
+    assert wait_for(lambda: sum(e.stats.active for e in engines) == 0), "the engine kept generating"
+    assert sum(e.stats.completed for e in engines) == 0
+
+
+def test_all_engines_down_gives_503(slow_stack: Stack) -> None:
+    slow_stack.loop.run(slow_stack.engines.stop())
+    # The pool notices within one health interval; until then Envoy's connect failure is also a 503.
+    body = json.dumps({"model": slow_stack.model, "messages": [{"role": "user", "content": "x"}]})
+    host, port = slow_stack.base_url.removeprefix("http://").split(":")
+    for _ in range(2):
+        conn = http.client.HTTPConnection(host, int(port), timeout=10)
+        conn.request("POST", "/v1/chat/completions", body, {"content-type": "application/json"})
+        r = conn.getresponse()
+        payload = json.loads(r.read())
+        assert r.status == 503, payload
+        assert r.getheader("content-type") == "application/json"
+        assert payload["error"]["code"] == 503
+        conn.close()
+        time.sleep(2.5)

@@ -1,0 +1,214 @@
+"""`extproc up`: the real stack (simulator, extproc, Envoy) comes up, serves, and leaves nothing behind when
+stopped; plus the supervisor's failure paths with stand-in children."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from extproc.stack import ChildSpec, StackError, Supervisor, tcp_accepts
+
+REPO = Path(__file__).resolve().parents[2]
+START_TIMEOUT_S = 180  # first start materializes the default model and loads the tokenizer twice
+STOP_TIMEOUT_S = 20
+
+
+# --- /proc helpers -----------------------------------------------------------------------------------------
+
+
+def _stat(pid: int) -> tuple[str, int, int] | None:
+    """(state, ppid, starttime) of a process, None if it is gone."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    fields = raw[raw.rindex(")") + 2 :].split()
+    return fields[0], int(fields[1]), int(fields[19])
+
+
+def descendants(root: int) -> dict[int, int]:
+    """pid -> starttime of every live descendant of root."""
+    children: dict[int, list[int]] = {}
+    starts: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            stat = _stat(int(entry))
+            if stat and stat[0] != "Z":
+                children.setdefault(stat[1], []).append(int(entry))
+                starts[int(entry)] = stat[2]
+    found: dict[int, int] = {}
+    todo = [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found[child] = starts[child]
+            todo.append(child)
+    return found
+
+
+def alive(processes: dict[int, int]) -> list[int]:
+    """Those still running (zombies count as gone: a container's init may never reap them)."""
+    live = []
+    for pid, start in processes.items():
+        stat = _stat(pid)
+        if stat and stat[0] != "Z" and stat[2] == start:
+            live.append(pid)
+    return live
+
+
+def wait_gone(processes: dict[int, int], timeout_s: float) -> list[int]:
+    deadline = time.monotonic() + timeout_s
+    while (left := alive(processes)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return left
+
+
+# --- the real stack ----------------------------------------------------------------------------------------
+
+
+def _get_json(url: str) -> tuple[int, Any]:
+    with urllib.request.urlopen(url, timeout=5) as resp:
+        return resp.status, json.loads(resp.read())
+
+
+@pytest.fixture
+def stack(tmp_path: Path, free_ports: Any) -> Iterator[tuple[subprocess.Popen[bytes], int, Path]]:
+    port = free_ports.one()
+    argv = [sys.executable, "-m", "extproc", "up", "--port", str(port)]
+    argv += ["--admin-port", str(free_ports.one()), "--listen", f"127.0.0.1:{free_ports.one()}"]
+    argv += ["--sim", "2", "--sim-port", str(free_ports.block(2)), "--startup-timeout", str(START_TIMEOUT_S)]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EXTPROC_")}
+    env["EXTPROC_CACHE_DIR"] = str(tmp_path / "cache")
+    log = tmp_path / "up.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO)
+    try:
+        deadline = time.monotonic() + START_TIMEOUT_S * 3
+        while True:
+            assert proc.poll() is None, f"extproc up exited with {proc.returncode}:\n{log.read_text()}"
+            try:
+                status, body = _get_json(f"http://127.0.0.1:{port}/v1/models")
+                if status == 200:
+                    assert "llama3-default" in [m["id"] for m in body["data"]], body
+                    break
+            except OSError:
+                pass
+            assert time.monotonic() < deadline, f"stack not serving:\n{log.read_text()}"
+            time.sleep(0.25)
+        assert "extproc: serving http://127.0.0.1:" in log.read_text()
+        yield proc, port, log
+    finally:
+        if proc.poll() is None:
+            proc.kill()  # its children follow (PR_SET_PDEATHSIG)
+            proc.wait()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_up_serves_then_stops_everything(stack: Any, sig: signal.Signals) -> None:
+    proc, _, log = stack
+    family = descendants(proc.pid)
+    # Simulator, extproc server and Envoy at least.
+    assert len(family) >= 3, family
+    proc.send_signal(sig)
+    try:
+        code = proc.wait(timeout=STOP_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"extproc up did not stop within {STOP_TIMEOUT_S}s:\n{log.read_text()}")
+    assert code == 0, log.read_text()
+    assert wait_gone(family, 5) == [], f"left running after stop:\n{log.read_text()}"
+
+
+# --- the supervisor with stand-in children -----------------------------------------------------------------
+
+SERVE_PY = textwrap.dedent(
+    """
+    import signal, socket, sys, time
+    ignore_term = len(sys.argv) > 2
+    if ignore_term:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", int(sys.argv[1])))
+    sock.listen()
+    print("listening", flush=True)
+    while True:
+        time.sleep(1)
+    """
+)
+
+
+def _serving_child(name: str, port: int, *extra: str) -> ChildSpec:
+    argv = [sys.executable, "-c", SERVE_PY, str(port), *extra]
+    return ChildSpec(name, argv, tcp_accepts("127.0.0.1", port), f"port {port} accepting")
+
+
+def test_supervisor_starts_and_stops_children(tmp_path: Path, free_ports: Any) -> None:
+    sup = Supervisor(tmp_path, threading.Event(), echo=None)
+    try:
+        one = sup.start(_serving_child("one", free_ports.one()), timeout_s=20)
+        two = sup.start(_serving_child("two", free_ports.one(), "ignore-sigterm"), timeout_s=20)
+        assert sup.first_dead() is None
+    finally:
+        started = time.monotonic()
+        sup.stop_all(grace_s=1.0)
+    assert one.proc.returncode == -signal.SIGTERM
+    assert two.proc.returncode == -signal.SIGKILL  # ignored SIGTERM: killed after the grace period
+    assert time.monotonic() - started < 10
+    assert "listening" in (tmp_path / "one.log").read_text()
+
+
+def test_supervisor_names_a_child_that_dies_while_starting(tmp_path: Path) -> None:
+    code = "import sys; print('bad model directory', file=sys.stderr); sys.exit(3)"
+    spec = ChildSpec("server", [sys.executable, "-c", code], lambda: False, "never")
+    sup = Supervisor(tmp_path, threading.Event(), echo=None)
+    with pytest.raises(
+        StackError, match=r"(?s)server exited with code 3 while starting.*bad model directory"
+    ):
+        sup.start(spec, timeout_s=20)
+    sup.stop_all()
+
+
+def test_supervisor_times_out_a_child_that_never_gets_ready(tmp_path: Path) -> None:
+    argv = [sys.executable, "-c", "import time; print('warming up', flush=True); time.sleep(60)"]
+    spec = ChildSpec("envoy", argv, lambda: False, "GET /ready returning 200")
+    sup = Supervisor(tmp_path, threading.Event(), echo=None)
+    try:
+        with pytest.raises(StackError, match=r"(?s)envoy was not ready after 1s \(GET /ready.*warming up"):
+            sup.start(spec, timeout_s=1)
+    finally:
+        sup.stop_all(grace_s=1)
+
+
+def test_children_die_with_a_killed_supervisor(tmp_path: Path, free_ports: Any) -> None:
+    port = free_ports.one()
+    script = textwrap.dedent(
+        f"""
+        import sys, threading, time
+        from pathlib import Path
+        from extproc.stack import ChildSpec, Supervisor, tcp_accepts
+        sup = Supervisor(Path({str(tmp_path)!r}), threading.Event(), echo=None)
+        argv = [sys.executable, "-c", {SERVE_PY!r}, "{port}", "ignore-sigterm"]
+        child = sup.start(ChildSpec("c", argv, tcp_accepts("127.0.0.1", {port}), "up"), timeout_s=20)
+        print(child.proc.pid, flush=True)
+        time.sleep(60)
+        """
+    )
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, cwd=REPO)
+    assert parent.stdout is not None
+    child_pid = int(parent.stdout.readline())
+    family = descendants(parent.pid)
+    assert child_pid in family
+    parent.kill()
+    parent.wait()
+    assert wait_gone(family, 5) == []
