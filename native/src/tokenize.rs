@@ -24,8 +24,22 @@ impl TextTokenizer {
             .map_err(|e| format!("tokenization failed: {e}"))
     }
 
+    /// Token ids of a raw prompt with the tokenizer's own special tokens added (BOS, per its
+    /// post-processor), as `tokenizer(prompt)` does for `/v1/completions`.
+    pub fn encode_with_special_tokens(&self, text: &str) -> Result<Vec<u32>, String> {
+        self.inner
+            .encode_fast(text, true)
+            .map(|encoding| encoding.get_ids().to_vec())
+            .map_err(|e| format!("tokenization failed: {e}"))
+    }
+
     pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> String {
         self.inner.decode(ids, skip_special_tokens).unwrap_or_default()
+    }
+
+    /// The vocabulary piece of `id` (e.g. "Ġhello"), as `convert_ids_to_tokens` gives it.
+    pub fn id_to_token(&self, id: u32) -> Option<String> {
+        self.inner.id_to_token(id)
     }
 
     pub fn token_to_id(&self, token: &str) -> Option<u32> {

@@ -83,7 +83,7 @@ def _get_json(url: str) -> tuple[int, Any]:
 
 
 @pytest.fixture
-def stack(tmp_path: Path, free_ports: Any) -> Iterator[tuple[subprocess.Popen[bytes], int, Path]]:
+def up_stack(tmp_path: Path, free_ports: Any) -> Iterator[tuple[subprocess.Popen[bytes], int, Path]]:
     port = free_ports.one()
     argv = [sys.executable, "-m", "extproc", "up", "--port", str(port)]
     argv += ["--admin-port", str(free_ports.one()), "--listen", f"127.0.0.1:{free_ports.one()}"]
@@ -115,8 +115,8 @@ def stack(tmp_path: Path, free_ports: Any) -> Iterator[tuple[subprocess.Popen[by
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
-def test_up_serves_then_stops_everything(stack: Any, sig: signal.Signals) -> None:
-    proc, _, log = stack
+def test_up_serves_then_stops_everything(up_stack: Any, sig: signal.Signals) -> None:
+    proc, _, log = up_stack
     family = descendants(proc.pid)
     # Simulator, extproc server and Envoy at least.
     assert len(family) >= 3, family

@@ -1,5 +1,6 @@
 //! The OpenAI HTTP surface: request parsing and validation, response and SSE building.
 
-pub mod chat_request;
-pub mod chat_response;
+pub mod response;
+pub mod tokenize;
+pub mod request;
 pub mod fields;

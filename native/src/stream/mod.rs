@@ -15,13 +15,17 @@ use std::sync::Arc;
 use prost::Message;
 
 use crate::error::ApiError;
-use crate::gateway::{unix_now, Gateway};
+use crate::gateway::{unix_now, Gateway, ServedModel};
 use crate::grpc_frame;
-use crate::openai::chat_request::parse_chat_request;
-use crate::openai::chat_response::ResponseMeta;
+use crate::openai::request::{parse_chat_request, parse_completion_request, Api, GenerationRequest};
+use crate::openai::response::ResponseMeta;
+use crate::openai::tokenize::{
+    detokenize_response, parse_detokenize_request, parse_tokenize_request, tokenize_response, TokenizeInput,
+};
+use crate::stop::StopMatcher;
 use crate::pb::ext_proc::{processing_request::Request, HeaderMap, HttpBody, HttpHeaders, ProcessingRequest, ProcessingResponse};
 use crate::pb::vllm::GENERATE_PATH;
-use response::ResponseTranslator;
+use response::{ResponseShape, ResponseTranslator};
 
 pub use replies::{DESTINATION_HEADER, MAX_BODY_CHUNK};
 
@@ -60,19 +64,32 @@ struct Exchange {
 pub struct RequestStream {
     gateway: Arc<Gateway>,
     phase: Phase,
+    endpoint: Option<Endpoint>,
     body: Vec<u8>,
     exchange: Option<Exchange>,
     summary: Summary,
 }
 
-enum Api {
+/// The HTTP APIs the gateway answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Endpoint {
     Models,
     ChatCompletions,
+    Completions,
+    Tokenize,
+    Detokenize,
 }
 
 impl RequestStream {
     pub fn new(gateway: Arc<Gateway>) -> Self {
-        RequestStream { gateway, phase: Phase::RequestHeaders, body: Vec::new(), exchange: None, summary: Summary::default() }
+        RequestStream {
+            gateway,
+            phase: Phase::RequestHeaders,
+            endpoint: None,
+            body: Vec::new(),
+            exchange: None,
+            summary: Summary::default(),
+        }
     }
 
     /// One ext_proc message in (serialized `ProcessingRequest`), the replies out (serialized).
@@ -141,25 +158,35 @@ impl RequestStream {
         let full_path = headers.get(":path").unwrap_or_default();
         let path = full_path.split('?').next().unwrap_or_default().to_string();
         self.summary.path = path.clone();
-        let api = match path.trim_end_matches('/') {
-            "/v1/models" => Api::Models,
-            "/v1/chat/completions" => Api::ChatCompletions,
+        let endpoint = match path.trim_end_matches('/') {
+            "/v1/models" => Endpoint::Models,
+            "/v1/chat/completions" => Endpoint::ChatCompletions,
+            "/v1/completions" => Endpoint::Completions,
+            "/v1/tokenize" | "/tokenize" => Endpoint::Tokenize,
+            "/v1/detokenize" | "/detokenize" => Endpoint::Detokenize,
             _ => return self.fail(ApiError::not_found(format!("no route for {path}"))),
         };
-        match (api, method) {
-            (Api::Models, "GET") => {
-                self.phase = Phase::Done;
-                self.summary.status = 200;
+        self.endpoint = Some(endpoint);
+        match (endpoint, method) {
+            (Endpoint::Models, "GET") => {
                 let body = self.gateway.models_json();
-                vec![replies::immediate(200, "application/json", body, self.request_id(), "extproc_models")]
+                self.answer(body, "extproc_models")
             }
-            (Api::ChatCompletions, "POST") if h.end_of_stream => self.fail(ApiError::invalid("a JSON request body is required")),
-            (Api::ChatCompletions, "POST") => {
+            (Endpoint::Models, other) => self.fail(method_not_allowed(other, &path)),
+            (_, "POST") if h.end_of_stream => self.fail(ApiError::invalid("a JSON request body is required")),
+            (_, "POST") => {
                 self.phase = Phase::RequestBody;
                 Vec::new()
             }
-            (_, other) => self.fail(ApiError::new(405, "invalid_request_error", format!("method {other} not allowed on {path}"))),
+            (_, other) => self.fail(method_not_allowed(other, &path)),
         }
+    }
+
+    /// A 200 JSON answer from the gateway itself.
+    fn answer(&mut self, body: Vec<u8>, details: &str) -> Vec<ProcessingResponse> {
+        self.phase = Phase::Done;
+        self.summary.status = 200;
+        vec![replies::immediate(200, "application/json", body, self.request_id(), details)]
     }
 
     fn on_request_body(&mut self, b: HttpBody) -> Vec<ProcessingResponse> {
@@ -183,17 +210,56 @@ impl RequestStream {
         }
     }
 
-    fn prepare(&mut self) -> Result<Vec<ProcessingResponse>, ApiError> {
-        let chat = parse_chat_request(&self.body)?;
-        self.body = Vec::new();
-        self.summary.model = chat.model.clone();
-        let model = self.gateway.model(&chat.model).ok_or_else(|| {
-            let mut e = ApiError::not_found(format!("The model '{}' does not exist.", chat.model));
+    fn model(&mut self, name: &str) -> Result<Arc<ServedModel>, ApiError> {
+        self.summary.model = name.to_string();
+        self.gateway.model(name).ok_or_else(|| {
+            let mut e = ApiError::not_found(format!("The model '{name}' does not exist."));
             e.param = Some("model".into());
             e
-        })?;
-        let prompt = request::chat_prompt(&model, &chat)?;
-        request::check_context(&model, prompt.input_ids.len(), &chat.sampling)?;
+        })
+    }
+
+    fn prepare(&mut self) -> Result<Vec<ProcessingResponse>, ApiError> {
+        let body = std::mem::take(&mut self.body);
+        match self.endpoint {
+            Some(Endpoint::ChatCompletions) => self.generate(parse_chat_request(&body)?),
+            Some(Endpoint::Completions) => self.generate(parse_completion_request(&body)?),
+            Some(Endpoint::Tokenize) => self.tokenize(&body),
+            Some(Endpoint::Detokenize) => self.detokenize(&body),
+            Some(Endpoint::Models) | None => Err(ApiError::internal("no body was expected")),
+        }
+    }
+
+    fn tokenize(&mut self, body: &[u8]) -> Result<Vec<ProcessingResponse>, ApiError> {
+        let req = parse_tokenize_request(body)?;
+        let model = self.model(&req.model)?;
+        let tokenizer = &model.files.tokenizer;
+        let ids = match &req.input {
+            TokenizeInput::Chat(chat) => request::chat_prompt(&model, chat)?.input_ids,
+            TokenizeInput::Text { text, add_special_tokens: true } => {
+                tokenizer.encode_with_special_tokens(text).map_err(ApiError::internal)?
+            }
+            TokenizeInput::Text { text, add_special_tokens: false } => tokenizer.encode(text).map_err(ApiError::internal)?,
+        };
+        let strs = req.return_token_strs.then(|| ids.iter().map(|&id| tokenizer.id_to_token(id).unwrap_or_default()).collect());
+        Ok(self.answer(tokenize_response(&ids, model.max_context(), strs), "extproc_tokenize"))
+    }
+
+    fn detokenize(&mut self, body: &[u8]) -> Result<Vec<ProcessingResponse>, ApiError> {
+        let req = parse_detokenize_request(body)?;
+        let model = self.model(&req.model)?;
+        let vocab = model.files.tokenizer.vocab_size() as u32;
+        if let Some(bad) = req.tokens.iter().find(|&&id| id >= vocab) {
+            return Err(ApiError::invalid_param("tokens", format!("token id {bad} is out of the vocabulary (size {vocab})")));
+        }
+        let text = model.files.tokenizer.decode(&req.tokens, false);
+        Ok(self.answer(detokenize_response(&text), "extproc_detokenize"))
+    }
+
+    fn generate(&mut self, req: GenerationRequest) -> Result<Vec<ProcessingResponse>, ApiError> {
+        let model = self.model(&req.model)?;
+        let prompt = request::prompt(&model, &req)?;
+        request::check_context(&model, prompt.input_ids.len(), &req)?;
         let endpoint = model
             .pick_endpoint()
             .ok_or_else(|| ApiError::unavailable(format!("no engine is ready to serve model '{}'", model.name)))?;
@@ -203,18 +269,25 @@ impl RequestStream {
         } else {
             self.summary.request_id.clone()
         };
-        let generate = request::generate_request(&engine_request_id, prompt, &chat.sampling, chat.stream);
+        let echo = req.echo.then(|| model.files.tokenizer.decode(&prompt.input_ids, false));
+        let generate = request::generate_request(&engine_request_id, prompt, &req);
         let framed = grpc_frame::encode(&generate.encode_to_vec());
 
-        let meta = ResponseMeta { id: format!("chatcmpl-{engine_request_id}"), created: unix_now(), model: model.name.clone() };
-        let translator = ResponseTranslator::new(
-            model,
-            meta,
-            chat.stream,
-            chat.include_usage,
-            chat.sampling.skip_special_tokens,
-            self.gateway.limits.max_engine_message,
-        );
+        let prefix = if req.api == Api::Chat { "chatcmpl" } else { "cmpl" };
+        let shape = ResponseShape {
+            meta: ResponseMeta {
+                api: req.api,
+                id: format!("{prefix}-{engine_request_id}"),
+                created: unix_now(),
+                model: model.name.clone(),
+            },
+            stream: req.stream,
+            include_usage: req.include_usage,
+            skip_special_tokens: req.sampling.skip_special_tokens,
+            stop: StopMatcher::new(req.sampling.stop.clone(), req.include_stop_str_in_output),
+            echo,
+        };
+        let translator = ResponseTranslator::new(model, shape, self.gateway.limits.max_engine_message);
         self.summary.endpoint = endpoint.clone();
         let mut out = vec![replies::route_to_engine(&endpoint, GENERATE_PATH)];
         out.extend(replies::body_chunks(&framed, true, true));
@@ -286,7 +359,7 @@ impl RequestStream {
         let body = match (&error, exchange.client_headers_sent) {
             (None, sent) => {
                 if !sent {
-                    let content_type = if exchange.translator.stream { "text/event-stream" } else { "application/json" };
+                    let content_type = if exchange.translator.stream() { "text/event-stream" } else { "application/json" };
                     out.push(replies::client_headers(200, content_type, &request_id));
                 }
                 self.summary.status = 200;
@@ -310,6 +383,10 @@ impl RequestStream {
         out.push(replies::strip_grpc_trailers());
         out
     }
+}
+
+fn method_not_allowed(method: &str, path: &str) -> ApiError {
+    ApiError::new(405, "invalid_request_error", format!("method {method} not allowed on {path}"))
 }
 
 fn grpc_error(headers: &HeaderMap, code: &str) -> ApiError {

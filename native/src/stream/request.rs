@@ -5,7 +5,7 @@ use serde_json::{Map, Value};
 
 use crate::error::ApiError;
 use crate::gateway::ServedModel;
-use crate::openai::chat_request::{ChatRequest, Sampling};
+use crate::openai::request::{ChatInput, GenerationRequest, PromptInput};
 use crate::pb::vllm::{GenerateRequest, SamplingParams, TokenizedInput};
 use crate::template::RenderError;
 
@@ -14,8 +14,26 @@ pub struct Prompt {
     pub input_ids: Vec<u32>,
 }
 
+/// The prompt of any generation request as token ids.
+pub fn prompt(model: &ServedModel, request: &GenerationRequest) -> Result<Prompt, ApiError> {
+    match &request.input {
+        PromptInput::Chat(chat) => chat_prompt(model, chat),
+        PromptInput::Text(text) => {
+            let input_ids = model.files.tokenizer.encode_with_special_tokens(text).map_err(ApiError::internal)?;
+            Ok(Prompt { input_ids })
+        }
+        PromptInput::Tokens(ids) => {
+            let vocab = model.files.tokenizer.vocab_size() as u32;
+            if let Some(bad) = ids.iter().find(|&&id| id >= vocab) {
+                return Err(ApiError::invalid_param("prompt", format!("token id {bad} is out of the vocabulary (size {vocab})")));
+            }
+            Ok(Prompt { input_ids: ids.clone() })
+        }
+    }
+}
+
 /// Render the chat template for `request` and tokenize the result.
-pub fn chat_prompt(model: &ServedModel, request: &ChatRequest) -> Result<Prompt, ApiError> {
+pub fn chat_prompt(model: &ServedModel, request: &ChatInput) -> Result<Prompt, ApiError> {
     let template = model.files.template.as_ref().ok_or_else(|| {
         ApiError::invalid(format!("model '{}' has no chat template; use /v1/completions", model.name))
     })?;
@@ -43,7 +61,7 @@ pub fn chat_prompt(model: &ServedModel, request: &ChatRequest) -> Result<Prompt,
 
 /// `continue_final_message`: the prompt ends where the last message's content ends, so the model
 /// continues it instead of starting a new turn.
-fn cut_after_final_message(mut text: String, request: &ChatRequest) -> Result<String, ApiError> {
+fn cut_after_final_message(mut text: String, request: &ChatInput) -> Result<String, ApiError> {
     let last = request.messages.last().and_then(|m| m.get("content")).and_then(Value::as_str).unwrap_or("");
     let trimmed = last.trim();
     let end = text
@@ -55,15 +73,17 @@ fn cut_after_final_message(mut text: String, request: &ChatRequest) -> Result<St
 }
 
 /// Refuse prompts the engine could not take: over the context, or leaving no room for `max_tokens`.
-pub fn check_context(model: &ServedModel, prompt_len: usize, sampling: &Sampling) -> Result<(), ApiError> {
+pub fn check_context(model: &ServedModel, prompt_len: usize, request: &GenerationRequest) -> Result<(), ApiError> {
+    let sampling = &request.sampling;
+    let param = if request.chat().is_some() { "messages" } else { "prompt" };
     let limit = model.max_context() as usize;
     let wanted = prompt_len + sampling.max_tokens.unwrap_or(0) as usize;
     if prompt_len >= limit || wanted > limit {
         return Err(ApiError::invalid_param(
-            "messages",
+            param,
             format!(
                 "This model's maximum context length is {limit} tokens. However, you requested {wanted} tokens \
-                 ({prompt_len} in the messages, {} in the completion).",
+                 ({prompt_len} in the prompt, {} in the completion).",
                 sampling.max_tokens.unwrap_or(0)
             ),
         ));
@@ -71,7 +91,8 @@ pub fn check_context(model: &ServedModel, prompt_len: usize, sampling: &Sampling
     Ok(())
 }
 
-pub fn generate_request(request_id: &str, prompt: Prompt, sampling: &Sampling, stream: bool) -> GenerateRequest {
+pub fn generate_request(request_id: &str, prompt: Prompt, request: &GenerationRequest) -> GenerateRequest {
+    let sampling = &request.sampling;
     // Proto3 zero values are sent only where the engine reads zero as "unset" (top_p, repetition
     // penalty) or where zero is the true default; explicit optionals carry what the client meant.
     let params = SamplingParams {
@@ -91,13 +112,13 @@ pub fn generate_request(request_id: &str, prompt: Prompt, sampling: &Sampling, s
         ignore_eos: sampling.ignore_eos,
         n: 1,
         seed: sampling.seed,
-        include_stop_str_in_output: false,
+        include_stop_str_in_output: request.include_stop_str_in_output,
         logit_bias: Default::default(),
     };
     GenerateRequest {
         request_id: request_id.to_string(),
         tokenized: Some(TokenizedInput { original_text: String::new(), input_ids: prompt.input_ids }),
         sampling_params: Some(params),
-        stream,
+        stream: request.stream,
     }
 }

@@ -1,45 +1,61 @@
 //! Engine response → client response: gRPC frames to text, OpenAI JSON or SSE.
 
+use std::sync::Arc;
+
 use prost::Message;
-use serde_json::json;
 
 use crate::detokenize::IncrementalDecoder;
 use crate::error::ApiError;
 use crate::gateway::ServedModel;
 use crate::grpc_frame::{FrameDecoder, FrameError};
-use crate::openai::chat_response::{chunk_event, completion_json, error_event, usage_event, ResponseMeta, Usage, SSE_DONE};
+use crate::openai::response::{
+    completion_json, error_event, finish_event, start_event, text_event, usage_event, ResponseMeta, Usage, SSE_DONE,
+};
 use crate::pb::vllm::{generate_response, GenerateResponse};
-use std::sync::Arc;
+use crate::stop::StopMatcher;
+
+/// How the client wants the answer.
+pub struct ResponseShape {
+    pub meta: ResponseMeta,
+    pub stream: bool,
+    pub include_usage: bool,
+    pub skip_special_tokens: bool,
+    pub stop: StopMatcher,
+    /// Completions with `echo`: the prompt's text comes first.
+    pub echo: Option<String>,
+}
 
 /// What the engine has said so far, translated.
 pub struct ResponseTranslator {
-    pub model: Arc<ServedModel>,
-    pub meta: ResponseMeta,
-    pub stream: bool,
-    include_usage: bool,
+    model: Arc<ServedModel>,
+    shape: ResponseShape,
     frames: FrameDecoder,
     decoder: IncrementalDecoder,
     /// Non-streamed answers collect their text here.
     text: String,
     pub usage: Usage,
     pub finish_reason: Option<String>,
-    role_sent: bool,
+    started: bool,
 }
 
 impl ResponseTranslator {
-    pub fn new(model: Arc<ServedModel>, meta: ResponseMeta, stream: bool, include_usage: bool, skip_special: bool, max_message: usize) -> Self {
+    pub fn new(model: Arc<ServedModel>, shape: ResponseShape, max_message: usize) -> Self {
+        let decoder = IncrementalDecoder::new(shape.skip_special_tokens);
+        let text = shape.echo.clone().filter(|_| !shape.stream).unwrap_or_default();
         ResponseTranslator {
             model,
-            meta,
-            stream,
-            include_usage,
+            shape,
             frames: FrameDecoder::new(max_message),
-            decoder: IncrementalDecoder::new(skip_special),
-            text: String::new(),
+            decoder,
+            text,
             usage: Usage::default(),
             finish_reason: None,
-            role_sent: false,
+            started: false,
         }
+    }
+
+    pub fn stream(&self) -> bool {
+        self.shape.stream
     }
 
     /// Feed engine body bytes. Streams return the SSE bytes to send now (possibly empty).
@@ -64,7 +80,7 @@ impl ResponseTranslator {
                     self.usage.cached_tokens = done.cached_tokens;
                     // A streamed Complete repeats the last chunk's delta; only a non-streamed one
                     // carries the output.
-                    if !self.stream {
+                    if !self.shape.stream {
                         self.usage.completion_tokens = done.output_ids.len() as u32;
                         self.tokens(&done.output_ids, &mut out);
                     }
@@ -78,36 +94,46 @@ impl ResponseTranslator {
 
     fn tokens(&mut self, ids: &[u32], out: &mut Vec<u8>) {
         let delta = self.decoder.push(&self.model.files.tokenizer, ids);
-        self.text_delta(delta, out);
+        let visible = self.shape.stop.push(&delta);
+        self.emit(&visible, out);
     }
 
-    fn text_delta(&mut self, delta: String, out: &mut Vec<u8>) {
-        if !self.stream {
-            self.text.push_str(&delta);
+    fn emit(&mut self, text: &str, out: &mut Vec<u8>) {
+        if !self.shape.stream {
+            self.text.push_str(text);
             return;
         }
-        if !self.role_sent {
-            self.role_sent = true;
-            chunk_event(&self.meta, json!({"role": "assistant", "content": ""}), None, out);
+        if !self.started {
+            self.started = true;
+            start_event(&self.shape.meta, out);
+            if let Some(echo) = self.shape.echo.take() {
+                text_event(&self.shape.meta, &echo, out);
+            }
         }
-        if !delta.is_empty() {
-            chunk_event(&self.meta, json!({"content": delta}), None, out);
+        if !text.is_empty() {
+            text_event(&self.shape.meta, text, out);
         }
     }
 
     /// The end of a successful exchange: the final JSON, or the closing events of the stream.
     pub fn finish(&mut self) -> Vec<u8> {
         let rest = self.decoder.flush(&self.model.files.tokenizer);
-        let reason = self.finish_reason.clone().unwrap_or_else(|| "stop".into());
-        if !self.stream {
-            self.text.push_str(&rest);
-            return completion_json(&self.meta, &self.text, &reason, self.usage);
-        }
+        let mut tail = self.shape.stop.push(&rest);
+        tail.push_str(&self.shape.stop.flush());
+        // A stop string the gateway caught is a "stop" whatever the engine said.
+        let reason = match (self.shape.stop.matched(), &self.finish_reason) {
+            (Some(_), _) => "stop".to_string(),
+            (None, Some(reason)) => reason.clone(),
+            (None, None) => "stop".to_string(),
+        };
         let mut out = Vec::new();
-        self.text_delta(rest, &mut out);
-        chunk_event(&self.meta, json!({}), Some(&reason), &mut out);
-        if self.include_usage {
-            usage_event(&self.meta, self.usage, &mut out);
+        self.emit(&tail, &mut out);
+        if !self.shape.stream {
+            return completion_json(&self.shape.meta, &self.text, &reason, self.usage);
+        }
+        finish_event(&self.shape.meta, &reason, &mut out);
+        if self.shape.include_usage {
+            usage_event(&self.shape.meta, self.usage, &mut out);
         }
         out.extend_from_slice(SSE_DONE);
         out

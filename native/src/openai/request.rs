@@ -1,4 +1,5 @@
-//! `POST /v1/chat/completions` request: parsed, validated, ready for the template and the engine.
+//! `POST /v1/chat/completions` and `POST /v1/completions` requests: parsed, validated, ready for the
+//! template and the engine.
 
 use serde_json::{Map, Value};
 
@@ -25,29 +26,67 @@ pub struct Sampling {
     pub skip_special_tokens: bool,
 }
 
+/// Which API the request came in on; it shapes the response objects.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Api {
+    Chat,
+    Completion,
+}
+
+/// A chat conversation, as the chat template sees it.
 #[derive(Debug, Clone, PartialEq)]
-pub struct ChatRequest {
-    pub model: String,
-    /// Messages as the template sees them: text content parts joined into one string.
+pub struct ChatInput {
+    /// Messages with text content parts joined into one string.
     pub messages: Vec<Value>,
-    pub stream: bool,
-    pub include_usage: bool,
     pub tools: Option<Value>,
     pub add_generation_prompt: bool,
     pub continue_final_message: bool,
     pub chat_template_kwargs: Map<String, Value>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum PromptInput {
+    Chat(ChatInput),
+    Text(String),
+    Tokens(Vec<u32>),
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct GenerationRequest {
+    pub api: Api,
+    pub model: String,
+    pub input: PromptInput,
+    pub stream: bool,
+    pub include_usage: bool,
+    /// Completions: return the prompt's text before the generated text.
+    pub echo: bool,
+    pub include_stop_str_in_output: bool,
     pub sampling: Sampling,
 }
 
-pub fn parse_chat_request(body: &[u8]) -> Result<ChatRequest, ApiError> {
+impl GenerationRequest {
+    pub fn chat(&self) -> Option<&ChatInput> {
+        match &self.input {
+            PromptInput::Chat(chat) => Some(chat),
+            _ => None,
+        }
+    }
+}
+
+pub(crate) fn parse_object(body: &[u8]) -> Result<Object, ApiError> {
     let value: Value = serde_json::from_slice(body)
         .map_err(|e| ApiError::invalid(format!("request body is not valid JSON: {e}")))?;
-    let obj = value.as_object().ok_or_else(|| ApiError::invalid("request body must be a JSON object"))?;
+    match value {
+        Value::Object(obj) => Ok(obj),
+        _ => Err(ApiError::invalid("request body must be a JSON object")),
+    }
+}
 
+/// Fields every generation API shares.
+fn parse_common(obj: &Object, api: Api, input: PromptInput) -> Result<GenerationRequest, ApiError> {
     let model = opt_str(obj, "model")?
         .ok_or_else(|| ApiError::invalid_param("model", "'model' is required"))?
         .to_string();
-    let messages = parse_messages(obj)?;
     let stream = opt_bool(obj, "stream")?.unwrap_or(false);
     let include_usage = match opt_object(obj, "stream_options")? {
         Some(options) => opt_bool(options, "include_usage")
@@ -60,9 +99,68 @@ pub fn parse_chat_request(body: &[u8]) -> Result<ChatRequest, ApiError> {
             return Err(ApiError::invalid_param("n", "n > 1 is not supported yet"));
         }
     }
-    if opt_bool(obj, "logprobs")?.unwrap_or(false) {
+    let wants_logprobs = match api {
+        Api::Chat => opt_bool(obj, "logprobs")?.unwrap_or(false),
+        Api::Completion => opt_int(obj, "logprobs", 0, 20)?.is_some(),
+    };
+    if wants_logprobs {
         return Err(ApiError::invalid_param("logprobs", "logprobs are not supported yet"));
     }
+    Ok(GenerationRequest {
+        api,
+        model,
+        input,
+        stream,
+        include_usage,
+        echo: api == Api::Completion && opt_bool(obj, "echo")?.unwrap_or(false),
+        include_stop_str_in_output: opt_bool(obj, "include_stop_str_in_output")?.unwrap_or(false),
+        sampling: parse_sampling(obj)?,
+    })
+}
+
+pub fn parse_chat_request(body: &[u8]) -> Result<GenerationRequest, ApiError> {
+    let obj = parse_object(body)?;
+    let input = PromptInput::Chat(parse_chat_input(&obj)?);
+    parse_common(&obj, Api::Chat, input)
+}
+
+pub fn parse_completion_request(body: &[u8]) -> Result<GenerationRequest, ApiError> {
+    let obj = parse_object(body)?;
+    let input = parse_prompt(&obj)?;
+    parse_common(&obj, Api::Completion, input)
+}
+
+/// `prompt`: a string, token ids, or a one-element list of either.
+pub(crate) fn parse_prompt(obj: &Object) -> Result<PromptInput, ApiError> {
+    let invalid = || ApiError::invalid_param("prompt", "'prompt' must be a string, a list of token ids, or a list of one of those");
+    let prompt = match obj.get("prompt") {
+        None | Some(Value::Null) => return Err(ApiError::invalid_param("prompt", "'prompt' is required")),
+        Some(p) => p,
+    };
+    let single = match prompt {
+        Value::Array(items) if items.len() == 1 && (items[0].is_string() || items[0].is_array()) => &items[0],
+        Value::Array(items) if items.len() > 1 && (items[0].is_string() || items[0].is_array()) => {
+            return Err(ApiError::invalid_param(
+                "prompt",
+                "batched prompts are not supported; send one request per prompt",
+            ))
+        }
+        other => other,
+    };
+    match single {
+        Value::String(text) => Ok(PromptInput::Text(text.clone())),
+        Value::Array(ids) if !ids.is_empty() => ids
+            .iter()
+            .map(|id| id.as_u64().filter(|&n| n <= u32::MAX as u64).map(|n| n as u32).ok_or_else(invalid))
+            .collect::<Result<Vec<u32>, _>>()
+            .map(PromptInput::Tokens),
+        Value::Array(_) => Err(ApiError::invalid_param("prompt", "'prompt' must not be empty")),
+        _ => Err(invalid()),
+    }
+}
+
+pub(crate) fn parse_chat_input(obj: &Object) -> Result<ChatInput, ApiError> {
+    let messages = parse_messages(obj)?;
     let continue_final_message = opt_bool(obj, "continue_final_message")?.unwrap_or(false);
     let add_generation_prompt = opt_bool(obj, "add_generation_prompt")?.unwrap_or(!continue_final_message);
     if continue_final_message && add_generation_prompt {
@@ -77,18 +175,7 @@ pub fn parse_chat_request(body: &[u8]) -> Result<ChatRequest, ApiError> {
         Some(_) => return Err(ApiError::invalid_param("tools", "'tools' must be a list")),
     };
     let chat_template_kwargs = opt_object(obj, "chat_template_kwargs")?.cloned().unwrap_or_default();
-
-    Ok(ChatRequest {
-        model,
-        messages,
-        stream,
-        include_usage,
-        tools,
-        add_generation_prompt,
-        continue_final_message,
-        chat_template_kwargs,
-        sampling: parse_sampling(obj)?,
-    })
+    Ok(ChatInput { messages, tools, add_generation_prompt, continue_final_message, chat_template_kwargs })
 }
 
 fn parse_sampling(obj: &Object) -> Result<Sampling, ApiError> {
@@ -184,7 +271,7 @@ mod tests {
     fn parses_a_minimal_request_with_defaults() {
         let r = parse_chat_request(br#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#).unwrap();
         assert_eq!(r.model, "m");
-        assert!(!r.stream && r.add_generation_prompt && r.sampling.skip_special_tokens);
+        assert!(!r.stream && r.chat().unwrap().add_generation_prompt && r.sampling.skip_special_tokens);
         assert_eq!(r.sampling.max_tokens, None);
     }
 
@@ -220,9 +307,22 @@ mod tests {
                 "messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]}]}"#,
         )
         .unwrap();
-        assert_eq!(r.messages[0]["content"], "a\nb");
+        assert_eq!(r.chat().unwrap().messages[0]["content"], "a\nb");
         assert!(r.stream && r.include_usage);
         assert_eq!(r.sampling.max_tokens, Some(7));
+    }
+
+    #[test]
+    fn completion_prompts_in_every_accepted_shape() {
+        let parse = |p: &str| parse_completion_request(format!(r#"{{"model":"m","prompt":{p}}}"#).as_bytes());
+        assert_eq!(parse(r#""hi""#).unwrap().input, PromptInput::Text("hi".into()));
+        assert_eq!(parse(r#"["hi"]"#).unwrap().input, PromptInput::Text("hi".into()));
+        assert_eq!(parse("[1, 2]").unwrap().input, PromptInput::Tokens(vec![1, 2]));
+        assert_eq!(parse("[[1, 2]]").unwrap().input, PromptInput::Tokens(vec![1, 2]));
+        for bad in ["5", "[]", "[-1]", r#"["a", "b"]"#, "null", "{}"] {
+            assert_eq!(parse(bad).unwrap_err().param.as_deref(), Some("prompt"), "{bad}");
+        }
+        assert!(parse_completion_request(br#"{"model":"m","prompt":"x","echo":true}"#).unwrap().echo);
     }
 
     #[test]

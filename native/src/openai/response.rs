@@ -1,0 +1,186 @@
+//! OpenAI response objects: `chat.completion` / `text_completion` JSON and their streamed chunks as
+//! server-sent events.
+
+use serde_json::{json, Value};
+
+use super::request::Api;
+use crate::error::ApiError;
+
+/// Identity shared by every object of one response.
+#[derive(Debug, Clone)]
+pub struct ResponseMeta {
+    pub api: Api,
+    pub id: String,
+    pub created: u64,
+    pub model: String,
+}
+
+impl ResponseMeta {
+    fn object(&self, chunk: bool) -> &'static str {
+        match (self.api, chunk) {
+            (Api::Chat, false) => "chat.completion",
+            (Api::Chat, true) => "chat.completion.chunk",
+            (Api::Completion, _) => "text_completion",
+        }
+    }
+
+    fn envelope(&self, chunk: bool, choices: Value) -> Value {
+        json!({
+            "id": self.id,
+            "object": self.object(chunk),
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+        })
+    }
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Usage {
+    pub prompt_tokens: u32,
+    pub completion_tokens: u32,
+    pub cached_tokens: u32,
+}
+
+impl Usage {
+    pub fn to_value(self) -> Value {
+        json!({
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "total_tokens": self.prompt_tokens + self.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
+        })
+    }
+}
+
+pub const SSE_DONE: &[u8] = b"data: [DONE]\n\n";
+
+/// The whole non-streamed answer.
+pub fn completion_json(meta: &ResponseMeta, text: &str, finish_reason: &str, usage: Usage) -> Vec<u8> {
+    let choice = match meta.api {
+        Api::Chat => json!({
+            "index": 0,
+            "message": {"role": "assistant", "content": text},
+            "logprobs": null,
+            "finish_reason": finish_reason,
+        }),
+        Api::Completion => json!({"index": 0, "text": text, "logprobs": null, "finish_reason": finish_reason}),
+    };
+    let mut body = meta.envelope(false, json!([choice]));
+    body["usage"] = usage.to_value();
+    serde_json::to_vec(&body).expect("response JSON serializes")
+}
+
+fn event(value: &Value, out: &mut Vec<u8>) {
+    out.extend_from_slice(b"data: ");
+    serde_json::to_writer(&mut *out, value).expect("event JSON serializes");
+    out.extend_from_slice(b"\n\n");
+}
+
+fn chunk(meta: &ResponseMeta, text: Option<&str>, role: bool, finish_reason: Option<&str>, out: &mut Vec<u8>) {
+    let choice = match meta.api {
+        Api::Chat => {
+            let mut delta = serde_json::Map::new();
+            if role {
+                delta.insert("role".into(), "assistant".into());
+            }
+            if let Some(text) = text {
+                delta.insert("content".into(), text.into());
+            }
+            json!({"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish_reason})
+        }
+        Api::Completion => {
+            json!({"index": 0, "text": text.unwrap_or(""), "logprobs": null, "finish_reason": finish_reason})
+        }
+    };
+    event(&meta.envelope(true, json!([choice])), out);
+}
+
+/// Chat streams open with the assistant role (completions have no such event).
+pub fn start_event(meta: &ResponseMeta, out: &mut Vec<u8>) {
+    if meta.api == Api::Chat {
+        chunk(meta, Some(""), true, None, out);
+    }
+}
+
+pub fn text_event(meta: &ResponseMeta, text: &str, out: &mut Vec<u8>) {
+    chunk(meta, Some(text), false, None, out);
+}
+
+pub fn finish_event(meta: &ResponseMeta, finish_reason: &str, out: &mut Vec<u8>) {
+    chunk(meta, None, false, Some(finish_reason), out);
+}
+
+/// The final usage-only chunk (`stream_options.include_usage`).
+pub fn usage_event(meta: &ResponseMeta, usage: Usage, out: &mut Vec<u8>) {
+    let mut value = meta.envelope(true, json!([]));
+    value["usage"] = usage.to_value();
+    event(&value, out);
+}
+
+/// An error in the middle of a stream, once the 200 status is gone: an event carrying the error object.
+pub fn error_event(error: &ApiError, out: &mut Vec<u8>) {
+    event(&error.to_value(), out);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn meta(api: Api) -> ResponseMeta {
+        ResponseMeta { api, id: "x-1".into(), created: 7, model: "m".into() }
+    }
+
+    fn parse_event(bytes: &[u8]) -> Value {
+        let text = std::str::from_utf8(bytes).unwrap();
+        assert!(text.starts_with("data: {") && text.ends_with("}\n\n"));
+        serde_json::from_str(text.trim_start_matches("data: ").trim()).unwrap()
+    }
+
+    #[test]
+    fn chat_completion_has_openai_shape() {
+        let usage = Usage { prompt_tokens: 3, completion_tokens: 2, cached_tokens: 1 };
+        let v: Value = serde_json::from_slice(&completion_json(&meta(Api::Chat), "hi", "stop", usage)).unwrap();
+        assert_eq!(v["object"], "chat.completion");
+        assert_eq!(v["choices"][0]["message"]["content"], "hi");
+        assert_eq!(v["usage"]["total_tokens"], 5);
+        assert_eq!(v["usage"]["prompt_tokens_details"]["cached_tokens"], 1);
+    }
+
+    #[test]
+    fn text_completion_has_openai_shape() {
+        let v: Value =
+            serde_json::from_slice(&completion_json(&meta(Api::Completion), "hi", "length", Usage::default())).unwrap();
+        assert_eq!(v["object"], "text_completion");
+        assert_eq!(v["choices"][0]["text"], "hi");
+        assert_eq!(v["choices"][0]["finish_reason"], "length");
+    }
+
+    #[test]
+    fn chat_events_carry_deltas() {
+        let mut out = Vec::new();
+        start_event(&meta(Api::Chat), &mut out);
+        assert_eq!(parse_event(&out)["choices"][0]["delta"], json!({"role": "assistant", "content": ""}));
+        out.clear();
+        text_event(&meta(Api::Chat), "a", &mut out);
+        let v = parse_event(&out);
+        assert_eq!(v["choices"][0]["delta"], json!({"content": "a"}));
+        assert!(v["choices"][0]["finish_reason"].is_null());
+        out.clear();
+        finish_event(&meta(Api::Chat), "stop", &mut out);
+        let v = parse_event(&out);
+        assert_eq!(v["choices"][0]["delta"], json!({}));
+        assert_eq!(v["choices"][0]["finish_reason"], "stop");
+    }
+
+    #[test]
+    fn completion_events_carry_text() {
+        let mut out = Vec::new();
+        start_event(&meta(Api::Completion), &mut out);
+        assert!(out.is_empty());
+        text_event(&meta(Api::Completion), "a", &mut out);
+        let v = parse_event(&out);
+        assert_eq!(v["object"], "text_completion");
+        assert_eq!(v["choices"][0]["text"], "a");
+    }
+}
