@@ -63,3 +63,26 @@ def test_all_engines_down_gives_503(slow_stack: Stack) -> None:
         assert payload["error"]["code"] == 503
         conn.close()
         time.sleep(2.5)
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_engine_dying_mid_generation_ends_the_request_with_an_error(slow_stack: Stack, stream: bool) -> None:
+    host, port = slow_stack.base_url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=20)
+    body = {"model": slow_stack.model, "messages": [{"role": "user", "content": "x"}], "stream": stream}
+    body |= {"max_tokens": 200, "ignore_eos": True}
+    conn.request("POST", "/v1/chat/completions", json.dumps(body), {"content-type": "application/json"})
+    engines = slow_stack.engines.engines
+    assert wait_for(lambda: sum(e.stats.active for e in engines) == 1)
+    time.sleep(0.3)
+    slow_stack.loop.run(slow_stack.engines.stop(grace=None))  # the engine process goes away mid-stream
+    response = conn.getresponse()
+    raw = response.read().decode()  # must end, not hang
+    if stream:
+        assert response.status == 200
+        events = [e for e in raw.split("\n\n") if e]
+        assert events[-1] == "data: [DONE]"
+        assert "error" in json.loads(events[-2].removeprefix("data: "))
+    else:
+        assert response.status >= 500
+        assert json.loads(raw)["error"]["code"] == response.status
