@@ -1,0 +1,185 @@
+"""The `extproc` command: `up` (the local stack), `serve` (the ext_proc server alone), `envoy-config`.
+
+Flags are parsed as strings and validated by extproc.config, so a bad value reads the same whether it came
+from a flag, the environment or the config file. Heavy modules (the server, the Rust extension) are imported
+only by the command that needs them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from extproc import __version__
+from extproc.config import (
+    CONFIG_ENV,
+    ConfigError,
+    Settings,
+    env_name,
+    flag_name,
+    load_settings,
+)
+
+_D = Settings()
+# Each setting's flag: (field, help). Defaults shown come from Settings.
+_HELP: dict[str, str] = {
+    "listen": f"ext_proc gRPC address, host:port or unix:/path (default {_D.listen})",
+    "model_dir": "model directory with tokenizer.json (default: the bundled Llama 3 tokenizer model)",
+    "model_name": "served model name (default: the model directory's name)",
+    "engines": "engine endpoint grpc://host:port; repeat or comma-separate for several",
+    "max_body_bytes": f"largest request body, bytes or e.g. 8MiB (default {_D.max_body_bytes})",
+    "log_level": f"extproc log level: debug, info, warning, error (default {_D.log_level})",
+    "host": f"address Envoy listens on for clients (default {_D.host})",
+    "port": f"client HTTP port (default {_D.port})",
+    "admin_port": f"Envoy admin port, loopback only (default {_D.admin_port})",
+    "sim": f"simulated engines to start when no --engine is given (default {_D.sim})",
+    "sim_port": f"first simulated engine's port; engine i uses sim-port+i (default {_D.sim_port})",
+    "envoy_log_level": f"Envoy log level: trace ... critical, off (default {_D.envoy_log_level})",
+    "startup_timeout": f"seconds to wait for each child to be ready (default {_D.startup_timeout:g})",
+    "envoy_access_log": "Envoy logs each request to stdout (default false)",
+}
+
+_METAVARS: dict[str, str] = {
+    "listen": "ADDR",
+    "model_dir": "DIR",
+    "model_name": "NAME",
+    "engines": "URL",
+    "max_body_bytes": "BYTES",
+    "log_level": "LEVEL",
+    "host": "IP",
+    "port": "PORT",
+    "admin_port": "PORT",
+    "sim": "N",
+    "sim_port": "PORT",
+    "envoy_log_level": "LEVEL",
+    "startup_timeout": "SECONDS",
+    "envoy_access_log": "BOOL",
+}
+
+_SERVE_FIELDS = ("listen", "model_dir", "model_name", "engines", "max_body_bytes", "log_level")
+_ENVOY_FIELDS = ("host", "port", "admin_port", "listen", "max_body_bytes", "envoy_access_log")
+_UP_FIELDS = (*_SERVE_FIELDS, "host", "port", "admin_port", "sim", "sim_port", "envoy_log_level")
+_UP_FIELDS = (*_UP_FIELDS, "startup_timeout", "envoy_access_log")
+
+_EPILOG = (
+    "Settings come from defaults < config file (--config or $EXTPROC_CONFIG, TOML, keys = setting names "
+    "with underscores) < environment (EXTPROC_<SETTING>, e.g. EXTPROC_PORT) < flags."
+)
+
+
+def _add_settings(parser: argparse.ArgumentParser, names: Sequence[str]) -> None:
+    parser.add_argument("--config", metavar="FILE", help=f"TOML config file (or ${CONFIG_ENV})")
+    for name in names:
+        kwargs: dict[str, Any] = {"dest": name, "default": None, "metavar": _METAVARS[name]}
+        if name == "engines":
+            kwargs["action"] = "append"
+        elif name == "envoy_access_log":
+            kwargs["nargs"] = "?"
+            kwargs["const"] = "true"
+        parser.add_argument(flag_name(name), help=f"{_HELP[name]} [{env_name(name)}]", **kwargs)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="extproc",
+        description="An LLM gateway as an Envoy external processor: OpenAI HTTP in, engine gRPC out.",
+        epilog=_EPILOG,
+    )
+    parser.add_argument("--version", action="version", version=f"extproc {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    up = commands.add_parser(
+        "up",
+        help="run the local stack: engines (simulated unless --engine), extproc and Envoy",
+        description="Run the whole local stack in the foreground; Ctrl-C stops it.",
+        epilog=_EPILOG,
+    )
+    _add_settings(up, _UP_FIELDS)
+
+    serve = commands.add_parser(
+        "serve",
+        help="run the ext_proc gRPC server alone (next to your own Envoy)",
+        description="Run the ext_proc gRPC server; Envoy (see `extproc envoy-config`) must point at it.",
+        epilog=_EPILOG,
+    )
+    _add_settings(serve, _SERVE_FIELDS)
+
+    envoy = commands.add_parser(
+        "envoy-config",
+        help="print the Envoy bootstrap (JSON) that fronts an extproc server",
+        description="Print the Envoy bootstrap for a gateway whose extproc listens on --listen.",
+        epilog=_EPILOG,
+    )
+    _add_settings(envoy, _ENVOY_FIELDS)
+    envoy.add_argument("-o", "--output", metavar="FILE", help="write to FILE instead of stdout")
+    return parser
+
+
+def _settings(args: argparse.Namespace, names: Sequence[str]) -> Settings:
+    return load_settings({name: getattr(args, name) for name in names}, config_file=args.config)
+
+
+def _cmd_up(args: argparse.Namespace) -> int:
+    settings = _settings(args, _UP_FIELDS)
+    from extproc.stack import run_stack
+
+    return run_stack(settings)
+
+
+def _configure_logging(level: str) -> None:
+    """Filter extproc's structlog (and stdlib) logs at the configured level."""
+    import logging
+
+    import structlog
+
+    number = logging.getLevelNamesMapping()[level.upper()]
+    logging.basicConfig(level=number, format="%(levelname)s %(name)s: %(message)s")
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(number))
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    settings = _settings(args, _SERVE_FIELDS)
+    if not settings.engines:
+        hint = f"--engine grpc://host:port (or {env_name('engines')})"
+        raise ConfigError(f"serve needs at least one engine: {hint}")
+    import asyncio
+
+    _configure_logging(settings.log_level)
+    from extproc.server import serve  # imports the Rust extension: only here
+
+    try:
+        asyncio.run(serve(settings))
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+def _cmd_envoy_config(args: argparse.Namespace) -> int:
+    from extproc.envoy_bootstrap import render_bootstrap
+    from extproc.stack import envoy_options
+
+    text = render_bootstrap(envoy_options(_settings(args, _ENVOY_FIELDS)))
+    if args.output:
+        with open(args.output, "w") as file:
+            file.write(text)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+_COMMANDS = {"up": _cmd_up, "serve": _cmd_serve, "envoy-config": _cmd_envoy_config}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help, --version and usage errors: return, don't exit, for callers' sake
+        return exc.code if isinstance(exc.code, int) else 2
+    try:
+        return _COMMANDS[args.command](args)
+    except ConfigError as exc:
+        print(f"extproc: {exc}", file=sys.stderr)
+        return 2

@@ -1,0 +1,188 @@
+"""The `extproc` command line: parsing, errors (exit 2, one line), envoy-config, and wiring of up/serve."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+from extproc import cli, envoy_bootstrap
+from extproc.config import Settings
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("EXTPROC_CONFIG", "EXTPROC_PORT", "EXTPROC_ENGINES", "EXTPROC_LISTEN"):
+        monkeypatch.delenv(name, raising=False)
+
+
+@pytest.mark.parametrize(
+    "argv", [["--help"], ["up", "--help"], ["serve", "--help"], ["envoy-config", "--help"]]
+)
+def test_help_everywhere(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: extproc")
+    if argv[0] == "up":
+        for flag in ("--port", "--admin-port", "--listen", "--model-dir", "--engine", "--sim", "--config"):
+            assert flag in out
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["--version"]) == 0
+    assert capsys.readouterr().out.startswith("extproc ")
+
+
+def test_missing_or_unknown_command_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main([]) == 2
+    assert cli.main(["launch"]) == 2
+    assert cli.main(["up", "--no-such-flag"]) == 2
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["up", "--port", "abc"], "extproc: invalid --port 'abc': expected an integer 1-65535"),
+        (["up", "--sim", "-3"], "extproc: invalid --sim '-3': expected an integer 0-1024"),
+        (
+            ["serve", "--engine", "http://x:1"],
+            "extproc: invalid --engine 'http://x:1': expected grpc://host:port",
+        ),
+        (
+            ["serve"],
+            "extproc: serve needs at least one engine: --engine grpc://host:port (or EXTPROC_ENGINES)",
+        ),
+        (["envoy-config", "--listen", "nowhere"], "extproc: invalid --listen 'nowhere': expected host:port"),
+    ],
+)
+def test_bad_settings_exit_2_with_one_line(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(message)
+    assert err.count("\n") == 1
+
+
+def test_bad_environment_and_config_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("EXTPROC_PORT", "eighty")
+    assert cli.main(["envoy-config"]) == 2
+    assert "invalid EXTPROC_PORT 'eighty'" in capsys.readouterr().err
+    monkeypatch.delenv("EXTPROC_PORT")
+    config = tmp_path / "c.toml"
+    config.write_text("colour = 1\n")
+    assert cli.main(["envoy-config", "--config", str(config)]) == 2
+    assert "unknown key 'colour'" in capsys.readouterr().err
+
+
+def test_envoy_config_prints_a_valid_bootstrap(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert (
+        cli.main(["envoy-config", "--port", "8181", "--admin-port", "9191", "--listen", "unix:/tmp/e.sock"])
+        == 0
+    )
+    text = capsys.readouterr().out
+    config = json.loads(text)
+    listener = config["static_resources"]["listeners"][0]["address"]["socket_address"]
+    assert listener["port_value"] == 8181
+    assert config["admin"]["address"]["socket_address"]["port_value"] == 9191
+    path = tmp_path / "envoy.json"
+    path.write_text(text)
+    envoy_bootstrap.validate_config(path)
+
+
+def test_envoy_config_defaults_match_the_checked_in_local_config(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["envoy-config"]) == 0
+    assert capsys.readouterr().out == (Path(__file__).parents[1] / "envoy" / "local.json").read_text()
+
+
+def test_envoy_config_layers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    config = tmp_path / "c.toml"
+    config.write_text('port = 7001\nlisten = "127.0.0.1:7002"\n')
+    monkeypatch.setenv("EXTPROC_CONFIG", str(config))
+    monkeypatch.setenv("EXTPROC_PORT", "7003")
+    out = tmp_path / "out.json"
+    assert cli.main(["envoy-config", "-o", str(out)]) == 0
+    written = json.loads(out.read_text())
+    assert written["static_resources"]["listeners"][0]["address"]["socket_address"]["port_value"] == 7003
+    extproc = next(c for c in written["static_resources"]["clusters"] if c["name"] == "extproc")
+    address = extproc["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]
+    assert address["socket_address"]["port_value"] == 7002
+
+
+def test_serve_runs_the_server_with_the_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[Settings] = []
+
+    async def serve(settings: Settings) -> None:
+        seen.append(settings)
+
+    monkeypatch.setitem(sys.modules, "extproc.server", types.SimpleNamespace(serve=serve))
+    levels: list[str] = []
+    monkeypatch.setattr(cli, "_configure_logging", levels.append)  # no global logging changes here
+    argv = [
+        "serve",
+        "--engine",
+        "grpc://127.0.0.1:1",
+        "--engine",
+        "grpc://127.0.0.1:2",
+        "--listen",
+        "unix:/x",
+    ]
+    assert cli.main(argv) == 0
+    assert seen[0].engines == ("grpc://127.0.0.1:1", "grpc://127.0.0.1:2")
+    assert seen[0].listen == "unix:/x"
+    assert levels == ["info"]
+
+
+def test_up_hands_settings_to_the_stack(monkeypatch: pytest.MonkeyPatch) -> None:
+    from extproc import stack
+
+    seen: list[Settings] = []
+    monkeypatch.setattr(stack, "run_stack", lambda settings: seen.append(settings) or 7)
+    assert cli.main(["up", "--port", "8123", "--sim", "3", "--sim-port", "40000"]) == 7
+    assert (seen[0].port, seen[0].sim, seen[0].sim_port, seen[0].engines) == (8123, 3, 40000, ())
+
+
+def test_up_refuses_a_busy_port(free_ports, capsys: pytest.CaptureFixture[str]) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        argv = ["up", "--port", str(port), "--admin-port", str(free_ports.one())]
+        argv += ["--listen", f"127.0.0.1:{free_ports.one()}", "--sim-port", str(free_ports.block(2))]
+        assert cli.main(argv) == 1
+    assert f"--port address 127.0.0.1:{port} is not available" in capsys.readouterr().err
+
+
+def test_up_refuses_overlapping_ports(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["up", "--port", "50100", "--sim-port", "50099"]) == 1
+    assert "uses port 50100, which --port already uses" in capsys.readouterr().err
+
+
+def test_cli_stays_light() -> None:
+    """No Rust extension, server or gRPC import just to parse flags or print the Envoy config."""
+    code = (
+        "import sys\n"
+        "from extproc.cli import main\n"
+        "assert main(['envoy-config', '-o', '/dev/null']) == 0\n"
+        "heavy = {'extproc._native', 'extproc.server', 'grpc'} & set(sys.modules)\n"
+        "assert not heavy, heavy\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parents[1])
+
+
+def test_python_dash_m_extproc() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "extproc", "up", "--port", "x"],
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).parents[1],
+    )
+    assert proc.returncode == 2
+    assert proc.stderr == "extproc: invalid --port 'x': expected an integer 1-65535\n"

@@ -1,0 +1,172 @@
+"""Settings: layering (defaults < file < environment < flags) and one-line validation errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from extproc.config import ConfigError, MiB, Settings, load_settings, settings_to_flags
+
+
+@pytest.fixture
+def model_dir(tmp_path: Path) -> Path:
+    path = tmp_path / "my-model"
+    path.mkdir()
+    (path / "tokenizer.json").write_text("{}")
+    return path
+
+
+def _toml(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "extproc.toml"
+    path.write_text(text)
+    return path
+
+
+def test_defaults_without_any_layer() -> None:
+    assert load_settings(env={}) == Settings()
+
+
+def test_layers_override_in_order(tmp_path: Path) -> None:
+    config = _toml(tmp_path, 'port = 1000\nadmin_port = 1001\nsim = 5\nlog_level = "debug"\n')
+    env = {"EXTPROC_PORT": "2000", "EXTPROC_ADMIN_PORT": "2001"}
+    settings = load_settings({"port": "3000", "sim": None}, config_file=config, env=env)
+    assert settings.port == 3000  # flag beats env and file
+    assert settings.admin_port == 2001  # env beats file
+    assert settings.sim == 5  # file beats default; a flag not given (None) changes nothing
+    assert settings.log_level == "debug"
+    assert settings.sim_port == Settings().sim_port
+
+
+def test_config_file_from_environment(tmp_path: Path) -> None:
+    config = _toml(tmp_path, "port = 1234\n")
+    assert load_settings(env={"EXTPROC_CONFIG": str(config)}).port == 1234
+
+
+def test_explicit_config_file_beats_environment_one(tmp_path: Path) -> None:
+    config = _toml(tmp_path, "port = 1234\n")
+    other = tmp_path / "other.toml"
+    other.write_text("port = 4321\n")
+    assert load_settings(config_file=other, env={"EXTPROC_CONFIG": str(config)}).port == 4321
+
+
+def test_engines_from_every_layer(tmp_path: Path) -> None:
+    config = _toml(tmp_path, 'engines = ["grpc://10.0.0.1:1", "grpc://10.0.0.2:2"]\n')
+    assert load_settings(config_file=config, env={}).engines == ("grpc://10.0.0.1:1", "grpc://10.0.0.2:2")
+    env = {"EXTPROC_ENGINES": "grpc://10.0.0.3:3, grpc://10.0.0.4:4"}
+    assert load_settings(env=env).engines == ("grpc://10.0.0.3:3", "grpc://10.0.0.4:4")
+    flags = {"engines": ["grpc://localhost:5", "grpc://10.0.0.6:6,grpc://[::1]:7"]}
+    expected = ("grpc://127.0.0.1:5", "grpc://10.0.0.6:6", "grpc://[::1]:7")
+    assert load_settings(flags, env=env).engines == expected
+
+
+def test_typed_values(model_dir: Path) -> None:
+    settings = load_settings(
+        {
+            "model_dir": str(model_dir),
+            "model_name": "served",
+            "max_body_bytes": "16MiB",
+            "listen": "unix:/tmp/extproc.sock",
+            "host": "0.0.0.0",
+            "envoy_log_level": "WARN",
+            "envoy_access_log": "true",
+            "startup_timeout": "2.5",
+        },
+        env={},
+    )
+    assert settings.model_dir == model_dir.resolve()
+    assert settings.model_name == "served"
+    assert settings.max_body_bytes == 16 * MiB
+    assert settings.listen == "unix:/tmp/extproc.sock"
+    assert settings.host == "0.0.0.0"
+    assert settings.envoy_log_level == "warning"
+    assert settings.envoy_access_log is True
+    assert settings.startup_timeout == 2.5
+
+
+def test_model_dir_in_file_is_relative_to_the_file(tmp_path: Path, model_dir: Path) -> None:
+    config = _toml(tmp_path, f'model_dir = "{model_dir.name}"\n')
+    assert load_settings(config_file=config, env={}).model_dir == model_dir.resolve()
+
+
+BAD_FLAGS = [
+    ("port", "abc", "invalid --port 'abc': expected an integer 1-65535"),
+    ("port", "0", "invalid --port '0': expected an integer 1-65535"),
+    ("admin_port", "65536", "invalid --admin-port '65536': expected an integer 1-65535"),
+    ("sim", "-1", "invalid --sim '-1': expected an integer 0-1024"),
+    ("sim_port", "1.5", "invalid --sim-port '1.5': expected an integer 1-65535"),
+    ("engines", ["http://a:1"], "invalid --engine 'http://a:1': expected grpc://host:port"),
+    ("engines", ["grpc://a"], "invalid --engine 'grpc://a': expected grpc://host:port"),
+    ("engines", ["grpc://engine.svc:50051"], "invalid --engine 'grpc://engine.svc:50051': expected an IP"),
+    ("engines", ["grpc://1.2.3.4:1"] * 2, "invalid --engine 'grpc://1.2.3.4:1,grpc://1.2.3.4:1': expected"),
+    ("listen", "50051", "invalid --listen '50051': expected host:port or unix:/path"),
+    ("listen", "unix:relative", "invalid --listen 'unix:relative': expected unix:/absolute/path.sock"),
+    ("listen", "::1:50051", "invalid --listen '::1:50051': expected host:port or unix:/path"),
+    ("log_level", "loud", "invalid --log-level 'loud': expected one of debug, info"),
+    ("host", "example.com", "invalid --host 'example.com': expected an IP address"),
+    ("max_body_bytes", "lots", "invalid --max-body-bytes 'lots': expected a positive size"),
+    ("max_body_bytes", "0", "invalid --max-body-bytes '0': expected a positive size"),
+    ("model_name", " ", "invalid --model-name ' ': expected a non-empty name"),
+    ("startup_timeout", "0", "invalid --startup-timeout '0': expected a positive number of seconds"),
+    ("envoy_access_log", "maybe", "invalid --envoy-access-log 'maybe': expected true or false"),
+]
+
+
+@pytest.mark.parametrize(("field", "raw", "message"), BAD_FLAGS)
+def test_bad_flag_values_get_one_line_errors(field: str, raw: object, message: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_settings({field: raw}, env={})
+    assert str(err.value).startswith(message)
+    assert "\n" not in str(err.value)
+
+
+def test_model_dir_must_exist_with_a_tokenizer(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="no such directory"):
+        load_settings({"model_dir": str(tmp_path / "missing")}, env={})
+    with pytest.raises(ConfigError, match=r"invalid --model-dir .*: the directory has no tokenizer.json"):
+        load_settings({"model_dir": str(tmp_path)}, env={})
+
+
+def test_bad_environment_values_name_the_variable() -> None:
+    with pytest.raises(ConfigError, match=r"^invalid EXTPROC_PORT 'http': expected an integer 1-65535$"):
+        load_settings(env={"EXTPROC_PORT": "http"})
+    with pytest.raises(ConfigError, match=r"^invalid EXTPROC_ENGINES 'grpc://1.2.3.4:1,nope'"):
+        load_settings(env={"EXTPROC_ENGINES": "grpc://1.2.3.4:1,nope"})
+
+
+def test_unrelated_environment_is_ignored() -> None:
+    assert load_settings(env={"EXTPROC_CACHE_DIR": "/tmp", "EXTPROC_ENVOY_BIN": "/x"}) == Settings()
+
+
+def test_config_file_errors(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"unknown key 'prot'"):
+        load_settings(config_file=_toml(tmp_path, "prot = 1\n"), env={})
+    with pytest.raises(ConfigError, match=r"invalid port in .*extproc.toml 'x': expected an integer"):
+        load_settings(config_file=_toml(tmp_path, 'port = "x"\n'), env={})
+    with pytest.raises(ConfigError, match=r"invalid port in .*: expected an integer"):
+        load_settings(config_file=_toml(tmp_path, "port = true\n"), env={})
+    with pytest.raises(ConfigError, match="is not valid TOML"):
+        load_settings(config_file=_toml(tmp_path, "port = \n"), env={})
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_settings(config_file=tmp_path / "nope.toml", env={})
+
+
+def test_settings_round_trip_through_flags(model_dir: Path) -> None:
+    settings = Settings(
+        listen="127.0.0.1:7000",
+        model_dir=model_dir.resolve(),
+        model_name="m",
+        engines=("grpc://127.0.0.1:1", "grpc://127.0.0.1:2"),
+        max_body_bytes=123,
+        log_level="debug",
+    )
+    fields = ("listen", "model_dir", "model_name", "engines", "max_body_bytes", "log_level")
+    argv = settings_to_flags(settings, fields)
+    flags: dict[str, object] = {}
+    for flag, value in zip(argv[::2], argv[1::2], strict=True):
+        field = {"--engine": "engines"}.get(flag, flag[2:].replace("-", "_"))
+        if field == "engines":
+            flags.setdefault("engines", []).append(value)  # type: ignore[union-attr]
+        else:
+            flags[field] = value
+    assert load_settings(flags, env={}) == settings
