@@ -37,7 +37,7 @@ run: $(STAMP) ## run the local stack in the foreground; real engines: ARGS="--en
 test: test-rust test-python ## all tests: cargo test, then pytest
 
 test-rust: $(STAMP) ## Rust unit tests of native/
-	$(PYO3_ENV) $(CARGO) test $(MANIFEST)
+	$(PYO3_ENV) $(CARGO) test --release $(MANIFEST)
 
 test-python: $(STAMP) ## the Python suite (unit, real-Envoy integration, load)
 	$(BIN)/pytest -q
