@@ -66,12 +66,19 @@ async def start(settings: Settings, *, engine_wait_s: float = ENGINE_WAIT_S) -> 
 
 
 async def serve(settings: Settings) -> None:
-    """Run until SIGINT or SIGTERM, then stop gracefully."""
-    running = await start(settings)
+    """Run until SIGINT or SIGTERM, then stop gracefully (also while still waiting for engines)."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
+    starting = asyncio.create_task(start(settings))
+    stopping = asyncio.create_task(stop.wait())
+    await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    if not starting.done():
+        starting.cancel()
+        log.info("stopped before the server started")
+        return
+    running = starting.result()
+    await stopping
     log.info("stopping")
     await running.stop()

@@ -14,7 +14,12 @@ pub struct ApiError {
 
 impl ApiError {
     pub fn new(status: u16, kind: &'static str, message: impl Into<String>) -> Self {
-        ApiError { status, message: message.into(), kind, param: None }
+        ApiError {
+            status,
+            message: message.into(),
+            kind,
+            param: None,
+        }
     }
     /// 400 invalid_request_error.
     pub fn invalid(message: impl Into<String>) -> Self {
@@ -22,7 +27,10 @@ impl ApiError {
     }
     /// 400 invalid_request_error naming the offending parameter.
     pub fn invalid_param(param: &str, message: impl Into<String>) -> Self {
-        ApiError { param: Some(param.to_string()), ..Self::invalid(message) }
+        ApiError {
+            param: Some(param.to_string()),
+            ..Self::invalid(message)
+        }
     }
     pub fn not_found(message: impl Into<String>) -> Self {
         Self::new(404, "not_found_error", message)

@@ -11,7 +11,10 @@ use serde_json::json;
 use crate::model::ModelFiles;
 
 pub fn unix_now() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
 }
 
 pub struct ServedModel {
@@ -69,7 +72,10 @@ pub struct Gateway {
 
 impl Gateway {
     pub fn new(limits: Limits) -> Self {
-        Gateway { models: RwLock::new(HashMap::new()), limits }
+        Gateway {
+            models: RwLock::new(HashMap::new()),
+            limits,
+        }
     }
 
     /// Load a model directory and serve it as `name` (replacing any model of that name).
@@ -84,7 +90,10 @@ impl Gateway {
             endpoints: RwLock::new(Arc::new(Vec::new())),
             next: AtomicUsize::new(0),
         });
-        self.models.write().expect("model lock").insert(name.to_string(), model.clone());
+        self.models
+            .write()
+            .expect("model lock")
+            .insert(name.to_string(), model.clone());
         Ok(model)
     }
 

@@ -27,7 +27,10 @@ pub struct FrameDecoder {
 
 impl FrameDecoder {
     pub fn new(max_message: usize) -> Self {
-        FrameDecoder { buffer: Vec::new(), max_message }
+        FrameDecoder {
+            buffer: Vec::new(),
+            max_message,
+        }
     }
 
     /// Append a chunk and return every message it completes, in order.

@@ -15,7 +15,12 @@ pub struct StopMatcher {
 impl StopMatcher {
     pub fn new(stops: Vec<String>, include_stop: bool) -> Self {
         let window = stops.iter().map(String::len).max().unwrap_or(0).saturating_sub(1);
-        StopMatcher { stops, include_stop, window, ..Default::default() }
+        StopMatcher {
+            stops,
+            include_stop,
+            window,
+            ..Default::default()
+        }
     }
 
     /// The stop string that ended the text, once one matched.
@@ -75,12 +80,18 @@ mod tests {
 
     #[test]
     fn stop_split_across_deltas_is_caught_and_not_emitted() {
-        assert_eq!(run(&["END"], false, &["hello E", "N", "D tail"]), ("hello ".into(), Some("END".into())));
+        assert_eq!(
+            run(&["END"], false, &["hello E", "N", "D tail"]),
+            ("hello ".into(), Some("END".into()))
+        );
     }
 
     #[test]
     fn include_stop_str_in_output() {
-        assert_eq!(run(&["END"], true, &["a EN", "D b"]), ("a END".into(), Some("END".into())));
+        assert_eq!(
+            run(&["END"], true, &["a EN", "D b"]),
+            ("a END".into(), Some("END".into()))
+        );
     }
 
     #[test]
@@ -90,7 +101,10 @@ mod tests {
 
     #[test]
     fn earliest_match_wins_and_multibyte_text_is_safe() {
-        assert_eq!(run(&["zz", "é!"], false, &["caf", "é", "! zz"]), ("caf".into(), Some("é!".into())));
+        assert_eq!(
+            run(&["zz", "é!"], false, &["caf", "é", "! zz"]),
+            ("caf".into(), Some("é!".into()))
+        );
         assert_eq!(run(&["xyz"], false, &["日本", "語"]), ("日本語".into(), None));
     }
 

@@ -39,14 +39,26 @@ CASES = [
     ("out of range", chat(model="MODEL", messages=OK_MESSAGES, top_p=1.5), 400, "top_p"),
     ("bad max_tokens", chat(model="MODEL", messages=OK_MESSAGES, max_tokens=-1), 400, "max_tokens"),
     ("bad role", chat(model="MODEL", messages=[{"role": "wizard", "content": "x"}]), 400, "messages"),
-    ("over the context", chat(model="MODEL", messages=[{"role": "user", "content": "word " * 9000}]), 400, "messages"),
-    ("completion over the context", chat(model="MODEL", messages=OK_MESSAGES, max_tokens=8190), 400, "messages"),
+    (
+        "over the context",
+        chat(model="MODEL", messages=[{"role": "user", "content": "word " * 9000}]),
+        400,
+        "messages",
+    ),
+    (
+        "completion over the context",
+        chat(model="MODEL", messages=OK_MESSAGES, max_tokens=8190),
+        400,
+        "messages",
+    ),
     ("empty body", b"", 400, None),
 ]
 
 
 @pytest.mark.parametrize(("body", "status", "param"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
-def test_bad_chat_request_is_refused_by_the_gateway(stack: Stack, body: bytes, status: int, param: str | None) -> None:
+def test_bad_chat_request_is_refused_by_the_gateway(
+    stack: Stack, body: bytes, status: int, param: str | None
+) -> None:
     body = body.replace(b"MODEL", stack.model.encode())
     before = stack.generate_requests()
     got, headers, payload = call(stack, "POST", "/v1/chat/completions", body)
@@ -71,7 +83,12 @@ def test_oversize_body_is_413(stack: Stack) -> None:
 
 @pytest.mark.parametrize(
     ("method", "path", "status"),
-    [("GET", "/v1/nothing", 404), ("POST", "/", 404), ("GET", "/v1/chat/completions", 405), ("DELETE", "/v1/models", 405)],
+    [
+        ("GET", "/v1/nothing", 404),
+        ("POST", "/", 404),
+        ("GET", "/v1/chat/completions", 405),
+        ("DELETE", "/v1/models", 405),
+    ],
 )
 def test_unknown_routes_and_methods(stack: Stack, method: str, path: str, status: int) -> None:
     got, _, payload = call(stack, method, path)
@@ -82,7 +99,10 @@ def test_unknown_routes_and_methods(stack: Stack, method: str, path: str, status
 def test_engine_rejection_maps_to_a_4xx(stack: Stack) -> None:
     # min_tokens above max_tokens passes the gateway's checks; the engine refuses it (INVALID_ARGUMENT).
     status, headers, payload = call(
-        stack, "POST", "/v1/chat/completions", chat(model=stack.model, messages=OK_MESSAGES, max_tokens=2, min_tokens=5)
+        stack,
+        "POST",
+        "/v1/chat/completions",
+        chat(model=stack.model, messages=OK_MESSAGES, max_tokens=2, min_tokens=5),
     )
     assert status == 400, payload
     assert payload["error"]["message"].startswith("engine error")

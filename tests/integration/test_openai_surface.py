@@ -20,7 +20,9 @@ def client(stack: Stack) -> openai.OpenAI:
 
 def post(stack: Stack, path: str, body: dict) -> dict:
     req = urllib.request.Request(
-        f"{stack.base_url}{path}", data=json.dumps(body).encode(), headers={"content-type": "application/json"}
+        f"{stack.base_url}{path}",
+        data=json.dumps(body).encode(),
+        headers={"content-type": "application/json"},
     )
     with urllib.request.urlopen(req) as r:
         assert r.headers["content-type"] == "application/json"
@@ -44,9 +46,13 @@ def test_completion_from_text_and_from_token_ids(client: openai.OpenAI, stack: S
     assert from_text.choices[0].finish_reason == "length"
 
 
-def test_streamed_completion_matches_and_echo_prepends_the_prompt(client: openai.OpenAI, stack: Stack) -> None:
+def test_streamed_completion_matches_and_echo_prepends_the_prompt(
+    client: openai.OpenAI, stack: Stack
+) -> None:
     whole = client.completions.create(model=stack.model, prompt="Hello there", seed=5, echo=True)
-    chunks = list(client.completions.create(model=stack.model, prompt="Hello there", seed=5, echo=True, stream=True))
+    chunks = list(
+        client.completions.create(model=stack.model, prompt="Hello there", seed=5, echo=True, stream=True)
+    )
     streamed = "".join(c.choices[0].text for c in chunks)
     assert whole.choices[0].text.startswith("Hello there")
     assert len(whole.choices[0].text) > len("Hello there")
@@ -73,7 +79,9 @@ def test_stop_string_ends_the_text_before_it(client: openai.OpenAI, stack: Stack
 
 
 def test_tokenize_messages_and_detokenize_round_trip(stack: Stack) -> None:
-    chat = post(stack, "/v1/tokenize", {"model": stack.model, "messages": MESSAGES, "return_token_strs": True})
+    chat = post(
+        stack, "/v1/tokenize", {"model": stack.model, "messages": MESSAGES, "return_token_strs": True}
+    )
     assert chat["count"] == len(chat["tokens"]) == len(chat["token_strs"])
     assert chat["max_model_len"] == 8192
     assert chat["token_strs"][0] == "<|begin_of_text|>"

@@ -16,15 +16,21 @@ fn given<'a>(obj: &'a Object, name: &str) -> Option<&'a Value> {
 }
 
 pub fn opt_bool(obj: &Object, name: &str) -> Result<Option<bool>, ApiError> {
-    given(obj, name).map(|v| v.as_bool().ok_or_else(|| wrong_type(name, "a boolean"))).transpose()
+    given(obj, name)
+        .map(|v| v.as_bool().ok_or_else(|| wrong_type(name, "a boolean")))
+        .transpose()
 }
 
 pub fn opt_str<'a>(obj: &'a Object, name: &str) -> Result<Option<&'a str>, ApiError> {
-    given(obj, name).map(|v| v.as_str().ok_or_else(|| wrong_type(name, "a string"))).transpose()
+    given(obj, name)
+        .map(|v| v.as_str().ok_or_else(|| wrong_type(name, "a string")))
+        .transpose()
 }
 
 pub fn opt_object<'a>(obj: &'a Object, name: &str) -> Result<Option<&'a Object>, ApiError> {
-    given(obj, name).map(|v| v.as_object().ok_or_else(|| wrong_type(name, "an object"))).transpose()
+    given(obj, name)
+        .map(|v| v.as_object().ok_or_else(|| wrong_type(name, "an object")))
+        .transpose()
 }
 
 /// A number within `[min, max]`.
@@ -32,7 +38,10 @@ pub fn opt_f32(obj: &Object, name: &str, min: f64, max: f64) -> Result<Option<f3
     let Some(v) = given(obj, name) else { return Ok(None) };
     let x = v.as_f64().ok_or_else(|| wrong_type(name, "a number"))?;
     if !(min..=max).contains(&x) {
-        return Err(ApiError::invalid_param(name, format!("'{name}' must be between {min} and {max}, got {x}")));
+        return Err(ApiError::invalid_param(
+            name,
+            format!("'{name}' must be between {min} and {max}, got {x}"),
+        ));
     }
     Ok(Some(x as f32))
 }
@@ -46,7 +55,10 @@ pub fn opt_int(obj: &Object, name: &str, min: i64, max: i64) -> Result<Option<i6
         _ => return Err(wrong_type(name, "an integer")),
     };
     if !(min..=max).contains(&x) {
-        return Err(ApiError::invalid_param(name, format!("'{name}' must be between {min} and {max}, got {x}")));
+        return Err(ApiError::invalid_param(
+            name,
+            format!("'{name}' must be between {min} and {max}, got {x}"),
+        ));
     }
     Ok(Some(x))
 }
@@ -58,7 +70,11 @@ pub fn opt_str_or_list(obj: &Object, name: &str) -> Result<Vec<String>, ApiError
         Some(Value::String(s)) => Ok(vec![s.clone()]),
         Some(Value::Array(items)) => items
             .iter()
-            .map(|i| i.as_str().map(str::to_string).ok_or_else(|| wrong_type(name, "a string or a list of strings")))
+            .map(|i| {
+                i.as_str()
+                    .map(str::to_string)
+                    .ok_or_else(|| wrong_type(name, "a string or a list of strings"))
+            })
             .collect(),
         Some(_) => Err(wrong_type(name, "a string or a list of strings")),
     }
@@ -70,7 +86,10 @@ pub fn opt_u32_list(obj: &Object, name: &str) -> Result<Vec<u32>, ApiError> {
         Some(Value::Array(items)) => items
             .iter()
             .map(|i| {
-                i.as_u64().filter(|&n| n <= u32::MAX as u64).map(|n| n as u32).ok_or_else(|| wrong_type(name, "a list of token ids"))
+                i.as_u64()
+                    .filter(|&n| n <= u32::MAX as u64)
+                    .map(|n| n as u32)
+                    .ok_or_else(|| wrong_type(name, "a list of token ids"))
             })
             .collect(),
         Some(_) => Err(wrong_type(name, "a list of token ids")),

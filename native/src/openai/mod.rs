@@ -1,6 +1,6 @@
 //! The OpenAI HTTP surface: request parsing and validation, response and SSE building.
 
+pub mod fields;
+pub mod request;
 pub mod response;
 pub mod tokenize;
-pub mod request;
-pub mod fields;

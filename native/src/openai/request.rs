@@ -3,9 +3,7 @@
 
 use serde_json::{Map, Value};
 
-use super::fields::{
-    opt_bool, opt_f32, opt_int, opt_object, opt_str, opt_str_or_list, opt_u32_list, Object,
-};
+use super::fields::{opt_bool, opt_f32, opt_int, opt_object, opt_str, opt_str_or_list, opt_u32_list, Object};
 use crate::error::ApiError;
 
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -74,8 +72,8 @@ impl GenerationRequest {
 }
 
 pub(crate) fn parse_object(body: &[u8]) -> Result<Object, ApiError> {
-    let value: Value = serde_json::from_slice(body)
-        .map_err(|e| ApiError::invalid(format!("request body is not valid JSON: {e}")))?;
+    let value: Value =
+        serde_json::from_slice(body).map_err(|e| ApiError::invalid(format!("request body is not valid JSON: {e}")))?;
     match value {
         Value::Object(obj) => Ok(obj),
         _ => Err(ApiError::invalid("request body must be a JSON object")),
@@ -132,7 +130,12 @@ pub fn parse_completion_request(body: &[u8]) -> Result<GenerationRequest, ApiErr
 
 /// `prompt`: a string, token ids, or a one-element list of either.
 pub(crate) fn parse_prompt(obj: &Object) -> Result<PromptInput, ApiError> {
-    let invalid = || ApiError::invalid_param("prompt", "'prompt' must be a string, a list of token ids, or a list of one of those");
+    let invalid = || {
+        ApiError::invalid_param(
+            "prompt",
+            "'prompt' must be a string, a list of token ids, or a list of one of those",
+        )
+    };
     let prompt = match obj.get("prompt") {
         None | Some(Value::Null) => return Err(ApiError::invalid_param("prompt", "'prompt' is required")),
         Some(p) => p,
@@ -151,7 +154,12 @@ pub(crate) fn parse_prompt(obj: &Object) -> Result<PromptInput, ApiError> {
         Value::String(text) => Ok(PromptInput::Text(text.clone())),
         Value::Array(ids) if !ids.is_empty() => ids
             .iter()
-            .map(|id| id.as_u64().filter(|&n| n <= u32::MAX as u64).map(|n| n as u32).ok_or_else(invalid))
+            .map(|id| {
+                id.as_u64()
+                    .filter(|&n| n <= u32::MAX as u64)
+                    .map(|n| n as u32)
+                    .ok_or_else(invalid)
+            })
             .collect::<Result<Vec<u32>, _>>()
             .map(PromptInput::Tokens),
         Value::Array(_) => Err(ApiError::invalid_param("prompt", "'prompt' must not be empty")),
@@ -175,7 +183,13 @@ pub(crate) fn parse_chat_input(obj: &Object) -> Result<ChatInput, ApiError> {
         Some(_) => return Err(ApiError::invalid_param("tools", "'tools' must be a list")),
     };
     let chat_template_kwargs = opt_object(obj, "chat_template_kwargs")?.cloned().unwrap_or_default();
-    Ok(ChatInput { messages, tools, add_generation_prompt, continue_final_message, chat_template_kwargs })
+    Ok(ChatInput {
+        messages,
+        tools,
+        add_generation_prompt,
+        continue_final_message,
+        chat_template_kwargs,
+    })
 }
 
 fn parse_sampling(obj: &Object) -> Result<Sampling, ApiError> {
@@ -225,7 +239,12 @@ fn normalize_message(index: usize, message: &Value) -> Result<Value, ApiError> {
         .ok_or_else(|| ApiError::invalid_param(&param, format!("{param} must be an object")))?;
     match message.get("role") {
         Some(Value::String(_)) => {}
-        _ => return Err(ApiError::invalid_param(&format!("{param}.role"), format!("{param}.role must be a string"))),
+        _ => {
+            return Err(ApiError::invalid_param(
+                &format!("{param}.role"),
+                format!("{param}.role must be a string"),
+            ))
+        }
     }
     let content_param = format!("{param}.content");
     let content = match message.get("content") {
@@ -233,7 +252,10 @@ fn normalize_message(index: usize, message: &Value) -> Result<Value, ApiError> {
         Some(Value::String(_)) => None, // kept as is
         Some(Value::Array(parts)) => Some(join_text_parts(parts, &content_param)?),
         Some(_) => {
-            return Err(ApiError::invalid_param(&content_param, format!("{content_param} must be a string or a list of parts")))
+            return Err(ApiError::invalid_param(
+                &content_param,
+                format!("{content_param} must be a string or a list of parts"),
+            ))
         }
     };
     if let Some(text) = content {
@@ -251,7 +273,10 @@ fn join_text_parts(parts: &[Value], param: &str) -> Result<String, ApiError> {
             (Some("text"), Some(text)) => texts.push(text),
             (Some("text"), None) => return Err(ApiError::invalid_param(param, "a text part needs a 'text' string")),
             (Some(other), _) => {
-                return Err(ApiError::invalid_param(param, format!("content parts of type '{other}' are not supported")))
+                return Err(ApiError::invalid_param(
+                    param,
+                    format!("content parts of type '{other}' are not supported"),
+                ))
             }
             (None, _) => return Err(ApiError::invalid_param(param, "each content part needs a 'type'")),
         }
@@ -284,14 +309,38 @@ mod tests {
             (r#"{"model":"m"}"#, Some("messages")),
             (r#"{"model":"m","messages":[]}"#, Some("messages")),
             (r#"{"model":"m","messages":"hi"}"#, Some("messages")),
-            (r#"{"model":"m","messages":[{"content":"x"}]}"#, Some("messages[0].role")),
-            (r#"{"model":"m","messages":[{"role":"user","content":5}]}"#, Some("messages[0].content")),
-            (r#"{"model":"m","messages":[{"role":"user","content":"x"}],"temperature":"hot"}"#, Some("temperature")),
-            (r#"{"model":"m","messages":[{"role":"user","content":"x"}],"temperature":3}"#, Some("temperature")),
-            (r#"{"model":"m","messages":[{"role":"user","content":"x"}],"max_tokens":0}"#, Some("max_tokens")),
-            (r#"{"model":"m","messages":[{"role":"user","content":"x"}],"max_tokens":1.5}"#, Some("max_tokens")),
-            (r#"{"model":"m","messages":[{"role":"user","content":"x"}],"stream":"yes"}"#, Some("stream")),
-            (r#"{"model":"m","messages":[{"role":"user","content":"x"}],"top_p":0}"#, Some("top_p")),
+            (
+                r#"{"model":"m","messages":[{"content":"x"}]}"#,
+                Some("messages[0].role"),
+            ),
+            (
+                r#"{"model":"m","messages":[{"role":"user","content":5}]}"#,
+                Some("messages[0].content"),
+            ),
+            (
+                r#"{"model":"m","messages":[{"role":"user","content":"x"}],"temperature":"hot"}"#,
+                Some("temperature"),
+            ),
+            (
+                r#"{"model":"m","messages":[{"role":"user","content":"x"}],"temperature":3}"#,
+                Some("temperature"),
+            ),
+            (
+                r#"{"model":"m","messages":[{"role":"user","content":"x"}],"max_tokens":0}"#,
+                Some("max_tokens"),
+            ),
+            (
+                r#"{"model":"m","messages":[{"role":"user","content":"x"}],"max_tokens":1.5}"#,
+                Some("max_tokens"),
+            ),
+            (
+                r#"{"model":"m","messages":[{"role":"user","content":"x"}],"stream":"yes"}"#,
+                Some("stream"),
+            ),
+            (
+                r#"{"model":"m","messages":[{"role":"user","content":"x"}],"top_p":0}"#,
+                Some("top_p"),
+            ),
         ];
         for (body, param) in cases {
             let e = err(body);
@@ -322,11 +371,17 @@ mod tests {
         for bad in ["5", "[]", "[-1]", r#"["a", "b"]"#, "null", "{}"] {
             assert_eq!(parse(bad).unwrap_err().param.as_deref(), Some("prompt"), "{bad}");
         }
-        assert!(parse_completion_request(br#"{"model":"m","prompt":"x","echo":true}"#).unwrap().echo);
+        assert!(
+            parse_completion_request(br#"{"model":"m","prompt":"x","echo":true}"#)
+                .unwrap()
+                .echo
+        );
     }
 
     #[test]
     fn unknown_fields_are_ignored() {
-        assert!(parse_chat_request(br#"{"model":"m","messages":[{"role":"user","content":"x"}],"foo":{"bar":1}}"#).is_ok());
+        assert!(
+            parse_chat_request(br#"{"model":"m","messages":[{"role":"user","content":"x"}],"foo":{"bar":1}}"#).is_ok()
+        );
     }
 }

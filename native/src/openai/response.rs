@@ -128,7 +128,12 @@ mod tests {
     use super::*;
 
     fn meta(api: Api) -> ResponseMeta {
-        ResponseMeta { api, id: "x-1".into(), created: 7, model: "m".into() }
+        ResponseMeta {
+            api,
+            id: "x-1".into(),
+            created: 7,
+            model: "m".into(),
+        }
     }
 
     fn parse_event(bytes: &[u8]) -> Value {
@@ -139,7 +144,11 @@ mod tests {
 
     #[test]
     fn chat_completion_has_openai_shape() {
-        let usage = Usage { prompt_tokens: 3, completion_tokens: 2, cached_tokens: 1 };
+        let usage = Usage {
+            prompt_tokens: 3,
+            completion_tokens: 2,
+            cached_tokens: 1,
+        };
         let v: Value = serde_json::from_slice(&completion_json(&meta(Api::Chat), "hi", "stop", usage)).unwrap();
         assert_eq!(v["object"], "chat.completion");
         assert_eq!(v["choices"][0]["message"]["content"], "hi");
@@ -149,8 +158,13 @@ mod tests {
 
     #[test]
     fn text_completion_has_openai_shape() {
-        let v: Value =
-            serde_json::from_slice(&completion_json(&meta(Api::Completion), "hi", "length", Usage::default())).unwrap();
+        let v: Value = serde_json::from_slice(&completion_json(
+            &meta(Api::Completion),
+            "hi",
+            "length",
+            Usage::default(),
+        ))
+        .unwrap();
         assert_eq!(v["object"], "text_completion");
         assert_eq!(v["choices"][0]["text"], "hi");
         assert_eq!(v["choices"][0]["finish_reason"], "length");
@@ -160,7 +174,10 @@ mod tests {
     fn chat_events_carry_deltas() {
         let mut out = Vec::new();
         start_event(&meta(Api::Chat), &mut out);
-        assert_eq!(parse_event(&out)["choices"][0]["delta"], json!({"role": "assistant", "content": ""}));
+        assert_eq!(
+            parse_event(&out)["choices"][0]["delta"],
+            json!({"role": "assistant", "content": ""})
+        );
         out.clear();
         text_event(&meta(Api::Chat), "a", &mut out);
         let v = parse_event(&out);

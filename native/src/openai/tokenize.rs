@@ -23,7 +23,9 @@ pub struct DetokenizeRequest {
 }
 
 fn model_of(obj: &super::fields::Object) -> Result<String, ApiError> {
-    Ok(opt_str(obj, "model")?.ok_or_else(|| ApiError::invalid_param("model", "'model' is required"))?.to_string())
+    Ok(opt_str(obj, "model")?
+        .ok_or_else(|| ApiError::invalid_param("model", "'model' is required"))?
+        .to_string())
 }
 
 pub fn parse_tokenize_request(body: &[u8]) -> Result<TokenizeRequest, ApiError> {
@@ -33,13 +35,18 @@ pub fn parse_tokenize_request(body: &[u8]) -> Result<TokenizeRequest, ApiError> 
         TokenizeInput::Chat(parse_chat_input(&obj)?)
     } else {
         match parse_prompt(&obj)? {
-            PromptInput::Text(text) => {
-                TokenizeInput::Text { text, add_special_tokens: opt_bool(&obj, "add_special_tokens")?.unwrap_or(true) }
-            }
+            PromptInput::Text(text) => TokenizeInput::Text {
+                text,
+                add_special_tokens: opt_bool(&obj, "add_special_tokens")?.unwrap_or(true),
+            },
             _ => return Err(ApiError::invalid_param("prompt", "'prompt' must be a string")),
         }
     };
-    Ok(TokenizeRequest { model, input, return_token_strs: opt_bool(&obj, "return_token_strs")?.unwrap_or(false) })
+    Ok(TokenizeRequest {
+        model,
+        input,
+        return_token_strs: opt_bool(&obj, "return_token_strs")?.unwrap_or(false),
+    })
 }
 
 pub fn parse_detokenize_request(body: &[u8]) -> Result<DetokenizeRequest, ApiError> {
@@ -48,7 +55,10 @@ pub fn parse_detokenize_request(body: &[u8]) -> Result<DetokenizeRequest, ApiErr
     if !obj.contains_key("tokens") {
         return Err(ApiError::invalid_param("tokens", "'tokens' is required"));
     }
-    Ok(DetokenizeRequest { model, tokens: opt_u32_list(&obj, "tokens")? })
+    Ok(DetokenizeRequest {
+        model,
+        tokens: opt_u32_list(&obj, "tokens")?,
+    })
 }
 
 pub fn tokenize_response(tokens: &[u32], max_model_len: u32, token_strs: Option<Vec<String>>) -> Vec<u8> {

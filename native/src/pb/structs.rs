@@ -26,9 +26,13 @@ pub mod value {
 
 impl Value {
     pub fn string(s: impl Into<String>) -> Self {
-        Value { kind: Some(value::Kind::StringValue(s.into())) }
+        Value {
+            kind: Some(value::Kind::StringValue(s.into())),
+        }
     }
     pub fn structure(s: Struct) -> Self {
-        Value { kind: Some(value::Kind::StructValue(s)) }
+        Value {
+            kind: Some(value::Kind::StructValue(s)),
+        }
     }
 }

@@ -22,7 +22,12 @@ impl PyGateway {
     #[new]
     #[pyo3(signature = (*, max_body_bytes, max_engine_message = 64 * 1024 * 1024))]
     fn new(max_body_bytes: usize, max_engine_message: usize) -> Self {
-        PyGateway { inner: Arc::new(Gateway::new(Limits { max_body_bytes, max_engine_message })) }
+        PyGateway {
+            inner: Arc::new(Gateway::new(Limits {
+                max_body_bytes,
+                max_engine_message,
+            })),
+        }
     }
 
     /// Load `model_dir` (tokenizer, chat template) and serve it as `name`.
@@ -35,35 +40,53 @@ impl PyGateway {
 
     /// Replace the ready endpoints ("host:port") of `name`.
     fn set_endpoints(&self, name: &str, endpoints: Vec<String>) -> PyResult<()> {
-        let model = self.inner.model(name).ok_or_else(|| PyValueError::new_err(format!("unknown model {name}")))?;
+        let model = self
+            .inner
+            .model(name)
+            .ok_or_else(|| PyValueError::new_err(format!("unknown model {name}")))?;
         model.set_endpoints(endpoints);
         Ok(())
     }
 
     fn endpoints(&self, name: &str) -> PyResult<Vec<String>> {
-        let model = self.inner.model(name).ok_or_else(|| PyValueError::new_err(format!("unknown model {name}")))?;
+        let model = self
+            .inner
+            .model(name)
+            .ok_or_else(|| PyValueError::new_err(format!("unknown model {name}")))?;
         Ok(model.endpoints().as_ref().clone())
     }
 
     fn max_context(&self, name: &str) -> PyResult<u32> {
-        let model = self.inner.model(name).ok_or_else(|| PyValueError::new_err(format!("unknown model {name}")))?;
+        let model = self
+            .inner
+            .model(name)
+            .ok_or_else(|| PyValueError::new_err(format!("unknown model {name}")))?;
         Ok(model.max_context())
     }
 
     fn set_max_context(&self, name: &str, tokens: u32) -> PyResult<()> {
-        let model = self.inner.model(name).ok_or_else(|| PyValueError::new_err(format!("unknown model {name}")))?;
+        let model = self
+            .inner
+            .model(name)
+            .ok_or_else(|| PyValueError::new_err(format!("unknown model {name}")))?;
         model.set_max_context(tokens);
         Ok(())
     }
 
     /// Tokenize `text` with `name`'s tokenizer (no special tokens added).
     fn encode(&self, py: Python<'_>, name: &str, text: String) -> PyResult<Vec<u32>> {
-        let model = self.inner.model(name).ok_or_else(|| PyValueError::new_err(format!("unknown model {name}")))?;
-        py.detach(move || model.files.tokenizer.encode(&text)).map_err(PyRuntimeError::new_err)
+        let model = self
+            .inner
+            .model(name)
+            .ok_or_else(|| PyValueError::new_err(format!("unknown model {name}")))?;
+        py.detach(move || model.files.tokenizer.encode(&text))
+            .map_err(PyRuntimeError::new_err)
     }
 
     fn new_stream(&self) -> PyStream {
-        PyStream { inner: Mutex::new(RequestStream::new(self.inner.clone())) }
+        PyStream {
+            inner: Mutex::new(RequestStream::new(self.inner.clone())),
+        }
     }
 }
 

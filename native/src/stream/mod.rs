@@ -22,9 +22,11 @@ use crate::openai::response::ResponseMeta;
 use crate::openai::tokenize::{
     detokenize_response, parse_detokenize_request, parse_tokenize_request, tokenize_response, TokenizeInput,
 };
-use crate::stop::StopMatcher;
-use crate::pb::ext_proc::{processing_request::Request, HeaderMap, HttpBody, HttpHeaders, ProcessingRequest, ProcessingResponse};
+use crate::pb::ext_proc::{
+    processing_request::Request, HeaderMap, HttpBody, HttpHeaders, ProcessingRequest, ProcessingResponse,
+};
 use crate::pb::vllm::GENERATE_PATH;
+use crate::stop::StopMatcher;
 use response::{ResponseShape, ResponseTranslator};
 
 pub use replies::{DESTINATION_HEADER, MAX_BODY_CHUNK};
@@ -104,7 +106,9 @@ impl RequestStream {
     /// The engine request to abort if the stream ends now (the client went away mid-exchange).
     pub fn pending_abort(&self) -> Option<(String, String)> {
         match (&self.exchange, self.phase) {
-            (Some(x), Phase::ResponseHeaders | Phase::ResponseBody) => Some((x.endpoint.clone(), x.engine_request_id.clone())),
+            (Some(x), Phase::ResponseHeaders | Phase::ResponseBody) => {
+                Some((x.endpoint.clone(), x.engine_request_id.clone()))
+            }
             _ => None,
         }
     }
@@ -132,7 +136,9 @@ impl RequestStream {
             (Phase::RequestBody, Some(Request::RequestTrailers(_))) => self.forward(),
             (Phase::ResponseHeaders, Some(Request::ResponseHeaders(h))) => self.on_response_headers(h),
             (Phase::ResponseBody, Some(Request::ResponseBody(b))) => self.on_response_body(b),
-            (Phase::ResponseBody, Some(Request::ResponseTrailers(t))) => self.on_response_trailers(t.trailers.unwrap_or_default()),
+            (Phase::ResponseBody, Some(Request::ResponseTrailers(t))) => {
+                self.on_response_trailers(t.trailers.unwrap_or_default())
+            }
             // Envoy may repeat an end-of-stream body chunk on large bodies; anything after the end
             // of a phase is dropped, never processed twice.
             _ => Vec::new(),
@@ -186,13 +192,23 @@ impl RequestStream {
     fn answer(&mut self, body: Vec<u8>, details: &str) -> Vec<ProcessingResponse> {
         self.phase = Phase::Done;
         self.summary.status = 200;
-        vec![replies::immediate(200, "application/json", body, self.request_id(), details)]
+        vec![replies::immediate(
+            200,
+            "application/json",
+            body,
+            self.request_id(),
+            details,
+        )]
     }
 
     fn on_request_body(&mut self, b: HttpBody) -> Vec<ProcessingResponse> {
         let limit = self.gateway.limits.max_body_bytes;
         if self.body.len() + b.body.len() > limit {
-            return self.fail(ApiError::new(413, "invalid_request_error", format!("request body exceeds {limit} bytes")));
+            return self.fail(ApiError::new(
+                413,
+                "invalid_request_error",
+                format!("request body exceeds {limit} bytes"),
+            ));
         }
         self.body.extend_from_slice(&b.body);
         if b.end_of_stream {
@@ -236,12 +252,20 @@ impl RequestStream {
         let tokenizer = &model.files.tokenizer;
         let ids = match &req.input {
             TokenizeInput::Chat(chat) => request::chat_prompt(&model, chat)?.input_ids,
-            TokenizeInput::Text { text, add_special_tokens: true } => {
-                tokenizer.encode_with_special_tokens(text).map_err(ApiError::internal)?
-            }
-            TokenizeInput::Text { text, add_special_tokens: false } => tokenizer.encode(text).map_err(ApiError::internal)?,
+            TokenizeInput::Text {
+                text,
+                add_special_tokens: true,
+            } => tokenizer.encode_with_special_tokens(text).map_err(ApiError::internal)?,
+            TokenizeInput::Text {
+                text,
+                add_special_tokens: false,
+            } => tokenizer.encode(text).map_err(ApiError::internal)?,
         };
-        let strs = req.return_token_strs.then(|| ids.iter().map(|&id| tokenizer.id_to_token(id).unwrap_or_default()).collect());
+        let strs = req.return_token_strs.then(|| {
+            ids.iter()
+                .map(|&id| tokenizer.id_to_token(id).unwrap_or_default())
+                .collect()
+        });
         Ok(self.answer(tokenize_response(&ids, model.max_context(), strs), "extproc_tokenize"))
     }
 
@@ -250,7 +274,10 @@ impl RequestStream {
         let model = self.model(&req.model)?;
         let vocab = model.files.tokenizer.vocab_size() as u32;
         if let Some(bad) = req.tokens.iter().find(|&&id| id >= vocab) {
-            return Err(ApiError::invalid_param("tokens", format!("token id {bad} is out of the vocabulary (size {vocab})")));
+            return Err(ApiError::invalid_param(
+                "tokens",
+                format!("token id {bad} is out of the vocabulary (size {vocab})"),
+            ));
         }
         let text = model.files.tokenizer.decode(&req.tokens, false);
         Ok(self.answer(detokenize_response(&text), "extproc_detokenize"))
@@ -291,7 +318,12 @@ impl RequestStream {
         self.summary.endpoint = endpoint.clone();
         let mut out = vec![replies::route_to_engine(&endpoint, GENERATE_PATH)];
         out.extend(replies::body_chunks(&framed, true, true));
-        self.exchange = Some(Exchange { endpoint, engine_request_id, translator, client_headers_sent: false });
+        self.exchange = Some(Exchange {
+            endpoint,
+            engine_request_id,
+            translator,
+            client_headers_sent: false,
+        });
         self.phase = Phase::ResponseHeaders;
         Ok(out)
     }
@@ -306,10 +338,18 @@ impl RequestStream {
             }
         }
         if status != "200" {
-            return self.fail(ApiError::new(502, "bad_gateway", format!("engine answered HTTP {status}")));
+            return self.fail(ApiError::new(
+                502,
+                "bad_gateway",
+                format!("engine answered HTTP {status}"),
+            ));
         }
         if h.end_of_stream {
-            return self.fail(ApiError::new(502, "bad_gateway", "engine ended the call without a response"));
+            return self.fail(ApiError::new(
+                502,
+                "bad_gateway",
+                "engine ended the call without a response",
+            ));
         }
         // The client headers wait until the first content (streams) or the outcome (non-streamed)
         // is known, so an early engine error can still get its own status code.
@@ -334,7 +374,11 @@ impl RequestStream {
         let mut out = Vec::new();
         if !exchange.client_headers_sent {
             exchange.client_headers_sent = true;
-            out.push(replies::client_headers(200, "text/event-stream", &self.summary.request_id));
+            out.push(replies::client_headers(
+                200,
+                "text/event-stream",
+                &self.summary.request_id,
+            ));
         }
         out.extend(replies::body_chunks(&events, false, false));
         out
@@ -344,7 +388,11 @@ impl RequestStream {
         let code = trailers.get("grpc-status").unwrap_or("");
         let error = match code {
             "0" => self.exchange.as_ref().and_then(exchange_error_without_trailers),
-            "" => Some(ApiError::new(502, "bad_gateway", "engine call ended without a gRPC status")),
+            "" => Some(ApiError::new(
+                502,
+                "bad_gateway",
+                "engine call ended without a gRPC status",
+            )),
             code => Some(grpc_error(&trailers, code)),
         };
         self.finish(error)
@@ -359,7 +407,11 @@ impl RequestStream {
         let body = match (&error, exchange.client_headers_sent) {
             (None, sent) => {
                 if !sent {
-                    let content_type = if exchange.translator.stream() { "text/event-stream" } else { "application/json" };
+                    let content_type = if exchange.translator.stream() {
+                        "text/event-stream"
+                    } else {
+                        "application/json"
+                    };
                     out.push(replies::client_headers(200, content_type, &request_id));
                 }
                 self.summary.status = 200;
@@ -386,7 +438,11 @@ impl RequestStream {
 }
 
 fn method_not_allowed(method: &str, path: &str) -> ApiError {
-    ApiError::new(405, "invalid_request_error", format!("method {method} not allowed on {path}"))
+    ApiError::new(
+        405,
+        "invalid_request_error",
+        format!("method {method} not allowed on {path}"),
+    )
 }
 
 fn grpc_error(headers: &HeaderMap, code: &str) -> ApiError {
@@ -399,7 +455,11 @@ fn exchange_error_without_trailers(exchange: &Exchange) -> Option<ApiError> {
     if exchange.translator.finish_reason.is_some() {
         None
     } else {
-        Some(ApiError::new(502, "bad_gateway", "engine stream ended before the generation finished"))
+        Some(ApiError::new(
+            502,
+            "bad_gateway",
+            "engine stream ended before the generation finished",
+        ))
     }
 }
 

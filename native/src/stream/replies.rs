@@ -14,7 +14,13 @@ pub const MAX_BODY_CHUNK: usize = 62_000;
 pub const DESTINATION_HEADER: &str = "x-gateway-destination-endpoint";
 pub const LB_METADATA_NAMESPACE: &str = "envoy.lb";
 
-pub fn immediate(status: u16, content_type: &str, body: Vec<u8>, request_id: &str, details: &str) -> ProcessingResponse {
+pub fn immediate(
+    status: u16,
+    content_type: &str,
+    body: Vec<u8>,
+    request_id: &str,
+    details: &str,
+) -> ProcessingResponse {
     let mut headers = HeaderMutation::default();
     headers.set("content-type", content_type);
     if !request_id.is_empty() {
@@ -32,7 +38,13 @@ pub fn immediate(status: u16, content_type: &str, body: Vec<u8>, request_id: &st
 }
 
 pub fn immediate_error(error: &ApiError, request_id: &str) -> ProcessingResponse {
-    immediate(error.status, "application/json", error.to_json(), request_id, "extproc_error")
+    immediate(
+        error.status,
+        "application/json",
+        error.to_json(),
+        request_id,
+        "extproc_error",
+    )
 }
 
 fn common(mutation: HeaderMutation, clear_route_cache: bool) -> Option<CommonResponse> {
@@ -53,11 +65,16 @@ pub fn route_to_engine(endpoint: &str, path: &str) -> ProcessingResponse {
         .set(DESTINATION_HEADER, endpoint)
         .remove("content-length");
     let mut lb = Struct::default();
-    lb.fields.insert(DESTINATION_HEADER.to_string(), Value::string(endpoint));
+    lb.fields
+        .insert(DESTINATION_HEADER.to_string(), Value::string(endpoint));
     let mut metadata = Struct::default();
-    metadata.fields.insert(LB_METADATA_NAMESPACE.to_string(), Value::structure(lb));
+    metadata
+        .fields
+        .insert(LB_METADATA_NAMESPACE.to_string(), Value::structure(lb));
     ProcessingResponse {
-        response: Some(Response::RequestHeaders(HeadersResponse { response: common(m, true) })),
+        response: Some(Response::RequestHeaders(HeadersResponse {
+            response: common(m, true),
+        })),
         dynamic_metadata: Some(metadata),
     }
 }
@@ -72,25 +89,41 @@ pub fn client_headers(status: u16, content_type: &str, request_id: &str) -> Proc
     if !request_id.is_empty() {
         m.set("x-request-id", request_id);
     }
-    m.remove("grpc-accept-encoding").remove("grpc-encoding").remove("content-length");
+    m.remove("grpc-accept-encoding")
+        .remove("grpc-encoding")
+        .remove("content-length");
     ProcessingResponse {
-        response: Some(Response::ResponseHeaders(HeadersResponse { response: common(m, false) })),
+        response: Some(Response::ResponseHeaders(HeadersResponse {
+            response: common(m, false),
+        })),
         dynamic_metadata: None,
     }
 }
 
 fn body_reply(body: &[u8], end_of_stream: bool, request_side: bool) -> ProcessingResponse {
-    let streamed = StreamedBodyResponse { body: body.to_vec(), end_of_stream };
+    let streamed = StreamedBodyResponse {
+        body: body.to_vec(),
+        end_of_stream,
+    };
     let body_response = BodyResponse {
         response: Some(CommonResponse {
             status: 0,
             header_mutation: None,
-            body_mutation: Some(BodyMutation { mutation: Some(body_mutation::Mutation::StreamedResponse(streamed)) }),
+            body_mutation: Some(BodyMutation {
+                mutation: Some(body_mutation::Mutation::StreamedResponse(streamed)),
+            }),
             clear_route_cache: false,
         }),
     };
-    let response = if request_side { Response::RequestBody(body_response) } else { Response::ResponseBody(body_response) };
-    ProcessingResponse { response: Some(response), dynamic_metadata: None }
+    let response = if request_side {
+        Response::RequestBody(body_response)
+    } else {
+        Response::ResponseBody(body_response)
+    };
+    ProcessingResponse {
+        response: Some(response),
+        dynamic_metadata: None,
+    }
 }
 
 /// A replacement body as streamed chunks of at most `MAX_BODY_CHUNK` bytes; the last one ends the
@@ -109,9 +142,13 @@ pub fn body_chunks(body: &[u8], end_of_stream: bool, request_side: bool) -> Vec<
 /// The response-trailers reply: gRPC status trailers are the engine's business, not the client's.
 pub fn strip_grpc_trailers() -> ProcessingResponse {
     let mut m = HeaderMutation::default();
-    m.remove("grpc-status").remove("grpc-message").remove("grpc-status-details-bin");
+    m.remove("grpc-status")
+        .remove("grpc-message")
+        .remove("grpc-status-details-bin");
     ProcessingResponse {
-        response: Some(Response::ResponseTrailers(TrailersResponse { header_mutation: Some(m) })),
+        response: Some(Response::ResponseTrailers(TrailersResponse {
+            header_mutation: Some(m),
+        })),
         dynamic_metadata: None,
     }
 }
@@ -128,13 +165,15 @@ mod tests {
         let ends: Vec<bool> = chunks
             .iter()
             .map(|c| match &c.response {
-                Some(Response::RequestBody(b)) => match &b.response.as_ref().unwrap().body_mutation.as_ref().unwrap().mutation {
-                    Some(body_mutation::Mutation::StreamedResponse(s)) => {
-                        assert!(s.body.len() <= MAX_BODY_CHUNK);
-                        s.end_of_stream
+                Some(Response::RequestBody(b)) => {
+                    match &b.response.as_ref().unwrap().body_mutation.as_ref().unwrap().mutation {
+                        Some(body_mutation::Mutation::StreamedResponse(s)) => {
+                            assert!(s.body.len() <= MAX_BODY_CHUNK);
+                            s.end_of_stream
+                        }
+                        _ => panic!("not streamed"),
                     }
-                    _ => panic!("not streamed"),
-                },
+                }
                 _ => panic!("not a request body reply"),
             })
             .collect();

@@ -19,13 +19,20 @@ pub fn prompt(model: &ServedModel, request: &GenerationRequest) -> Result<Prompt
     match &request.input {
         PromptInput::Chat(chat) => chat_prompt(model, chat),
         PromptInput::Text(text) => {
-            let input_ids = model.files.tokenizer.encode_with_special_tokens(text).map_err(ApiError::internal)?;
+            let input_ids = model
+                .files
+                .tokenizer
+                .encode_with_special_tokens(text)
+                .map_err(ApiError::internal)?;
             Ok(Prompt { input_ids })
         }
         PromptInput::Tokens(ids) => {
             let vocab = model.files.tokenizer.vocab_size() as u32;
             if let Some(bad) = ids.iter().find(|&&id| id >= vocab) {
-                return Err(ApiError::invalid_param("prompt", format!("token id {bad} is out of the vocabulary (size {vocab})")));
+                return Err(ApiError::invalid_param(
+                    "prompt",
+                    format!("token id {bad} is out of the vocabulary (size {vocab})"),
+                ));
             }
             Ok(Prompt { input_ids: ids.clone() })
         }
@@ -35,15 +42,24 @@ pub fn prompt(model: &ServedModel, request: &GenerationRequest) -> Result<Prompt
 /// Render the chat template for `request` and tokenize the result.
 pub fn chat_prompt(model: &ServedModel, request: &ChatInput) -> Result<Prompt, ApiError> {
     let template = model.files.template.as_ref().ok_or_else(|| {
-        ApiError::invalid(format!("model '{}' has no chat template; use /v1/completions", model.name))
+        ApiError::invalid(format!(
+            "model '{}' has no chat template; use /v1/completions",
+            model.name
+        ))
     })?;
     let mut context: Map<String, Value> = request.chat_template_kwargs.clone();
     context.insert("messages".into(), Value::Array(request.messages.clone()));
-    context.insert("add_generation_prompt".into(), Value::Bool(request.add_generation_prompt));
+    context.insert(
+        "add_generation_prompt".into(),
+        Value::Bool(request.add_generation_prompt),
+    );
     if let Some(tools) = &request.tools {
         context.insert("tools".into(), tools.clone());
     }
-    for (key, token) in [("bos_token", &model.files.bos_token), ("eos_token", &model.files.eos_token)] {
+    for (key, token) in [
+        ("bos_token", &model.files.bos_token),
+        ("eos_token", &model.files.eos_token),
+    ] {
         if let Some(token) = token {
             context.insert(key.into(), Value::String(token.clone()));
         }
@@ -62,12 +78,19 @@ pub fn chat_prompt(model: &ServedModel, request: &ChatInput) -> Result<Prompt, A
 /// `continue_final_message`: the prompt ends where the last message's content ends, so the model
 /// continues it instead of starting a new turn.
 fn cut_after_final_message(mut text: String, request: &ChatInput) -> Result<String, ApiError> {
-    let last = request.messages.last().and_then(|m| m.get("content")).and_then(Value::as_str).unwrap_or("");
+    let last = request
+        .messages
+        .last()
+        .and_then(|m| m.get("content"))
+        .and_then(Value::as_str)
+        .unwrap_or("");
     let trimmed = last.trim();
-    let end = text
-        .rfind(trimmed)
-        .map(|start| start + trimmed.len())
-        .ok_or_else(|| ApiError::invalid_param("continue_final_message", "the final message's content is not in the rendered prompt"))?;
+    let end = text.rfind(trimmed).map(|start| start + trimmed.len()).ok_or_else(|| {
+        ApiError::invalid_param(
+            "continue_final_message",
+            "the final message's content is not in the rendered prompt",
+        )
+    })?;
     text.truncate(end);
     Ok(text)
 }
@@ -117,7 +140,10 @@ pub fn generate_request(request_id: &str, prompt: Prompt, request: &GenerationRe
     };
     GenerateRequest {
         request_id: request_id.to_string(),
-        tokenized: Some(TokenizedInput { original_text: String::new(), input_ids: prompt.input_ids }),
+        tokenized: Some(TokenizedInput {
+            original_text: String::new(),
+            input_ids: prompt.input_ids,
+        }),
         sampling_params: Some(params),
         stream: request.stream,
     }
