@@ -52,6 +52,9 @@ CASES = [
         "messages",
     ),
     ("empty body", b"", 400, None),
+    ("min over max", chat(model="MODEL", messages=OK_MESSAGES, max_tokens=2, min_tokens=5), 400, "min_tokens"),
+    ("bad logit_bias", chat(model="MODEL", messages=OK_MESSAGES, logit_bias={"x": 1}), 400, "logit_bias"),
+    ("bad stop", chat(model="MODEL", messages=OK_MESSAGES, stop=[1]), 400, "stop"),
 ]
 
 

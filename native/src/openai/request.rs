@@ -22,6 +22,7 @@ pub struct Sampling {
     pub stop_token_ids: Vec<u32>,
     pub ignore_eos: bool,
     pub skip_special_tokens: bool,
+    pub logit_bias: Vec<(i32, f32)>,
 }
 
 /// Which API the request came in on; it shapes the response objects.
@@ -197,13 +198,25 @@ fn parse_sampling(obj: &Object) -> Result<Sampling, ApiError> {
         Some(n) => Some(n),
         None => opt_int(obj, "max_tokens", 1, u32::MAX as i64)?,
     };
+    let min_tokens = opt_int(obj, "min_tokens", 0, u32::MAX as i64)?.unwrap_or(0) as u32;
+    if let Some(max) = max_tokens {
+        if i64::from(min_tokens) > max {
+            return Err(ApiError::invalid_param(
+                "min_tokens",
+                format!("'min_tokens' ({min_tokens}) must not exceed 'max_tokens' ({max})"),
+            ));
+        }
+    }
+    if opt_str(obj, "user").is_err() {
+        return Err(ApiError::invalid_param("user", "'user' must be a string"));
+    }
     let stop = opt_str_or_list(obj, "stop")?;
     if stop.iter().any(String::is_empty) {
         return Err(ApiError::invalid_param("stop", "stop strings must not be empty"));
     }
     Ok(Sampling {
         max_tokens: max_tokens.map(|n| n as u32),
-        min_tokens: opt_int(obj, "min_tokens", 0, u32::MAX as i64)?.unwrap_or(0) as u32,
+        min_tokens,
         temperature: opt_f32(obj, "temperature", 0.0, 2.0)?,
         top_p: opt_f32(obj, "top_p", f64::MIN_POSITIVE, 1.0)?,
         top_k: opt_int(obj, "top_k", -1, i32::MAX as i64)?.map(|k| k as i32),
@@ -216,7 +229,24 @@ fn parse_sampling(obj: &Object) -> Result<Sampling, ApiError> {
         stop_token_ids: opt_u32_list(obj, "stop_token_ids")?,
         ignore_eos: opt_bool(obj, "ignore_eos")?.unwrap_or(false),
         skip_special_tokens: opt_bool(obj, "skip_special_tokens")?.unwrap_or(true),
+        logit_bias: parse_logit_bias(obj)?,
     })
+}
+
+/// `{"token id": bias}` with biases in [-100, 100], as OpenAI defines it.
+fn parse_logit_bias(obj: &Object) -> Result<Vec<(i32, f32)>, ApiError> {
+    let Some(map) = opt_object(obj, "logit_bias")? else { return Ok(Vec::new()) };
+    map.iter()
+        .map(|(key, value)| {
+            let id = key.parse::<i32>().ok().filter(|&id| id >= 0).ok_or_else(|| {
+                ApiError::invalid_param("logit_bias", format!("logit_bias keys must be token ids, got '{key}'"))
+            })?;
+            let bias = value.as_f64().filter(|b| (-100.0..=100.0).contains(b)).ok_or_else(|| {
+                ApiError::invalid_param("logit_bias", format!("logit_bias for token {id} must be between -100 and 100"))
+            })?;
+            Ok((id, bias as f32))
+        })
+        .collect()
 }
 
 fn parse_messages(obj: &Object) -> Result<Vec<Value>, ApiError> {

@@ -136,7 +136,7 @@ pub fn generate_request(request_id: &str, prompt: Prompt, request: &GenerationRe
         n: 1,
         seed: sampling.seed,
         include_stop_str_in_output: request.include_stop_str_in_output,
-        logit_bias: Default::default(),
+        logit_bias: sampling.logit_bias.iter().copied().collect(),
     };
     GenerateRequest {
         request_id: request_id.to_string(),
