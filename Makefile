@@ -14,7 +14,7 @@ PYO3_ENV := PYO3_PYTHON=$(abspath $(BIN)/python)
 ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help venv .venv run test test-rust test-python lint envoy-configs clean
+.PHONY: help venv .venv run test test-rust test-python lint envoy-configs bench clean
 
 help: ## list the targets
 	@echo "usage: make TARGET"
@@ -50,6 +50,9 @@ lint: $(STAMP) ## ruff check + format check, clippy -D warnings, rustfmt check
 
 envoy-configs: $(STAMP) ## regenerate the reference Envoy configs in envoy/ (and validate them)
 	$(BIN)/python -m extproc.envoy_bootstrap envoy
+
+bench: $(STAMP) ## ours vs SMG vs the bare engine, side by side (~8 min; ARGS=--quick: ~1 min)
+	$(BIN)/python -m load.bench $(ARGS)
 
 clean: ## remove the venv, build outputs and caches
 	rm -rf $(VENV) native/target extproc/_native*.so .pytest_cache .ruff_cache

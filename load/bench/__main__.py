@@ -1,0 +1,199 @@
+"""`python -m load.bench`: our stack vs SMG vs the bare engine, side by side, on simulated engines.
+
+Starts the engine simulator in fast mode (no engine time), our stack (Envoy + `extproc serve`) and SMG
+(from PyPI, in its own cached venv), then runs each workload against the floor and both gateways in
+turns, and prints per workload: gateway CPU per request, added p50/p99 latency over the floor, maximum
+requests/s, and the ratios ours/SMG. The full results go to load/results/bench-<time>.json (and
+latest.json). See docs/benchmarks.md for how to read them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import platform
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from load.bench import gateways
+from load.bench.floor import FloorTarget
+from load.bench.plan import FULL, QUICK, Plan, scaled, with_rounds
+from load.bench.procs import StartError
+from load.bench.report import breakdown, compare, noise_note, table
+from load.bench.run import BenchTarget, run_plan
+from load.loadgen.openai_target import OpenAITarget
+from load.loadgen.records import json_safe
+from load.loadgen.text import Vocab, load_vocab
+
+TARGETS = ("floor", "ours", "smg")
+DEFAULT_OUT = gateways.ROOT / "load" / "results"
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m load.bench", description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="a quarter of the requests: 1-2 minutes")
+    names = ",".join(w.name for w in FULL.workloads)
+    parser.add_argument("--workloads", default=None, help=f"comma list (default all): {names}")
+    parser.add_argument(
+        "--scale", type=float, default=1.0, help="multiply every phase's request count (e.g. 2: less noise)"
+    )
+    parser.add_argument("--rounds", type=int, default=None, help="repeat the plan (default: 3, quick: 1)")
+    parser.add_argument("--targets", default=",".join(TARGETS), help="comma list of floor,ours,smg")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="results directory (load/results)")
+    parser.add_argument("--smg-venv", type=Path, default=gateways.DEFAULT_SMG_VENV)
+    parser.add_argument(
+        "--envoy-concurrency",
+        type=int,
+        default=gateways.cpu_count(),
+        help="Envoy worker threads (default: the CPUs, as `extproc up` and SMG's runtime use)",
+    )
+    args = parser.parse_args(argv)
+    args.targets = [t.strip() for t in args.targets.split(",") if t.strip()]
+    unknown = set(args.targets) - set(TARGETS)
+    if unknown or not args.targets:
+        parser.error(f"--targets: unknown {', '.join(sorted(unknown)) or '(none given)'}")
+    plan = QUICK if args.quick else FULL
+    if args.scale <= 0:
+        parser.error("--scale must be positive")
+    if args.scale != 1.0:
+        plan = scaled(plan, args.scale)
+    if args.rounds is not None:
+        if args.rounds < 1:
+            parser.error("--rounds must be at least 1")
+        plan = with_rounds(plan, args.rounds)
+    if args.workloads:
+        names = {w.strip() for w in args.workloads.split(",") if w.strip()}
+        unknown = names - {w.name for w in plan.workloads}
+        if unknown:
+            parser.error(f"--workloads: unknown {', '.join(sorted(unknown))}")
+        plan = plan.only(names)
+    args.plan = plan
+    return args
+
+
+def _run_text(argv: list[str]) -> str:
+    try:
+        return subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+
+
+def environment(args: argparse.Namespace) -> dict[str, Any]:
+    from extproc import __version__
+    from extproc.envoy_bootstrap import envoy_binary
+
+    commit = _run_text(["git", "-C", str(gateways.ROOT), "rev-parse", "--short", "HEAD"])
+    dirty = bool(_run_text(["git", "-C", str(gateways.ROOT), "status", "--porcelain"]))
+    return {
+        "cpus": gateways.cpu_count(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "extproc": __version__,
+        "commit": commit + ("+dirty" if dirty else ""),
+        "envoy": _run_text([envoy_binary(), "--version"]).split("version:")[-1].strip()[:80],
+        "envoy_concurrency": args.envoy_concurrency,
+        "smg": gateways.SMG_VERSION if "smg" in args.targets else None,
+    }
+
+
+def targets_with_floor(targets: list[BenchTarget], floor: FloorTarget | None) -> list[BenchTarget]:
+    return ([BenchTarget("floor", floor, {})] if floor else []) + targets
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    plan: Plan = args.plan
+    from extproc.models import default_model_dir, served_model_name
+
+    model_dir = default_model_dir()
+    model = served_model_name(model_dir)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    log_dir = args.out / f"bench-{stamp}-logs"
+    begun = time.monotonic()
+
+    smg_binary = None
+    if "smg" in args.targets:
+        try:
+            smg_binary = gateways.ensure_smg(args.smg_venv, log_dir)
+        except (OSError, subprocess.CalledProcessError, StartError) as exc:
+            print(f"SMG unavailable, running without it: {exc}", file=sys.stderr)
+
+    engines = gateways.start_engines(plan.engines, log_dir, plan.max_model_len)
+    running: list[gateways.Gateway] = []
+    try:
+        if "ours" in args.targets:
+            running.append(
+                gateways.start_ours(
+                    engines.addresses, model, log_dir, envoy_concurrency=args.envoy_concurrency
+                )
+            )
+        if smg_binary is not None:
+            running.append(gateways.start_smg(smg_binary, engines.addresses, model_dir, model, log_dir))
+        vocab = load_vocab(model_dir / "tokenizer.json")
+        results = asyncio.run(_measure(args, plan, vocab, model, engines, running))
+    finally:
+        for gw in running:
+            gw.stop()
+        engines.child.stop()
+
+    comparison = compare(results)
+    report = {
+        "started_at": stamp,
+        "quick": args.quick,
+        "wall_s": time.monotonic() - begun,
+        "environment": {**environment(args), "engines_argv": engines.argv[1:]},
+        "plan": asdict(plan),
+        "comparison": comparison,
+        "results": results,
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / f"bench-{stamp}.json"
+    path.write_text(json.dumps(json_safe(report), indent=2) + "\n")
+    shutil.copyfile(path, args.out / "latest.json")
+    print()
+    print(table(comparison))
+    print()
+    print(breakdown(results))
+    rounds = f"medians over {plan.rounds} rounds; " if plan.rounds > 1 else ""
+    print(f"{rounds}{noise_note(results)}")
+    print(f"wall time {report['wall_s']:.0f} s; results in {path}")
+    return 0
+
+
+async def _measure(
+    args: argparse.Namespace,
+    plan: Plan,
+    vocab: Vocab,
+    model: str,
+    engines: gateways.Engines,
+    running: list[gateways.Gateway],
+) -> list[dict[str, Any]]:
+    # The floor's gRPC channels start threads: only now, after every child process was forked.
+    floor = FloorTarget(engines.addresses, vocab) if "floor" in args.targets else None
+    http = [(gw, OpenAITarget(gw.base_url, model, ignore_eos=True)) for gw in running]
+    targets = targets_with_floor([BenchTarget(gw.name, t, gw.processes) for gw, t in http], floor)
+
+    def check_alive() -> None:
+        for gw in running:
+            gw.check_alive()
+        if not engines.child.alive():
+            raise StartError(f"the engines died:\n{engines.child.log_tail()}")
+
+    try:
+        return await run_plan(plan, vocab, targets, engines.pids, check_alive)
+    finally:
+        for _, target in http:
+            target.close()
+        if floor is not None:
+            await floor.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,206 @@
+"""The processes a benchmark runs: the simulated engines, our stack (Envoy + `extproc serve`) and SMG.
+
+Each gateway is a set of root processes whose CPU time (with descendants) is the gateway's cost, a base
+URL, and a stop(). Gateways are ready when a chat completion through them succeeds, not merely when a
+port accepts: that proves every engine was registered and the whole path works.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from load.bench.procs import Child, StartError, free_port, spawn, wait_for
+
+SMG_VERSION = "1.13.0"
+ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_SMG_VENV = ROOT / ".cache" / "bench" / "smg-venv"
+# SMG fetches multimodal configs from a model hub on some requests; offline that stalls 5 s each time.
+# Pointing it at a closed port makes the lookup fail at once.
+SMG_ENV = {"HF_ENDPOINT": "http://127.0.0.1:9"}
+_LISTENING = re.compile(r"engine (\d+) listening on (\S+)")
+
+
+@dataclass
+class Engines:
+    child: Child
+    addresses: list[str]
+    argv: list[str]
+
+    @property
+    def pids(self) -> list[int]:
+        return [self.child.pid]
+
+
+# Fast mode: every simulated duration zero, and room for 8 clients' 30k-token prompts in each engine's
+# KV cache and step budget (no chunked prefill, no preemption), so the engines cost as little as they can
+# and the gateway is what is measured. Flags the simulator does not have (it grows) are left out.
+FAST_ENGINE_FLAGS = {
+    "--ttft-ms": "0",
+    "--itl-ms": "0",
+    "--prefill-ms-per-token": "0",
+    "--decode-ms-per-seq": "0",
+    "--time-scale": "0",
+    "--num-blocks": "32768",
+    "--max-num-batched-tokens": "262144",
+}
+
+
+def _simulator_flags() -> set[str]:
+    help_text = subprocess.run(
+        [sys.executable, "-m", "load.simulator", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        cwd=ROOT,
+    ).stdout
+    return set(re.findall(r"--[a-z][a-z-]+", help_text))
+
+
+def start_engines(count: int, log_dir: Path, max_model_len: int) -> Engines:
+    """The simulator in its own process, in fast mode: near-zero engine time, so gateways are measured."""
+    argv = [sys.executable, "-m", "load.simulator", "--port", "0", "--engines", str(count)]
+    argv += ["--max-model-len", str(max_model_len)]
+    known = _simulator_flags()
+    for flag, value in FAST_ENGINE_FLAGS.items():
+        if flag in known:
+            argv += [flag, value]
+    child = spawn("engines", argv, log_dir)
+    addresses: list[str] = []
+
+    def ready() -> bool:
+        addresses[:] = [m.group(2) for m in _LISTENING.finditer(child.log.read_text(errors="replace"))]
+        return len(addresses) >= count
+
+    wait_for(child, ready, f"{count} 'engine i listening' lines", timeout_s=60)
+    return Engines(child, addresses, argv)
+
+
+@dataclass
+class Gateway:
+    name: str
+    base_url: str
+    children: list[Child]
+
+    @property
+    def processes(self) -> dict[str, int]:
+        return {c.name: c.pid for c in self.children}
+
+    def check_alive(self) -> None:
+        for child in self.children:
+            if not child.alive():
+                raise StartError(f"{child.name} died (exit {child.proc.returncode}):\n{child.log_tail()}")
+
+    def stop(self) -> None:
+        for child in reversed(self.children):
+            child.stop()
+
+
+def chat_ok(base_url: str, model: str) -> bool:
+    body = json.dumps(
+        {"model": model, "messages": [{"role": "user", "content": "ready?"}], "max_tokens": 2}
+    ).encode()
+    request = urllib.request.Request(
+        base_url + "/v1/chat/completions", body, {"content-type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=2) as resp:
+            return resp.status == 200
+    except (OSError, urllib.error.HTTPError):
+        return False
+
+
+def _wait_chat(gateway: Gateway, model: str, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        gateway.check_alive()
+        if chat_ok(gateway.base_url, model):
+            return
+        time.sleep(0.2)
+    tails = "\n".join(f"--- {c.name}\n{c.log_tail()}" for c in gateway.children)
+    raise StartError(f"{gateway.name}: no successful chat completion after {timeout_s:.0f} s\n{tails}")
+
+
+def start_ours(
+    engines: list[str], model: str, log_dir: Path, *, envoy_concurrency: int, timeout_s: float = 60.0
+) -> Gateway:
+    """`extproc serve` and Envoy in front of it, as separate processes, as an operator would run them."""
+    from extproc.envoy_bootstrap import EnvoyOptions, envoy_binary, render_bootstrap
+
+    extproc_port, port, admin_port = free_port(), free_port(), free_port()
+    argv = [sys.executable, "-m", "extproc", "serve", "--listen", f"127.0.0.1:{extproc_port}"]
+    for address in engines:
+        argv += ["--engine", f"grpc://{address}"]
+    argv += ["--log-level", "warning"]
+    server = spawn("extproc", argv, log_dir)
+    options = EnvoyOptions(
+        listen_port=port, admin_port=admin_port, extproc_target=f"127.0.0.1:{extproc_port}"
+    )
+    config = log_dir / "envoy.json"
+    config.write_text(render_bootstrap(options))
+    envoy_argv = [envoy_binary(), "-c", str(config), "--log-level", "warning", "--disable-hot-restart"]
+    envoy_argv += ["--concurrency", str(envoy_concurrency)]
+    envoy = spawn("envoy", envoy_argv, log_dir)
+    gateway = Gateway("ours", f"http://127.0.0.1:{port}", [server, envoy])
+    try:
+        _wait_chat(gateway, model, timeout_s)
+    except BaseException:
+        gateway.stop()
+        raise
+    return gateway
+
+
+def smg_binary(venv: Path) -> Path:
+    return venv / "bin" / "smg"
+
+
+def ensure_smg(venv: Path, log_dir: Path) -> Path:
+    """SMG from PyPI in its own venv (its dependencies must not touch ours), installed once and cached."""
+    binary = smg_binary(venv)
+    if binary.exists():
+        return binary
+    log_dir.mkdir(parents=True, exist_ok=True)
+    print(f"installing smg=={SMG_VERSION} into {venv} (once; cached)", file=sys.stderr, flush=True)
+    with open(log_dir / "smg-install.log", "wb") as log:
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, stdout=log, stderr=log)
+        subprocess.run(
+            [str(venv / "bin" / "pip"), "install", "-q", f"smg=={SMG_VERSION}"],
+            check=True,
+            stdout=log,
+            stderr=log,
+        )
+    if not binary.exists():
+        raise StartError(f"smg installed but {binary} is missing; see {log_dir / 'smg-install.log'}")
+    return binary
+
+
+def start_smg(
+    binary: Path, engines: list[str], model_dir: Path, model: str, log_dir: Path, timeout_s: float = 90.0
+) -> Gateway:
+    """SMG in gRPC mode on the same engines, with the same tokenizer and chat template as ours."""
+    port, metrics_port = free_port(), free_port()
+    argv = [str(binary), "launch", "--worker-urls", *(f"grpc://{a}" for a in engines)]
+    argv += ["--model-path", str(model_dir), "--chat-template", str(model_dir / "chat_template.jinja")]
+    argv += ["--policy", "round_robin", "--host", "127.0.0.1", "--port", str(port)]
+    argv += ["--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics_port), "--log-level", "warn"]
+    child = spawn("smg", argv, log_dir, env={**SMG_ENV, "NO_COLOR": "1"})
+    gateway = Gateway("smg", f"http://127.0.0.1:{port}", [child])
+    try:
+        _wait_chat(gateway, model, timeout_s)
+    except BaseException:
+        gateway.stop()
+        raise
+    return gateway
+
+
+def cpu_count() -> int:
+    return len(os.sched_getaffinity(0))

@@ -1,0 +1,77 @@
+"""What a benchmark run does: which workloads, how many requests per phase, at what concurrency.
+
+Every (target, workload) gets two closed-loop phases on the same prompts for every target:
+- latency: one client, so latency is the path's own, not queueing; added latency = target - floor.
+- throughput: enough clients to saturate this machine; its completion rate is the maximum sustained
+  requests/s, and the gateway CPU it burned divided by the requests it completed is the CPU per request.
+Request counts are sized so each phase runs several seconds on a 2-core machine (a phase also stops
+sending after max_phase_s, whichever comes first).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+
+@dataclass(frozen=True)
+class WorkloadPlan:
+    name: str
+    latency_requests: int
+    throughput_requests: int
+
+
+@dataclass(frozen=True)
+class Plan:
+    workloads: tuple[WorkloadPlan, ...]
+    warmup_requests: int = 16
+    latency_concurrency: int = 1
+    throughput_concurrency: int = 8
+    max_phase_s: float = 30.0
+    # The whole plan is repeated; the report takes each number's median over rounds (noise from other
+    # work on shared machines comes in bursts, and a median shrugs off one bad round).
+    rounds: int = 1
+    # Engines in the simulator; both gateways balance round-robin over them.
+    engines: int = 2
+    max_model_len: int = 40000
+
+    def only(self, names: set[str]) -> Plan:
+        return replace(self, workloads=tuple(w for w in self.workloads if w.name in names))
+
+
+FULL = Plan(
+    workloads=(
+        WorkloadPlan("chat", 1000, 5000),
+        WorkloadPlan("chat-stream", 600, 2500),
+        WorkloadPlan("rag-6k", 150, 500),
+        WorkloadPlan("rag-30k", 40, 120),
+        WorkloadPlan("multi-turn", 300, 1200),
+        WorkloadPlan("mix", 400, 2000),
+    ),
+    rounds=3,
+)
+
+
+def scaled(plan: Plan, factor: float, *, minimum: int = 8, max_phase_s: float | None = None) -> Plan:
+    """The plan with request counts times `factor` (at least `minimum` per phase, twice that at load)."""
+    workloads = tuple(
+        replace(
+            w,
+            latency_requests=max(minimum, int(w.latency_requests * factor)),
+            throughput_requests=max(2 * minimum, int(w.throughput_requests * factor)),
+        )
+        for w in plan.workloads
+    )
+    return replace(
+        plan,
+        workloads=workloads,
+        warmup_requests=min(plan.warmup_requests, max(minimum, int(plan.warmup_requests * factor))),
+        max_phase_s=max_phase_s or plan.max_phase_s * max(factor, 1.0),
+    )
+
+
+def with_rounds(plan: Plan, rounds: int) -> Plan:
+    return replace(plan, rounds=rounds)
+
+
+# A smoke test of the whole harness in a minute or two: same shape, a quarter of the requests.
+QUICK = with_rounds(scaled(FULL, 1 / 4, max_phase_s=6.0), 1)
