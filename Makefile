@@ -14,7 +14,7 @@ PYO3_ENV := PYO3_PYTHON=$(abspath $(BIN)/python)
 ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help venv .venv run test test-rust test-python lint envoy-configs bench clean
+.PHONY: help venv .venv run test test-rust test-python lint envoy-configs bench vllm-engine clean
 
 help: ## list the targets
 	@echo "usage: make TARGET"
@@ -39,7 +39,10 @@ test: test-rust test-python ## all tests: cargo test, then pytest
 test-rust: $(STAMP) ## Rust unit tests of native/
 	$(PYO3_ENV) $(CARGO) test --release $(MANIFEST)
 
-test-python: $(STAMP) ## the Python suite (unit, real-Envoy integration, load)
+vllm-engine: $(STAMP) ## build the cached real vLLM engine (.cache/vllm-venv + tiny model) the contract suite runs
+	$(BIN)/python -m load.vllm_engine prepare
+
+test-python: $(STAMP) vllm-engine ## the Python suite (unit, real-Envoy integration, load, contract vs real vLLM)
 	$(BIN)/pytest -q
 
 lint: $(STAMP) ## ruff check + format check, clippy -D warnings, rustfmt check

@@ -114,6 +114,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_settings(envoy, _ENVOY_FIELDS)
     envoy.add_argument("-o", "--output", metavar="FILE", help="write to FILE instead of stdout")
+
+    # The simulator owns its flags; `extproc sim ARGS` hands ARGS to it unchanged.
+    commands.add_parser(
+        "sim",
+        help="run simulated engines (vLLM or SGLang gRPC protocol); `extproc sim --help` lists the flags",
+        add_help=False,
+    )
     return parser
 
 
@@ -172,7 +179,21 @@ def _cmd_envoy_config(args: argparse.Namespace) -> int:
 _COMMANDS = {"up": _cmd_up, "serve": _cmd_serve, "envoy-config": _cmd_envoy_config}
 
 
+def _cmd_sim(argv: Sequence[str]) -> int:
+    from load.simulator.__main__ import main as simulator_main
+
+    try:
+        return simulator_main(list(argv))
+    except SystemExit as exc:  # --help and usage errors
+        return exc.code if isinstance(exc.code, int) else 2
+    except KeyboardInterrupt:
+        return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["sim"]:
+        return _cmd_sim(argv[1:])
     parser = build_parser()
     try:
         args = parser.parse_args(argv)

@@ -186,3 +186,10 @@ def test_python_dash_m_extproc() -> None:
     )
     assert proc.returncode == 2
     assert proc.stderr == "extproc: invalid --port 'x': expected an integer 1-65535\n"
+
+
+def test_sim_hands_its_arguments_to_the_simulator(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["sim", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert "--protocol" in out and "--engines" in out
+    assert cli.main(["sim", "--engines", "2"]) == 2  # --port is required by the simulator

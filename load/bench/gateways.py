@@ -18,11 +18,13 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from extproc.models import cache_root
 from load.bench.procs import Child, StartError, free_port, spawn, wait_for
 
 SMG_VERSION = "1.13.0"
 ROOT = Path(__file__).resolve().parents[2]
-DEFAULT_SMG_VENV = ROOT / ".cache" / "bench" / "smg-venv"
+# In extproc's cache folder, shared by every checkout on the machine.
+DEFAULT_SMG_VENV = cache_root() / "bench" / "smg-venv"
 # SMG fetches multimodal configs from a model hub on some requests; offline that stalls 5 s each time.
 # Pointing it at a closed port makes the lookup fail at once.
 SMG_ENV = {"HF_ENDPOINT": "http://127.0.0.1:9"}

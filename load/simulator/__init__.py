@@ -1,21 +1,31 @@
-"""A vLLM engine simulator speaking the real `vllm.grpc.engine.VllmEngine` protocol (token ids in,
-token ids out), for testing and load-testing the gateway without GPUs.
+"""An engine simulator speaking the real engine gRPC protocols (vLLM's `vllm.grpc.engine.VllmEngine` or
+SGLang's `sglang.grpc.scheduler.SglangScheduler`; token ids in, token ids out) with a paged, prefix-caching
+KV cache and a continuous-batching scheduler, for testing and load-testing the gateway without GPUs.
 
     cluster = await start_engines(default_model_dir(), count=2, base_port=0)
     ...  # point the gateway at cluster.addresses
     await cluster.stop()
 
-`python -m load.simulator --port 50051 --engines 4` runs the same as a process.
+`python -m load.simulator --port 50051 --engines 4` runs the same as a process. tests/contract proves the
+behaviour against a real vLLM engine; docs/simulator.md describes the model.
 """
 
-from load.simulator.cluster import SimCluster, SimEngine, start_engines
-from load.simulator.engine import EngineStats, VllmEngine
+from load.simulator.cluster import PROTOCOLS, SimCluster, SimEngine, start_engines
+from load.simulator.core import EngineCore, EngineStats
+from load.simulator.engine import VllmEngine
+from load.simulator.faults import FaultPlan, FaultSettings
 from load.simulator.model import ModelSpec, load_model_spec
 from load.simulator.options import SimOptions
+from load.simulator.sglang import SglangEngine
 
 __all__ = [
+    "PROTOCOLS",
+    "EngineCore",
     "EngineStats",
+    "FaultPlan",
+    "FaultSettings",
     "ModelSpec",
+    "SglangEngine",
     "SimCluster",
     "SimEngine",
     "SimOptions",

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import signal
 import sys
 from collections.abc import Sequence
 
 from extproc.models import resolve_model_dir
-from load.simulator.cluster import start_engines
+from load.simulator.cluster import PROTOCOLS, start_engines
+from load.simulator.faults import FaultPlan
 from load.simulator.options import SimOptions
 
 
@@ -29,13 +31,53 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--max-model-len", type=int, default=None, help="default: config.json max_position_embeddings"
     )
-    parser.add_argument("--ttft-ms", type=float, default=SimOptions.ttft_ms, help="time to first token")
-    parser.add_argument("--itl-ms", type=float, default=SimOptions.itl_ms, help="inter-token latency")
+    parser.add_argument(
+        "--protocol", choices=PROTOCOLS, default="vllm", help="gRPC service the engines speak"
+    )
+    timing = parser.add_argument_group("timing (see SimOptions)")
+    timing.add_argument(
+        "--ttft-ms", type=float, default=SimOptions.ttft_ms, help="fixed cost of a prefill step"
+    )
+    timing.add_argument("--itl-ms", type=float, default=SimOptions.itl_ms, help="fixed cost of a decode step")
+    timing.add_argument("--prefill-ms-per-token", type=float, default=SimOptions.prefill_ms_per_token)
+    timing.add_argument("--decode-ms-per-seq", type=float, default=SimOptions.decode_ms_per_seq)
+    timing.add_argument(
+        "--time-scale", type=float, default=SimOptions.time_scale, help="multiplies every duration"
+    )
+    capacity = parser.add_argument_group("KV cache and scheduler")
+    capacity.add_argument("--block-size", type=int, default=SimOptions.block_size)
+    capacity.add_argument("--num-blocks", type=int, default=SimOptions.num_blocks)
+    capacity.add_argument("--max-num-seqs", type=int, default=SimOptions.max_num_seqs)
+    capacity.add_argument("--max-num-batched-tokens", type=int, default=SimOptions.max_num_batched_tokens)
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        help="serve /metrics and /faults on this port + i (0: free ports)",
+    )
+    parser.add_argument("--faults", default=None, help='fault settings for every engine, JSON: {"slow": 2}')
     args = parser.parse_args(argv)
     if args.engines < 1:
         parser.error("--engines must be at least 1")
-    if args.ttft_ms < 0 or args.itl_ms < 0:
-        parser.error("--ttft-ms and --itl-ms must not be negative")
+    try:
+        args.options = SimOptions(
+            ttft_ms=args.ttft_ms,
+            itl_ms=args.itl_ms,
+            prefill_ms_per_token=args.prefill_ms_per_token,
+            decode_ms_per_seq=args.decode_ms_per_seq,
+            time_scale=args.time_scale,
+            max_model_len=args.max_model_len,
+            block_size=args.block_size,
+            num_blocks=args.num_blocks,
+            max_num_seqs=args.max_num_seqs,
+            max_num_batched_tokens=args.max_num_batched_tokens,
+        )
+        args.fault_settings = json.loads(args.faults) if args.faults else {}
+        if not isinstance(args.fault_settings, dict):
+            raise ValueError("--faults takes a JSON object")
+        FaultPlan().set(**args.fault_settings)  # validate before starting anything
+    except ValueError as e:
+        parser.error(str(e))
     return args
 
 
@@ -45,18 +87,22 @@ async def serve(args: argparse.Namespace) -> None:
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
-    options = SimOptions(ttft_ms=args.ttft_ms, itl_ms=args.itl_ms, max_model_len=args.max_model_len)
     cluster = await start_engines(
         resolve_model_dir(args.model_dir),
         count=args.engines,
         base_port=args.port,
         host=args.host,
         model_name=args.model_name,
-        options=options,
+        options=args.options,
+        protocol=args.protocol,
+        metrics_base_port=args.metrics_port,
     )
+    for engine in cluster.engines:
+        engine.faults.set(**args.fault_settings)
     try:
-        for i, address in enumerate(cluster.addresses):
-            print(f"engine {i} listening on {address}", flush=True)
+        for i, engine in enumerate(cluster.engines):
+            extra = f" (metrics on port {engine.metrics_port})" if engine.metrics_port is not None else ""
+            print(f"engine {i} listening on {engine.address}{extra}", flush=True)
         await stop.wait()
     finally:
         await cluster.stop()

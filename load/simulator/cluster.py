@@ -2,48 +2,111 @@
 
 A gateway fronts a fleet of workers; one process hosting N engines on consecutive ports (or free ones)
 gives a load test that fleet without N processes. The tokenizer and vocab scan are loaded once and
-shared, so adding an engine costs only a server.
+shared, so adding an engine costs only a server. Each engine can also serve `/metrics` and `/faults` over
+HTTP on a port of its own.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import grpc
-from smg_grpc_proto.generated import vllm_engine_pb2_grpc
+from smg_grpc_proto.generated import sglang_scheduler_pb2_grpc, vllm_engine_pb2_grpc
 
 from extproc.models import resolve_model_dir
-from load.simulator.engine import EngineStats, VllmEngine
+from load.simulator.core import EngineCore, EngineStats
+from load.simulator.engine import VllmEngine
+from load.simulator.faults import FaultPlan
+from load.simulator.http_control import ControlServer
 from load.simulator.model import load_model_spec
 from load.simulator.options import DEFAULT_OPTIONS, SimOptions
+from load.simulator.sglang import SglangEngine
 from load.simulator.vocab import load_tokenizer, load_vocab
+
+logger = logging.getLogger(__name__)
 
 # How long stop() lets in-flight streams finish before cancelling them.
 STOP_GRACE_S = 0.5
+Protocol = Literal["vllm", "sglang"]
+PROTOCOLS: tuple[Protocol, ...] = ("vllm", "sglang")
+SERVICE_NAMES = {"vllm": "vllm.grpc.engine.VllmEngine", "sglang": "sglang.grpc.scheduler.SglangScheduler"}
 
 
 def format_address(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
+async def _health_service(server: grpc.aio.Server, protocol: Protocol) -> None:
+    """The standard gRPC health service, where grpcio-health-checking is installed (vLLM serves it)."""
+    try:
+        from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+    except ImportError:
+        return
+    servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
+    for name in ("", SERVICE_NAMES[protocol]):
+        await servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+
+
 @dataclass
 class SimEngine:
     """One engine of a cluster: its servicer and the server hosting it."""
 
-    servicer: VllmEngine
+    servicer: VllmEngine | SglangEngine
     server: grpc.aio.Server
     host: str
     port: int
+    protocol: Protocol = "vllm"
+    control: ControlServer | None = None
+    _refusal: asyncio.Task[None] | None = field(default=None, repr=False)
+
+    @property
+    def core(self) -> EngineCore:
+        return self.servicer.core
 
     @property
     def stats(self) -> EngineStats:
         return self.servicer.stats
 
     @property
+    def faults(self) -> FaultPlan:
+        return self.core.faults
+
+    @property
     def address(self) -> str:
         return format_address(self.host, self.port)
+
+    @property
+    def metrics_port(self) -> int | None:
+        return self.control.port if self.control is not None else None
+
+    async def set_refusing(self, refuse: bool, previous: asyncio.Task[None] | None = None) -> None:
+        """Stop the server (connections are refused) or bring it back on the same port."""
+        if previous is not None:
+            await asyncio.gather(previous, return_exceptions=True)  # one change at a time, in order
+        if refuse:
+            await self.server.stop(None)
+        else:
+            self.server = await _bind(self.servicer, self.host, self.port, self.protocol)
+
+    def _on_refuse(self, refuse: bool) -> None:
+        previous = self._refusal
+        self._refusal = asyncio.get_running_loop().create_task(self.set_refusing(refuse, previous))
+
+    async def settled(self) -> None:
+        """Wait until the last `refuse` change took effect (FaultPlan.set cannot wait itself)."""
+        while self._refusal is not None and not self._refusal.done():
+            await asyncio.gather(self._refusal, return_exceptions=True)
+
+    async def stop(self, grace: float | None = STOP_GRACE_S) -> None:
+        await self.server.stop(grace)
+        await self.core.stop()
+        if self.control is not None:
+            await self.control.stop()
 
 
 @dataclass
@@ -55,12 +118,18 @@ class SimCluster:
         return [engine.address for engine in self.engines]
 
     async def stop(self, grace: float | None = STOP_GRACE_S) -> None:
-        await asyncio.gather(*(engine.server.stop(grace) for engine in self.engines))
+        await asyncio.gather(*(engine.stop(grace) for engine in self.engines))
 
 
-async def _serve(servicer: VllmEngine, host: str, port: int) -> SimEngine:
+async def _bind(
+    servicer: VllmEngine | SglangEngine, host: str, port: int, protocol: Protocol
+) -> grpc.aio.Server:
     server = grpc.aio.server()
-    vllm_engine_pb2_grpc.add_VllmEngineServicer_to_server(servicer, server)
+    if protocol == "vllm":
+        vllm_engine_pb2_grpc.add_VllmEngineServicer_to_server(servicer, server)
+    else:
+        sglang_scheduler_pb2_grpc.add_SglangSchedulerServicer_to_server(servicer, server)
+    await _health_service(server, protocol)
     try:
         bound = server.add_insecure_port(format_address(host, port))
     except RuntimeError as e:  # recent grpcio raises where older ones returned 0
@@ -69,7 +138,24 @@ async def _serve(servicer: VllmEngine, host: str, port: int) -> SimEngine:
         raise OSError(f"cannot bind {format_address(host, port)}")
     await server.start()
     servicer.port = bound
-    return SimEngine(servicer, server, host, bound)
+    return server
+
+
+async def _serve(
+    core: EngineCore, host: str, port: int, protocol: Protocol, metrics_port: int | None
+) -> SimEngine:
+    servicer: VllmEngine | SglangEngine
+    if protocol == "vllm":
+        servicer = VllmEngine(core.spec, core.vocab, core.options, core=core)
+    else:
+        servicer = SglangEngine(core)
+    server = await _bind(servicer, host, port, protocol)
+    engine = SimEngine(servicer, server, host, servicer.port, protocol)
+    core.faults.on_refuse = engine._on_refuse
+    if metrics_port is not None:
+        engine.control = ControlServer(core)
+        await engine.control.start(host, metrics_port)
+    return engine
 
 
 async def start_engines(
@@ -80,10 +166,18 @@ async def start_engines(
     host: str = "127.0.0.1",
     model_name: str | None = None,
     options: SimOptions = DEFAULT_OPTIONS,
+    protocol: Protocol = "vllm",
+    metrics_base_port: int | None = None,
 ) -> SimCluster:
-    """Start `count` engines on base_port, base_port+1, ... (base_port 0: each on a free port)."""
+    """Start `count` engines on base_port, base_port+1, ... (base_port 0: each on a free port).
+
+    `metrics_base_port` serves each engine's /metrics and /faults on metrics_base_port + i (0: free
+    ports; None: no HTTP endpoint).
+    """
     if count < 1:
         raise ValueError(f"count must be at least 1, got {count}")
+    if protocol not in PROTOCOLS:
+        raise ValueError(f"protocol must be one of {PROTOCOLS}, got {protocol!r}")
     directory = resolve_model_dir(model_dir)
     tokenizer_json = (directory / "tokenizer.json").resolve()
     spec = load_model_spec(
@@ -97,7 +191,11 @@ async def start_engines(
     try:
         for i in range(count):
             port = base_port + i if base_port else 0
-            cluster.engines.append(await _serve(VllmEngine(spec, vocab, options), host, port))
+            metrics_port = (
+                None if metrics_base_port is None else (metrics_base_port + i if metrics_base_port else 0)
+            )
+            core = EngineCore(spec, vocab, options, hash_seed=0)
+            cluster.engines.append(await _serve(core, host, port, protocol, metrics_port))
     except BaseException:
         await cluster.stop(grace=None)
         raise

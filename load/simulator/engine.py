@@ -1,164 +1,174 @@
-"""One simulated vLLM engine: the `vllm.grpc.engine.VllmEngine` service, without a model.
+"""One simulated vLLM engine: the `vllm.grpc.engine.VllmEngine` service over an `EngineCore`.
 
-Generation is paced by the configured time-to-first-token and inter-token latency and its tokens come
-from `TokenSampler`; message shapes follow the real servicer (`responses`). RPCs this class does not
-override answer UNIMPLEMENTED (the generated base class does that).
+Message shapes follow vLLM's gRPC servicer (`responses`), checked against a real engine by the contract
+suite (tests/contract). RPCs this class does not override answer UNIMPLEMENTED (the generated base class
+does that): Embed and the profiler.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections.abc import AsyncIterator
-from contextlib import aclosing
-from dataclasses import dataclass
+from datetime import UTC, datetime
 
 import grpc
-from smg_grpc_proto.generated import vllm_engine_pb2, vllm_engine_pb2_grpc
+from smg_grpc_proto.generated import common_pb2, vllm_engine_pb2, vllm_engine_pb2_grpc
 
 from load.simulator import responses
+from load.simulator.core import EngineCore, EngineStats, Request
 from load.simulator.model import ModelSpec
 from load.simulator.options import DEFAULT_OPTIONS, SimOptions
-from load.simulator.pacing import Pacer
-from load.simulator.sampler import GenerationParams, TokenSampler, resolve_params
+from load.simulator.sampler import GenerationParams, Step, resolve_params
 from load.simulator.vocab import PlausibleVocab
 
 logger = logging.getLogger(__name__)
 
+# vLLM's threshold below which a temperature means greedy sampling.
+GREEDY_EPS = 1e-5
 
-@dataclass
-class EngineStats:
-    """Counters a test (or a load report) reads in-process."""
-
-    # Every Generate call that reached the engine, rejected ones included: the gateway's tests
-    # assert this stays 0 to prove a bad request never got this far.
-    generate_requests: int = 0
-    rejected: int = 0  # refused with INVALID_ARGUMENT
-    active: int = 0  # admitted and not finished yet
-    completed: int = 0  # finished with "stop" or "length"
-    aborts: int = 0  # ended by an Abort RPC
-    cancelled: int = 0  # the caller went away (or the server stopped) first
-    abort_calls: int = 0  # Abort RPCs received
-    output_tokens: int = 0
+__all__ = ["EngineStats", "VllmEngine", "resolve_request"]
 
 
-class _Flight:
-    """An admitted request, findable by its id so Abort can reach it."""
+def step_deltas(tokens: list[int], finish: Step | None = None) -> list[list[int]]:
+    """One delta per engine step (a token each); an abort adds the empty delta vLLM ends it with.
 
-    def __init__(self, request_id: str) -> None:
-        self.request_id = request_id
-        self.pacer = Pacer()
+    vLLM sends a chunk per step while its reader keeps up (it merges deltas only for a reader that
+    lags); the simulator always sends one per step, which keeps event counts predictable for tests.
+    """
+    deltas = [[token] for token in tokens]
+    if not deltas or (finish is not None and finish.finish_reason == "abort"):
+        deltas.append([])
+    return deltas
 
-    @property
-    def aborted(self) -> bool:
-        return self.pacer.woken
 
-    def abort(self) -> None:
-        self.pacer.wake()
+def resolve_request(
+    request: vllm_engine_pb2.GenerateRequest, core: EngineCore
+) -> tuple[list[int], GenerationParams, int]:
+    """Prompt ids, resolved parameters and n; a ValueError is the client's fault."""
+    # The simulator has no tokenizer path: the gateway sends token ids, text is a caller bug.
+    if request.WhichOneof("input") != "tokenized":
+        raise ValueError("the simulator accepts tokenized input only (tokenized.input_ids)")
+    prompt_ids = list(request.tokenized.input_ids)
+    sampling = request.sampling_params
+    params = resolve_params(sampling, core.spec, prompt_ids)
+    n = sampling.n or 1
+    if n > 1 and sampling.HasField("temperature") and sampling.temperature < GREEDY_EPS:
+        raise ValueError(f"n must be 1 when using greedy sampling, got {n}.")
+    if not core.fits(len(prompt_ids)):
+        raise ValueError(f"the prompt ({len(prompt_ids)} tokens) cannot fit in the KV cache")
+    return prompt_ids, params, n
 
 
 class VllmEngine(vllm_engine_pb2_grpc.VllmEngineServicer):
-    def __init__(self, spec: ModelSpec, vocab: PlausibleVocab, options: SimOptions = DEFAULT_OPTIONS) -> None:
-        self.spec = spec
-        self.vocab = vocab
-        self.options = options
-        self.stats = EngineStats()
+    def __init__(
+        self,
+        spec: ModelSpec,
+        vocab: PlausibleVocab,
+        options: SimOptions = DEFAULT_OPTIONS,
+        core: EngineCore | None = None,
+    ) -> None:
+        self.core = core or EngineCore(spec, vocab, options)
         self.port = 0  # set once the server hosting this engine has bound
-        self._started = time.time()
-        self._last_receive = 0.0
-        # vLLM lets several requests share an external id; Abort ends them all.
-        self._in_flight: dict[str, list[_Flight]] = {}
+
+    @property
+    def spec(self) -> ModelSpec:
+        return self.core.spec
+
+    @property
+    def options(self) -> SimOptions:
+        return self.core.options
+
+    @property
+    def stats(self) -> EngineStats:
+        return self.core.stats
 
     # --- Generate -------------------------------------------------------------------------------
 
     async def Generate(
         self, request: vllm_engine_pb2.GenerateRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[vllm_engine_pb2.GenerateResponse]:
-        self.stats.generate_requests += 1
-        self._last_receive = time.time()
+        core = self.core
+        core.stats.generate_requests += 1
+        core.last_receive = time.time()
+        failure = core.faults.take_failure()
+        if failure is not None:
+            core.stats.faults += 1
+            await context.abort(*failure)
         try:
-            prompt_ids = self._prompt_ids(request)
-            params = resolve_params(request.sampling_params, self.spec, prompt_ids)
+            prompt_ids, params, n = resolve_request(request, core)
         except ValueError as e:
-            self.stats.rejected += 1
+            core.stats.rejected += 1
             logger.info("Generate %s rejected: %s", request.request_id, e)
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
-            return
 
-        flight = _Flight(request.request_id)
-        self._in_flight.setdefault(flight.request_id, []).append(flight)
-        self.stats.active += 1
+        admitted = core.submit(request.request_id, prompt_ids, params, n)
+        cancelled = True
         try:
-            async with aclosing(self._generate(flight, params, stream=request.stream)) as stream:
-                async for response in stream:
-                    yield response
-        except (asyncio.CancelledError, GeneratorExit):
-            # The caller went away: gRPC cancels the handler at a sleep (CancelledError), or closes
-            # this generator where it waits at a yield (GeneratorExit). Stop generating either way.
-            self.stats.cancelled += 1
-            raise
+            async for response in self._outputs(admitted, len(prompt_ids), n, request.stream, context):
+                yield response
+            cancelled = False
         finally:
-            self.stats.active -= 1
-            flights = self._in_flight[flight.request_id]
-            flights.remove(flight)
-            if not flights:
-                del self._in_flight[flight.request_id]
+            # The caller went away (CancelledError at an await, GeneratorExit at a yield), an injected
+            # fault ended the stream, or it finished: either way the engine stops working on it.
+            core.release(admitted, cancelled=cancelled and not admitted.faulted)
 
-    @staticmethod
-    def _prompt_ids(request: vllm_engine_pb2.GenerateRequest) -> list[int]:
-        # The simulator has no tokenizer path: the gateway sends token ids, text is a caller bug.
-        if request.WhichOneof("input") != "tokenized":
-            raise ValueError("the simulator accepts tokenized input only (tokenized.input_ids)")
-        return list(request.tokenized.input_ids)
-
-    async def _generate(
-        self, flight: _Flight, params: GenerationParams, *, stream: bool
+    async def _outputs(
+        self, admitted: Request, prompt_len: int, n: int, stream: bool, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[vllm_engine_pb2.GenerateResponse]:
-        sampler = TokenSampler(params, self.spec, self.vocab)
-        pacer = flight.pacer
-        first_due = pacer.now() + self.options.ttft_ms / 1000
-        interval = self.options.itl_ms / 1000
-        output: list[int] = []
-        while True:
-            await pacer.until(first_due + len(output) * interval)
-            if flight.aborted:
-                self.stats.aborts += 1
+        core = self.core
+        mailbox = admitted.mailbox
+        outputs: list[list[int]] = [[] for _ in range(n)]
+        finishes: list[responses.Finish | None] = [None] * n
+        die_after = core.faults.settings.die_after_tokens
+        sent = 0
+        while any(f is None for f in finishes):
+            await mailbox.wait()
+            for index, tokens, finish in mailbox.take():
+                cached = mailbox.cached[index]
+                if die_after is not None and sent + len(tokens) > die_after:
+                    core.stats.faults += 1
+                    admitted.faulted = True
+                    await context.abort(grpc.StatusCode.UNAVAILABLE, "engine died mid-stream (injected)")
+                sent += len(tokens)
+                deltas = step_deltas(tokens, finish)
                 if stream:
-                    yield responses.chunk([], params.prompt_len)
-                    yield responses.complete([], params.prompt_len, "abort")
-                else:
-                    yield responses.complete(output, params.prompt_len, "abort")
-                return
-            step = sampler.next_step()
-            output.append(step.token_id)
-            self.stats.output_tokens += 1
-            if stream:
-                yield responses.chunk([step.token_id], params.prompt_len)
-            if step.finish_reason is not None:
-                self.stats.completed += 1
-                # The stream's `complete` repeats the last delta; non-streamed, it holds everything.
-                # vLLM's token_ids include the EOS or stop token that ended the request (its
-                # detokenizer drops it from the text only), so the simulator's do too.
+                    for delta in deltas:
+                        yield responses.chunk(delta, prompt_len, cached, index)
+                outputs[index].extend(tokens)
+                if finish is None:
+                    continue
+                finishes[index] = responses.Finish.of(finish)
+                if stream:
+                    # The stream's complete repeats the last delta; the gateway accumulates.
+                    yield responses.complete(
+                        deltas[-1], prompt_len, finishes[index], cached_tokens=cached, index=index
+                    )
+        if not stream:
+            for index in range(n):
                 yield responses.complete(
-                    [step.token_id] if stream else output,
-                    params.prompt_len,
-                    step.finish_reason,
-                    matched_token_id=step.matched_token_id,
-                    matched_stop_str=step.matched_stop_str,
+                    outputs[index],
+                    prompt_len,
+                    finishes[index],
+                    cached_tokens=mailbox.cached[index],
+                    index=index,
                 )
-                return
+        reasons = {f.reason for f in finishes if f is not None}
+        core.finished.update(f.reason for f in finishes if f is not None)
+        if "abort" in reasons:
+            core.stats.aborts += 1
+        else:
+            core.stats.completed += 1
 
     # --- Abort ----------------------------------------------------------------------------------
 
     async def Abort(
         self, request: vllm_engine_pb2.AbortRequest, context: grpc.aio.ServicerContext
     ) -> vllm_engine_pb2.AbortResponse:
-        self.stats.abort_calls += 1
-        for request_id in request.request_ids:
-            # An unknown or finished id is not an error (vLLM ignores it too).
-            for flight in self._in_flight.get(request_id, ()):
-                flight.abort()
+        self.core.stats.abort_calls += 1
+        self.core.abort(list(request.request_ids))
         return vllm_engine_pb2.AbortResponse()
 
     # --- Management -----------------------------------------------------------------------------
@@ -166,6 +176,8 @@ class VllmEngine(vllm_engine_pb2_grpc.VllmEngineServicer):
     async def HealthCheck(
         self, request: vllm_engine_pb2.HealthCheckRequest, context: grpc.aio.ServicerContext
     ) -> vllm_engine_pb2.HealthCheckResponse:
+        if self.core.faults.settings.unhealthy:
+            return vllm_engine_pb2.HealthCheckResponse(healthy=False, message="Engine is not alive")
         return vllm_engine_pb2.HealthCheckResponse(healthy=True, message="Health")
 
     async def GetModelInfo(
@@ -192,15 +204,82 @@ class VllmEngine(vllm_engine_pb2_grpc.VllmEngineServicer):
     async def GetServerInfo(
         self, request: vllm_engine_pb2.GetServerInfoRequest, context: grpc.aio.ServicerContext
     ) -> vllm_engine_pb2.GetServerInfoResponse:
+        # vLLM's servicer fills these from the engine's config only: no counters, no server_type.
         return vllm_engine_pb2.GetServerInfoResponse(
-            active_requests=self.stats.active,
-            is_paused=False,
-            last_receive_timestamp=self._last_receive,
-            uptime_seconds=time.time() - self._started,
-            server_type="vllm-grpc",
+            data_parallel_size=1,
+            shm_namespace_id=shm_namespace_id(),
             kv_cache_dtype="auto",
             block_size=self.options.block_size,
             model_dtype="torch.bfloat16",
-            data_parallel_size=1,
             max_num_seqs=self.options.max_num_seqs,
+            multimodal_encoder_dtype="bfloat16",
+            constrained_decoding_start="first_token",
         )
+
+    async def GetLoads(
+        self, request: vllm_engine_pb2.GetLoadsRequest, context: grpc.aio.ServicerContext
+    ) -> vllm_engine_pb2.GetLoadsResponse:
+        return vllm_engine_pb2.GetLoadsResponse(
+            timestamp=_iso_now(),
+            version=self.options.version,
+            dp_rank_count=1,
+            loads=[vllm_engine_pb2.SchedulerLoad(**self.core.load_fields())],
+        )
+
+    async def GetTokenizer(
+        self, request: common_pb2.GetTokenizerRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[common_pb2.GetTokenizerChunk]:
+        for chunk in await self.core.tokenizer_chunks():
+            yield chunk
+
+    async def SubscribeKvEvents(
+        self, request: common_pb2.SubscribeKvEventsRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[common_pb2.KvEventBatch]:
+        async for batch in self.core.hub.subscribe(request, context):
+            yield batch
+
+    async def FlushCache(
+        self, request: common_pb2.FlushCacheRequest, context: grpc.aio.ServicerContext
+    ) -> common_pb2.FlushCacheResponse:
+        return await flush_cache(self.core, request, context)
+
+
+async def flush_cache(
+    core: EngineCore, request: common_pb2.FlushCacheRequest, context: grpc.aio.ServicerContext
+) -> common_pb2.FlushCacheResponse:
+    """vLLM's servicer: retry until the cache is idle within timeout_s (0: one attempt)."""
+    timeout = request.timeout_s
+    if not timeout >= 0 or timeout == float("inf"):
+        context.set_code(grpc.StatusCode.INVALID_ARGUMENT)
+        context.set_details("timeout_s must be finite and non-negative")
+        return common_pb2.FlushCacheResponse(success=False, message="Invalid timeout_s")
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        if core.scheduler.flush_cache():
+            return common_pb2.FlushCacheResponse(
+                success=True, message="Local KV prefix cache flushed successfully"
+            )
+        if timeout == 0:
+            return common_pb2.FlushCacheResponse(
+                success=False, message="KV prefix cache reset refused; requests may be in flight"
+            )
+        if loop.time() >= deadline:
+            context.set_code(grpc.StatusCode.DEADLINE_EXCEEDED)
+            context.set_details("Flush cache timed out; the engine may still complete an issued reset")
+            return common_pb2.FlushCacheResponse(success=False, message="Flush cache timed out")
+        await asyncio.sleep(min(0.05, deadline - loop.time()))
+
+
+def shm_namespace_id() -> str:
+    """This host's /dev/shm identity (<boot_id>:<st_dev>), as vLLM's servicer advertises it."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot_id = f.read().strip()
+        return f"{boot_id}:{os.stat('/dev/shm').st_dev}"
+    except OSError:
+        return ""
+
+
+def _iso_now() -> str:
+    return datetime.now(UTC).isoformat()

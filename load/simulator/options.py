@@ -7,15 +7,44 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class SimOptions:
-    # Time to first token: prefill and queueing, folded into one constant.
+    """Timing, capacity and scheduler facts of a simulated engine.
+
+    Time model (one scheduler step at a time, as vLLM runs them): a step that carries prefill work lasts
+    `ttft_ms + prefill_ms_per_token * uncached prompt tokens in the step`, a decode-only step lasts
+    `itl_ms`; either grows by `decode_ms_per_seq` per decoding sequence in the batch. So a lone short
+    request sees time to first token ≈ ttft_ms and inter-token latency ≈ itl_ms, a cached prompt skips
+    its prefill cost, and a full batch decodes slower. Every duration is multiplied by `time_scale`.
+    """
+
+    # Fixed cost of a step that runs prefill work (the first token of a short prompt on an idle engine).
     ttft_ms: float = 5.0
-    # Inter-token latency: one decode step per token.
+    # Fixed cost of a decode-only step (one token for every running sequence).
     itl_ms: float = 2.0
+    # Prefill cost per prompt token not served from the prefix cache.
+    prefill_ms_per_token: float = 0.02
+    # Extra step cost per decoding sequence in the batch.
+    decode_ms_per_seq: float = 0.02
+    # Multiplies every duration: 0.1 runs ten times faster than the coefficients say.
+    time_scale: float = 1.0
     # None: the model config's max_position_embeddings (8192 when it has none).
     max_model_len: int | None = None
-    # Scheduler facts GetServerInfo reports, as a default vLLM launch would.
+    # KV cache: tokens per block and capacity in blocks (vLLM's GPU default block size is 16; its CPU
+    # backend uses 128, which the contract suite configures to match the real engine).
     block_size: int = 16
+    num_blocks: int = 4096
+    # Scheduler: the running window and the token budget of one step (chunked prefill beyond it).
     max_num_seqs: int = 256
+    max_num_batched_tokens: int = 2048
+    # What GetServerInfo/GetLoads report as the engine's version.
+    version: str = "0.32.0"
+
+    def __post_init__(self) -> None:
+        for name in ("ttft_ms", "itl_ms", "prefill_ms_per_token", "decode_ms_per_seq", "time_scale"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must not be negative")
+        for name in ("block_size", "num_blocks", "max_num_seqs", "max_num_batched_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1")
 
 
 # The defaults, shared (the options are frozen) so signatures need not call SimOptions().

@@ -1,0 +1,81 @@
+"""A small HTTP endpoint per engine: `GET /metrics` (Prometheus), `GET|POST|DELETE /faults`.
+
+Plain asyncio streams, one request per connection: scrapes and fault switches are rare, and the
+simulator stays free of web-framework dependencies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import TYPE_CHECKING
+
+from load.simulator import metrics
+
+if TYPE_CHECKING:
+    from load.simulator.core import EngineCore
+
+MAX_BODY = 64 * 1024
+
+
+class ControlServer:
+    def __init__(self, core: EngineCore) -> None:
+        self.core = core
+        self._server: asyncio.Server | None = None
+        self.port = 0
+
+    async def start(self, host: str, port: int) -> int:
+        self._server = await asyncio.start_server(self._handle, host, port)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self.port
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+            self._server = None
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            status, content_type, body = await self._respond(reader)
+        except (ValueError, asyncio.IncompleteReadError, json.JSONDecodeError) as e:
+            status, content_type, body = 400, "application/json", json.dumps({"error": str(e)})
+        payload = body.encode()
+        head = (
+            f"HTTP/1.1 {status} {'OK' if status == 200 else 'Error'}\r\n"
+            f"Content-Type: {content_type}\r\nContent-Length: {len(payload)}\r\nConnection: close\r\n\r\n"
+        )
+        try:
+            writer.write(head.encode() + payload)
+            await writer.drain()
+        finally:
+            writer.close()
+
+    async def _respond(self, reader: asyncio.StreamReader) -> tuple[int, str, str]:
+        request_line = (await reader.readline()).decode("latin-1").split()
+        if len(request_line) < 2:
+            raise ValueError("bad request line")
+        method, path = request_line[0], request_line[1].split("?", 1)[0]
+        length = 0
+        while (line := (await reader.readline()).decode("latin-1").strip()) != "":
+            name, _, value = line.partition(":")
+            if name.strip().lower() == "content-length":
+                length = int(value)
+        if length > MAX_BODY:
+            raise ValueError("body too large")
+        body = (await reader.readexactly(length)).decode() if length else ""
+        faults = self.core.faults
+        if path == "/metrics" and method == "GET":
+            return 200, "text/plain; version=0.0.4; charset=utf-8", metrics.render(self.core)
+        if path == "/faults":
+            if method == "POST":
+                changes = json.loads(body or "{}")
+                if not isinstance(changes, dict):
+                    raise ValueError("a JSON object of fault settings is expected")
+                faults.set(**changes)
+            elif method == "DELETE":
+                faults.clear()
+            elif method != "GET":
+                return 405, "application/json", json.dumps({"error": "method not allowed"})
+            return 200, "application/json", json.dumps(faults.as_dict())
+        return 404, "application/json", json.dumps({"error": f"no route {method} {path}"})
