@@ -86,3 +86,40 @@ def test_engine_dying_mid_generation_ends_the_request_with_an_error(slow_stack: 
     else:
         assert response.status >= 500
         assert json.loads(raw)["error"]["code"] == response.status
+
+
+@pytest.mark.parametrize(
+    ("code", "status"), [("INVALID_ARGUMENT", 400), ("RESOURCE_EXHAUSTED", 429), ("INTERNAL", 500)]
+)
+@pytest.mark.parametrize("stream", [False, True])
+def test_engine_errors_map_to_http_statuses(slow_stack: Stack, code: str, status: int, stream: bool) -> None:
+    for engine in slow_stack.engines.engines:
+        engine.faults.set(fail_code=code, fail_message="refused by the engine")
+    body = {"model": slow_stack.model, "messages": [{"role": "user", "content": "x"}], "stream": stream}
+    host, port = slow_stack.base_url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=10)
+    conn.request("POST", "/v1/chat/completions", json.dumps(body), {"content-type": "application/json"})
+    r = conn.getresponse()
+    payload = json.loads(r.read())
+    assert r.status == status, payload
+    assert r.getheader("content-type") == "application/json"
+    assert payload["error"]["message"] == "engine error: refused by the engine"
+    assert not [h for h, _ in r.getheaders() if h.lower().startswith("grpc-")]
+
+
+def test_engine_cut_mid_stream_gives_an_error_event(slow_stack: Stack) -> None:
+    for engine in slow_stack.engines.engines:
+        engine.faults.set(die_after_tokens=3)
+    body = {"model": slow_stack.model, "messages": [{"role": "user", "content": "x"}], "stream": True}
+    body |= {"max_tokens": 50, "ignore_eos": True}
+    host, port = slow_stack.base_url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=10)
+    conn.request("POST", "/v1/chat/completions", json.dumps(body), {"content-type": "application/json"})
+    r = conn.getresponse()
+    events = [e for e in r.read().decode().split("\n\n") if e]
+    assert r.status == 200
+    assert events[-1] == "data: [DONE]"
+    error = json.loads(events[-2].removeprefix("data: "))["error"]
+    assert error["code"] == 503
+    text_events = [json.loads(e.removeprefix("data: ")) for e in events[:-2]]
+    assert sum(1 for e in text_events if e["choices"][0]["delta"].get("content")) == 3
