@@ -122,4 +122,5 @@ def test_engine_cut_mid_stream_gives_an_error_event(slow_stack: Stack) -> None:
     error = json.loads(events[-2].removeprefix("data: "))["error"]
     assert error["code"] == 503
     text_events = [json.loads(e.removeprefix("data: ")) for e in events[:-2]]
-    assert sum(1 for e in text_events if e["choices"][0]["delta"].get("content")) == 3
+    # The engine dies after 3 tokens; gRPC may drop some already written when the stream is torn down.
+    assert 0 < sum(1 for e in text_events if e["choices"][0]["delta"].get("content")) <= 3

