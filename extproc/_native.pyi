@@ -24,3 +24,24 @@ class Stream:
     @property
     def done(self) -> bool: ...
     def summary(self) -> dict[str, str | int]: ...
+
+class ExtProcServer:
+    """The ext_proc gRPC server (Envoy's ExternalProcessor/Process), on its own native thread(s).
+
+    Every stream runs through the gateway's state machine without Python; when a client goes away
+    mid-generation the server sends the engine `Abort` itself.
+    """
+
+    def __init__(
+        self, gateway: Gateway, listen: str, *, worker_threads: int = 1, summary_capacity: int = 4096
+    ) -> None: ...
+    def start(self) -> str:
+        """Bind `listen` ("host:port", port 0 for any; or "unix:/path") and serve; returns the address."""
+    def stop(self, grace_s: float) -> None:
+        """Stop accepting, let open streams finish for up to grace_s, then end them. Blocks; idempotent."""
+    @property
+    def address(self) -> str | None: ...
+    def stats(self) -> dict[str, int]:
+        """streams_started/finished, aborts_sent/failed, summaries_dropped (since creation)."""
+    def take_summaries(self) -> list[dict[str, str | int | float | bool]]:
+        """Requests finished since the last call, oldest first: the stream summary, aborted, duration_s."""

@@ -1,6 +1,7 @@
 """The engine pool: engines from config, their health, and the ready set the data plane routes to.
 
-Python owns this control plane; the native gateway only reads the ready endpoints it is given.
+Python owns this control plane; the native gateway only reads the ready endpoints it is given. Aborting
+the engine request of a client that went away is the native server's job (native/src/server/abort.rs).
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ log = structlog.get_logger("extproc.pool")
 
 HEALTH_INTERVAL_S = 2.0
 HEALTH_TIMEOUT_S = 1.0
-ABORT_TIMEOUT_S = 2.0
 
 
 def engine_address(url: str) -> str:
@@ -47,7 +47,6 @@ class EnginePool:
     gateway: _native.Gateway
     model: str
     engines: list[Engine] = field(default_factory=list)
-    _tasks: set[asyncio.Task[None]] = field(default_factory=set)
     _health_task: asyncio.Task[None] | None = None
 
     @classmethod
@@ -98,27 +97,10 @@ class EnginePool:
             log.info("engine ready", engine=engine.address, max_context=engine.max_context)
         engine.healthy = healthy
 
-    def abort_soon(self, address: str, request_id: str) -> None:
-        """Tell the engine to stop a request whose client went away (fire and forget)."""
-        engine = next((e for e in self.engines if e.address == address), None)
-        if engine is None:
-            return
-        task = asyncio.create_task(self._abort(engine, request_id))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    async def _abort(self, engine: Engine, request_id: str) -> None:
-        try:
-            await engine.stub.Abort(pb.AbortRequest(request_ids=[request_id]), timeout=ABORT_TIMEOUT_S)
-        except grpc.aio.AioRpcError as e:
-            log.warning("abort failed", engine=engine.address, request_id=request_id, code=e.code().name)
-
     async def close(self) -> None:
         if self._health_task:
             self._health_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._health_task
-        if self._tasks:
-            await asyncio.wait(self._tasks, timeout=ABORT_TIMEOUT_S)
         for engine in self.engines:
             await engine.channel.close()

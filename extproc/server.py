@@ -1,41 +1,85 @@
-"""Building, starting and gracefully stopping the ext_proc gRPC server."""
+"""Starting and gracefully stopping the ext_proc server, and the control plane beside it.
+
+The ext_proc gRPC server is native (`_native.ExtProcServer`): its own thread runs every request stream
+through the Rust state machine and sends engines `Abort` when a client goes away, without Python. This
+process keeps the control plane: the engine pool and its health checks (which set the gateway's ready
+endpoints), and a reporter that turns finished requests and server counters into logs.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-import grpc
 import structlog
 
 from extproc import _native
 from extproc.config import Settings
 from extproc.models import resolve_model_dir, served_model_name
 from extproc.pool import EnginePool
-from extproc.servicer import ExternalProcessor
 
 log = structlog.get_logger("extproc.server")
 
-GRPC_OPTIONS = [
-    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
-    ("grpc.max_send_message_length", 64 * 1024 * 1024),
-]
 ENGINE_WAIT_S = 30.0
 STOP_GRACE_S = 5.0
+# Threads serving ext_proc streams; Envoy needs the other cores of a small machine.
+WORKER_THREADS = 1
+REPORT_INTERVAL_S = 1.0
 
 
 @dataclass
 class Running:
-    server: grpc.aio.Server
+    server: _native.ExtProcServer
     pool: EnginePool
     gateway: _native.Gateway
     model: str
     address: str
+    reporter: Reporter | None = field(default=None, repr=False)
 
     async def stop(self, grace: float = STOP_GRACE_S) -> None:
-        await self.server.stop(grace)
+        # Blocks until the server is down: off the event loop, so health checks and the reporter go on.
+        await asyncio.to_thread(self.server.stop, grace)
+        if self.reporter is not None:
+            await self.reporter.stop()
         await self.pool.close()
+
+
+class Reporter:
+    """Logs what the native server finished: requests whose client went away, failures, lost aborts."""
+
+    def __init__(self, server: _native.ExtProcServer) -> None:
+        self._server = server
+        self._aborts_failed = 0
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run())
+
+    async def stop(self) -> None:
+        """Stop reporting periodically; report what is left once more."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        self.report()
+
+    def report(self) -> None:
+        for summary in self._server.take_summaries():
+            if summary["aborted"]:
+                log.info("client went away; engine request aborted", **summary)
+            elif int(summary["status"]) >= 500:
+                log.warning("request failed", **summary)
+        stats = self._server.stats()
+        if stats["aborts_failed"] > self._aborts_failed:
+            log.warning("abort failed", count=stats["aborts_failed"] - self._aborts_failed)
+            self._aborts_failed = stats["aborts_failed"]
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(REPORT_INTERVAL_S)
+            self.report()
 
 
 async def start(settings: Settings, *, engine_wait_s: float = ENGINE_WAIT_S) -> Running:
@@ -47,22 +91,19 @@ async def start(settings: Settings, *, engine_wait_s: float = ENGINE_WAIT_S) -> 
     pool = EnginePool.create(gateway, model, list(settings.engines))
     await pool.start(wait_s=engine_wait_s)
 
-    server = grpc.aio.server(options=GRPC_OPTIONS)
-    server.add_generic_rpc_handlers((ExternalProcessor(gateway, pool).handler(),))
-    port = server.add_insecure_port(settings.listen)
-    if port == 0 and not settings.listen.startswith("unix:"):
-        raise RuntimeError(f"cannot listen on {settings.listen}")
-    await server.start()
-    address = (
-        settings.listen
-        if settings.listen.startswith("unix:")
-        else f"{settings.listen.rsplit(':', 1)[0]}:{port}"
-    )
+    server = _native.ExtProcServer(gateway, settings.listen, worker_threads=WORKER_THREADS)
+    try:
+        address = server.start()
+    except OSError as e:
+        await pool.close()
+        raise RuntimeError(f"cannot listen on {settings.listen}: {e}") from e
+    reporter = Reporter(server)
+    reporter.start()
     ready = gateway.endpoints(model)
     log.info(
         "ext_proc server listening", address=address, model=model, engines=len(pool.engines), ready=len(ready)
     )
-    return Running(server, pool, gateway, model, address)
+    return Running(server, pool, gateway, model, address, reporter)
 
 
 async def serve(settings: Settings) -> None:

@@ -8,6 +8,7 @@ pub mod model;
 pub mod openai;
 pub mod pb;
 mod py;
+pub mod server;
 pub mod stop;
 pub mod stream;
 pub mod template;

@@ -1,6 +1,8 @@
 //! PyO3 glue: the only place that knows about Python. Every call copies its inputs into owned Rust
 //! values and releases the GIL while the work runs.
 
+mod server;
+
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
@@ -136,5 +138,6 @@ impl PyStream {
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyGateway>()?;
     m.add_class::<PyStream>()?;
+    server::register(m)?;
     Ok(())
 }

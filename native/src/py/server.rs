@@ -1,0 +1,115 @@
+//! `ExtProcServer`: the native ext_proc gRPC server, as Python starts, stops and watches it.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList};
+
+use super::PyGateway;
+use crate::gateway::Gateway;
+use crate::server::{ExtProcServer, ServerConfig, Telemetry};
+
+/// Serves Envoy's ext_proc streams with the gateway's state machine, on its own thread(s).
+#[pyclass(name = "ExtProcServer", module = "extproc._native", frozen)]
+pub struct PyExtProcServer {
+    gateway: Arc<Gateway>,
+    config: ServerConfig,
+    telemetry: Arc<Telemetry>,
+    running: Mutex<Option<ExtProcServer>>,
+}
+
+#[pymethods]
+impl PyExtProcServer {
+    #[new]
+    #[pyo3(signature = (gateway, listen, *, worker_threads = 1, summary_capacity = 4096))]
+    fn new(
+        gateway: &Bound<'_, PyGateway>,
+        listen: String,
+        worker_threads: usize,
+        summary_capacity: usize,
+    ) -> PyResult<Self> {
+        if worker_threads == 0 {
+            return Err(PyValueError::new_err("worker_threads must be at least 1"));
+        }
+        Ok(PyExtProcServer {
+            gateway: gateway.get().inner.clone(),
+            config: ServerConfig { listen, worker_threads },
+            telemetry: Arc::new(Telemetry::new(summary_capacity)),
+            running: Mutex::new(None),
+        })
+    }
+
+    /// Bind and serve; returns the address Envoy should use ("host:port" with the real port, or
+    /// "unix:/path"). Raises OSError when the address cannot be bound.
+    fn start(&self, py: Python<'_>) -> PyResult<String> {
+        let mut running = self.running.lock().expect("server lock");
+        if running.as_ref().is_some_and(ExtProcServer::is_running) {
+            return Err(PyRuntimeError::new_err("the server is already running"));
+        }
+        let (gateway, telemetry, config) = (self.gateway.clone(), self.telemetry.clone(), self.config.clone());
+        let server = py.detach(move || ExtProcServer::start(gateway, telemetry, &config))?;
+        let address = server.address().to_string();
+        *running = Some(server);
+        Ok(address)
+    }
+
+    /// Stop accepting, let open streams finish for up to `grace_s` seconds, then end the rest.
+    /// Blocks until the server is down (run it in a thread from async code). Idempotent.
+    fn stop(&self, py: Python<'_>, grace_s: f64) -> PyResult<()> {
+        let grace = Duration::try_from_secs_f64(grace_s.max(0.0))
+            .map_err(|e| PyValueError::new_err(format!("grace_s: {e}")))?;
+        let server = self.running.lock().expect("server lock").take();
+        if let Some(mut server) = server {
+            py.detach(move || server.stop(grace));
+        }
+        Ok(())
+    }
+
+    /// The bound address while running, else None.
+    #[getter]
+    fn address(&self) -> Option<String> {
+        let running = self.running.lock().expect("server lock");
+        running.as_ref().map(|s| s.address().to_string())
+    }
+
+    /// Counters since the server was created: streams started/finished, aborts sent/failed,
+    /// summaries dropped because nobody took them in time.
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let d = PyDict::new(py);
+        for (name, value) in self.telemetry.counters.snapshot() {
+            d.set_item(name, value)?;
+        }
+        Ok(d)
+    }
+
+    /// The requests finished since the last call (oldest first, at most `summary_capacity`), as dicts:
+    /// the stream summary plus `aborted` and `duration_s`.
+    fn take_summaries<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let finished = self.telemetry.take();
+        let list = PyList::empty(py);
+        for f in finished {
+            let s = f.summary;
+            let d = PyDict::new(py);
+            d.set_item("request_id", s.request_id)?;
+            d.set_item("path", s.path)?;
+            d.set_item("model", s.model)?;
+            d.set_item("endpoint", s.endpoint)?;
+            d.set_item("status", s.status)?;
+            d.set_item("prompt_tokens", s.prompt_tokens)?;
+            d.set_item("completion_tokens", s.completion_tokens)?;
+            d.set_item("cached_tokens", s.cached_tokens)?;
+            d.set_item("finish_reason", s.finish_reason)?;
+            d.set_item("error", s.error)?;
+            d.set_item("aborted", f.aborted)?;
+            d.set_item("duration_s", f.duration.as_secs_f64())?;
+            list.append(d)?;
+        }
+        Ok(list)
+    }
+}
+
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<PyExtProcServer>()
+}
