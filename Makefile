@@ -54,7 +54,7 @@ lint: $(STAMP) ## ruff check + format check, clippy -D warnings, rustfmt check
 envoy-configs: $(STAMP) ## regenerate the reference Envoy configs in envoy/ (and validate them)
 	$(BIN)/python -m extproc.envoy_bootstrap envoy
 
-bench: $(STAMP) ## ours vs SMG vs the bare engine, side by side (~8 min; ARGS=--quick: ~1 min)
+bench: $(STAMP) ## ours vs SMG vs the bare engine, side by side, with plots (~9 min; ARGS=--quick: ~1 min)
 	$(BIN)/python -m load.bench $(ARGS)
 
 clean: ## remove the venv, build outputs and caches

@@ -3,8 +3,10 @@
 Starts the engine simulator in fast mode (no engine time), our stack (Envoy + `extproc serve`) and SMG
 (from PyPI, in its own cached venv), then runs each workload against the floor and both gateways in
 turns, and prints per workload: gateway CPU per request, added p50/p99 latency over the floor, maximum
-requests/s, and the ratios ours/SMG. The full results go to load/results/bench-<time>.json (and
-latest.json). See docs/benchmarks.md for how to read them.
+requests/s, and the ratios ours/SMG; then a concurrency sweep of one workload (requests/s and latency
+at 1, 2, 4, 8, 16 clients). The full results go to load/results/bench-<time>.json (and latest.json), the
+plots (latency CDFs, throughput vs concurrency) beside it as PNG when matplotlib is installed. See
+docs/benchmarks.md for how to read them.
 """
 
 from __future__ import annotations
@@ -26,14 +28,17 @@ from load.bench import gateways
 from load.bench.floor import FloorTarget
 from load.bench.plan import FULL, QUICK, Plan, scaled, with_rounds
 from load.bench.procs import StartError
-from load.bench.report import breakdown, compare, noise_note, table
-from load.bench.run import BenchTarget, run_plan
+from load.bench.report import breakdown, compare, noise_note, sweep_table, table
+from load.bench.run import BenchTarget, Sweep, run_plan, run_sweep
 from load.loadgen.openai_target import OpenAITarget
 from load.loadgen.records import json_safe
 from load.loadgen.text import Vocab, load_vocab
 
 TARGETS = ("floor", "ours", "smg")
 DEFAULT_OUT = gateways.ROOT / "load" / "results"
+DEFAULT_SWEEP = "1,2,4,8,16"
+# Seconds per sweep level and target (times --scale): 5 levels x 3 targets of this fit the time budget.
+SWEEP_LEVEL_S = {"full": 4.0, "quick": 1.5}
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -54,6 +59,19 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=gateways.cpu_count(),
         help="Envoy worker threads (default: the CPUs, as `extproc up` and SMG's runtime use)",
     )
+    parser.add_argument(
+        "--sweep",
+        default=DEFAULT_SWEEP,
+        help=f"client counts of the concurrency sweep (default {DEFAULT_SWEEP}; 'off': no sweep)",
+    )
+    parser.add_argument("--sweep-workload", default="chat", help="the workload the sweep runs (default chat)")
+    parser.add_argument(
+        "--sweep-s",
+        type=float,
+        default=None,
+        help="seconds per sweep level and target (default 4, quick 1.5, times --scale)",
+    )
+    parser.add_argument("--no-plots", action="store_true", help="write no PNG plots")
     args = parser.parse_args(argv)
     args.targets = [t.strip() for t in args.targets.split(",") if t.strip()]
     unknown = set(args.targets) - set(TARGETS)
@@ -68,6 +86,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         if args.rounds < 1:
             parser.error("--rounds must be at least 1")
         plan = with_rounds(plan, args.rounds)
+    args.sweep = _sweep(parser, args, plan)
     if args.workloads:
         names = {w.strip() for w in args.workloads.split(",") if w.strip()}
         unknown = names - {w.name for w in plan.workloads}
@@ -76,6 +95,26 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         plan = plan.only(names)
     args.plan = plan
     return args
+
+
+def _sweep(parser: argparse.ArgumentParser, args: argparse.Namespace, plan: Plan) -> Sweep | None:
+    if args.sweep.strip().lower() in ("", "off", "none", "0"):
+        return None
+    try:
+        levels = tuple(sorted({int(v) for v in args.sweep.split(",") if v.strip()}))
+    except ValueError:
+        parser.error(f"--sweep: expected a comma list of client counts, got {args.sweep!r}")
+    if not levels or levels[0] < 1:
+        parser.error("--sweep: client counts must be at least 1")
+    workload = next((w for w in plan.workloads if w.name == args.sweep_workload), None)
+    if workload is None:
+        parser.error(f"--sweep-workload: unknown {args.sweep_workload}")
+    if args.sweep_s is not None and args.sweep_s <= 0:
+        parser.error("--sweep-s must be positive")
+    level_s = args.sweep_s or max(0.5, SWEEP_LEVEL_S["quick" if args.quick else "full"] * args.scale)
+    # Time-boxed: the request count is a cap (a level ends at either), at least 8 requests per client.
+    requests = max(workload.throughput_requests, 8 * levels[-1])
+    return Sweep(workload.name, levels, requests, level_s, warmup_requests=plan.warmup_requests)
 
 
 def _run_text(argv: list[str]) -> str:
@@ -137,7 +176,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if smg_binary is not None:
             running.append(gateways.start_smg(smg_binary, engines.addresses, model_dir, model, log_dir))
         vocab = load_vocab(model_dir / "tokenizer.json")
-        results = asyncio.run(_measure(args, plan, vocab, model, engines, running))
+        results, swept = asyncio.run(_measure(args, plan, vocab, model, engines, running))
     finally:
         for gw in running:
             gw.stop()
@@ -153,6 +192,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "comparison": comparison,
         "results": results,
     }
+    if args.sweep is not None:
+        report["sweep"] = {**asdict(args.sweep), "results": swept}
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"bench-{stamp}.json"
     path.write_text(json.dumps(json_safe(report), indent=2) + "\n")
@@ -161,10 +202,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(table(comparison))
     print()
     print(breakdown(results))
+    if swept:
+        print()
+        print(sweep_table(swept))
+        print()
     rounds = f"medians over {plan.rounds} rounds; " if plan.rounds > 1 else ""
     print(f"{rounds}{noise_note(results)}")
     print(f"wall time {report['wall_s']:.0f} s; results in {path}")
+    if not args.no_plots:
+        _plot(report, args.out, f"bench-{stamp}")
     return 0
+
+
+def _plot(report: dict[str, Any], out: Path, stem: str) -> None:
+    from load.bench import plots
+
+    if not plots.available():
+        print(plots.MISSING_NOTE)
+        return
+    written = plots.write_plots(json_safe(report), out, stem)
+    if written:
+        print("plots: " + ", ".join(str(p) for p in written))
 
 
 async def _measure(
@@ -174,7 +232,7 @@ async def _measure(
     model: str,
     engines: gateways.Engines,
     running: list[gateways.Gateway],
-) -> list[dict[str, Any]]:
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     # The floor's gRPC channels start threads: only now, after every child process was forked.
     floor = FloorTarget(engines.addresses, vocab) if "floor" in args.targets else None
     http = [(gw, OpenAITarget(gw.base_url, model, ignore_eos=True)) for gw in running]
@@ -187,7 +245,9 @@ async def _measure(
             raise StartError(f"the engines died:\n{engines.child.log_tail()}")
 
     try:
-        return await run_plan(plan, vocab, targets, engines.pids, check_alive)
+        results = await run_plan(plan, vocab, targets, engines.pids, check_alive)
+        swept = await run_sweep(args.sweep, vocab, targets, engines.pids, check_alive) if args.sweep else []
+        return results, swept
     finally:
         for _, target in http:
             target.close()

@@ -5,6 +5,7 @@
 - rps: completed requests per second in the throughput phase (the maximum sustained on this machine).
 Ratios are ours/SMG: below 1 is better for CPU and added latency, above 1 is better for rps.
 With several rounds, each number is its median over the rounds (ratios are of medians).
+The concurrency sweep is printed as it was measured: requests/s and end-to-end p50/p99 per level and target.
 """
 
 from __future__ import annotations
@@ -155,4 +156,31 @@ def breakdown(results: list[dict[str, Any]]) -> str:
                 for workload, processes in by_workload.items()
             ]
             lines.append(f"{target} CPU ms/req by process: " + "; ".join(parts))
+    return "\n".join(lines)
+
+
+def sweep_table(sweep: list[dict[str, Any]]) -> str:
+    """Requests/s and end-to-end p50/p99 latency per client count (rows) and target (columns)."""
+    if not sweep:
+        return ""
+    targets = list(dict.fromkeys(r["target"] for r in sweep))
+    cell = {(r["target"], r["concurrency"]): r["summary"] for r in sweep}
+    levels = sorted({r["concurrency"] for r in sweep})
+    width = 22
+    head = f"{'clients':>7} | " + " | ".join(f"{t:^{width}}" for t in targets)
+    sub = f"{'':>7} | " + " | ".join(f"{'req/s':>6} {'p50 ms':>7} {'p99 ms':>7}" for _ in targets)
+    lines = [f"concurrency sweep, {sweep[0]['workload']} (closed loop, end-to-end latency)", head, sub]
+    lines.append("-" * len(sub))
+    for level in levels:
+        cells = []
+        for target in targets:
+            summary = cell.get((target, level))
+            if summary is None:
+                cells.append(f"{'-':>6} {'-':>7} {'-':>7}")
+                continue
+            latency = summary["latency_ms"]
+            cells.append(
+                f"{_fmt(summary['requests_per_s'], 0):>6} {_fmt(latency['p50']):>7} {_fmt(latency['p99']):>7}"
+            )
+        lines.append(f"{level:>7} | " + " | ".join(cells))
     return "\n".join(lines)

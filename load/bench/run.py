@@ -3,7 +3,12 @@
 Targets take turns per workload (floor, then ours and SMG in alternating order), so slow drift in the
 machine's state (other work on the shared cores, thermal) spreads over both gateways instead of landing
 on one. Each phase records the CPU seconds of the gateway's processes, of the engines and of this client,
-and of the whole machine, so CPU spent by anything else during the phase (noise) is visible.
+and of the whole machine, so CPU spent by anything else during the phase (noise) is visible. Each phase
+also keeps its latency and TTFT quantiles (`cdf_ms`), which the latency CDF plots are drawn from.
+
+A concurrency sweep (`run_sweep`) runs one workload closed loop at each of several client counts, each
+level time-boxed, with the targets alternating per level as above: requests/s and latency per level are
+the throughput-vs-concurrency curve.
 """
 
 from __future__ import annotations
@@ -18,11 +23,14 @@ from typing import Any
 from load.bench.plan import Plan, WorkloadPlan
 from load.bench.procs import cpu_seconds
 from load.loadgen.progress import Progress
+from load.loadgen.records import Record, percentile
 from load.loadgen.runner import Target, closed_loop
 from load.loadgen.text import Vocab
 from load.loadgen.workloads import ChatSpec, Workload
 
 TICKS_PER_S = os.sysconf("SC_CLK_TCK")
+# The quantiles a phase keeps for its CDF: every percent, and a finer tail (where gateways differ most).
+CDF_PERCENTILES = (*range(0, 100), 99.5, 99.9, 100)
 
 
 @dataclass
@@ -64,6 +72,21 @@ def machine_busy_s() -> float:
     return (sum(fields[:8]) - idle) / TICKS_PER_S
 
 
+def quantiles_ms(values: Sequence[float]) -> list[float]:
+    """`values` (seconds) at CDF_PERCENTILES, in milliseconds; empty when there are none."""
+    ordered = sorted(1000 * v for v in values)
+    return [percentile(ordered, p) for p in CDF_PERCENTILES] if ordered else []
+
+
+def cdf_ms(records: Sequence[Record]) -> dict[str, list[float]]:
+    ok = [r for r in records if r.ok]
+    return {
+        "percentiles": list(CDF_PERCENTILES),
+        "latency": quantiles_ms([r.latency for r in ok]),
+        "ttft": quantiles_ms([r.ttft for r in ok if r.stream and r.ttft is not None]),
+    }
+
+
 async def run_phase(
     bench: BenchTarget,
     specs: Sequence[ChatSpec],
@@ -89,6 +112,7 @@ async def run_phase(
     return {
         "concurrency": concurrency,
         "summary": summary,
+        "cdf_ms": cdf_ms(result.records),
         "cpu_s": {"gateway": gateway, "engines": engines, "client": client, "machine": machine},
         "cpu_ms_per_request": {
             "gateway": 1000 * gateway / done,
@@ -139,4 +163,49 @@ async def run_plan(
                 )
                 key = {"target": bench.name, "workload": workload.name, "phase": phase, "round": round_}
                 results.append({**key, **measured})
+    return results
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """Closed-loop levels of one workload: `levels` clients each, at most `requests` and `level_s` each."""
+
+    workload: str
+    levels: tuple[int, ...]
+    requests: int
+    level_s: float
+    warmup_requests: int = 16
+
+
+async def run_sweep(
+    sweep: Sweep,
+    vocab: Vocab,
+    targets: list[BenchTarget],
+    engine_pids: list[int],
+    check_alive: Any = None,
+) -> list[dict[str, Any]]:
+    """Every level on every target (floor first, gateways alternating per level), same prompts for all."""
+    # Every level and target sends these from the first: a level ends at level_s or when they run out.
+    specs = Workload(sweep.workload, seed=7).specs(vocab, sweep.requests)
+    warmup = Workload(sweep.workload, seed=8).specs(vocab, sweep.warmup_requests)
+    floor = [t for t in targets if t.name == "floor"]
+    gateways = [t for t in targets if t.name != "floor"]
+    for bench in targets:
+        await closed_loop(bench.target, [bench.target.prepare(s) for s in warmup], max(sweep.levels))
+    results: list[dict[str, Any]] = []
+    for index, level in enumerate(sweep.levels):
+        order = floor + (gateways[::-1] if index % 2 else gateways)
+        for bench in order:
+            if check_alive:
+                check_alive()
+            print(f"sweep {sweep.workload} c={level} on {bench.name}", file=sys.stderr, flush=True)
+            measured = await run_phase(
+                bench,
+                specs,
+                level,
+                engine_pids=engine_pids,
+                max_s=sweep.level_s,
+                label=f"  sweep      c={level:<2}",
+            )
+            results.append({"target": bench.name, "workload": sweep.workload, "phase": "sweep", **measured})
     return results
