@@ -7,6 +7,7 @@ pub mod grpc_frame;
 pub mod model;
 pub mod openai;
 pub mod pb;
+pub mod routing;
 mod py;
 pub mod server;
 pub mod stop;

@@ -6,5 +6,6 @@
 //! cross-checks these definitions against the Python stubs generated from the real protos.
 
 pub mod ext_proc;
+pub mod kv_events;
 pub mod structs;
 pub mod vllm;

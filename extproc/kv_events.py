@@ -1,0 +1,181 @@
+"""KV-event subscriptions: one asyncio task per engine streaming `SubscribeKvEvents`.
+
+Batches are never decoded in Python: the stream is opened without a response deserializer, so each
+`KvEventBatch` arrives as the bytes on the wire and goes straight to `on_batch(address, data)` (the
+native router decodes and applies it, and answers with an outcome kind). A subscription always starts
+from sequence 0 (the engine's current state, or a relay's snapshot) after `on_reset(address)` has made
+the router forget what it knew of that engine; it is torn down and started again, after a backoff,
+when the router reports a gap or a batch it cannot read, when the stream fails, or when it ends (an
+engine restart).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import grpc
+import structlog
+from smg_grpc_proto.generated import common_pb2
+
+log = structlog.get_logger("extproc.kv_events")
+
+SUBSCRIBE_METHOD = "/vllm.grpc.engine.VllmEngine/SubscribeKvEvents"
+
+# Outcome kinds (`EventOutcome.kind()` on the Rust side) that need a fresh subscription.
+RESYNC_OUTCOMES = frozenset({"gap", "malformed", "unknown_endpoint"})
+
+OnBatch = Callable[[str, bytes], str]
+OnReset = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """Exponential backoff between subscriptions; it starts over once a stream has been healthy for
+    `healthy_after_s`."""
+
+    initial_s: float = 0.1
+    max_s: float = 5.0
+    factor: float = 2.0
+    jitter: float = 0.2
+    healthy_after_s: float = 10.0
+
+    def delay(self, attempt: int) -> float:
+        base = min(self.max_s, self.initial_s * self.factor**attempt)
+        return base * (1 + self.jitter * (2 * random.random() - 1))
+
+
+class KvEventSubscriber:
+    """Keeps one engine's KV-event stream flowing into `on_batch` until `close()`."""
+
+    def __init__(
+        self,
+        address: str,
+        on_batch: OnBatch,
+        on_reset: OnReset,
+        *,
+        backoff: Backoff | None = None,
+        channel: grpc.aio.Channel | None = None,
+    ) -> None:
+        self.address = address
+        self._on_batch = on_batch
+        self._on_reset = on_reset
+        self._backoff = backoff or Backoff()
+        self._own_channel = channel is None
+        self._channel = channel or grpc.aio.insecure_channel(address)
+        self._subscribe = self._channel.unary_stream(
+            SUBSCRIBE_METHOD,
+            request_serializer=common_pb2.SubscribeKvEventsRequest.SerializeToString,
+            response_deserializer=None,
+        )
+        self._task: asyncio.Task[None] | None = None
+        self._closed = False
+        # What happened so far (for metrics and tests).
+        self.subscriptions = 0
+        self.batches = 0
+        self.resyncs = 0
+        self.last_reason: str | None = None
+        # False once the engine answered UNIMPLEMENTED: it publishes no events.
+        self.publishes: bool | None = None
+
+    def start(self) -> None:
+        if self._task is None and not self._closed:
+            self._task = asyncio.create_task(self._run(), name=f"kv-events {self.address}")
+
+    async def close(self) -> None:
+        """Stops the subscription (cancelling the stream) and waits for the task to end."""
+        self._closed = True
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        if self._own_channel:
+            await self._channel.close()
+
+    async def _run(self) -> None:
+        attempt = 0
+        while True:
+            started = time.monotonic()
+            reason = await self._subscription()
+            self.last_reason = reason
+            self.resyncs += 1
+            if time.monotonic() - started >= self._backoff.healthy_after_s:
+                attempt = 0
+            # An engine without the RPC may be replaced by one with it: look again, rarely.
+            delay = self._backoff.max_s if self.publishes is False else self._backoff.delay(attempt)
+            attempt += 1
+            log.info("kv events resubscribing", engine=self.address, reason=reason, delay_s=round(delay, 3))
+            await asyncio.sleep(delay)
+
+    async def _subscription(self) -> str:
+        """One subscription from sequence 0; returns why it ended."""
+        try:
+            self._on_reset(self.address)
+        except Exception:
+            log.exception("kv event reset handler failed", engine=self.address)
+            return "handler error"
+        self.subscriptions += 1
+        request = common_pb2.SubscribeKvEventsRequest(
+            start_sequence_number=0, load_records_before_first_batch=True
+        )
+        call = self._subscribe(request)
+        try:
+            async for data in call:
+                self.publishes = True
+                self.batches += 1
+                try:
+                    outcome = self._on_batch(self.address, data)
+                except Exception:
+                    log.exception("kv event batch handler failed", engine=self.address)
+                    return "handler error"
+                if outcome in RESYNC_OUTCOMES:
+                    return outcome
+            return "stream ended"
+        except grpc.aio.AioRpcError as e:
+            if e.code() == grpc.StatusCode.UNIMPLEMENTED:
+                if self.publishes is not False:
+                    log.warning("engine publishes no kv events", engine=self.address)
+                self.publishes = False
+            return e.code().name
+        finally:
+            call.cancel()
+
+
+class KvEventSubscriptions:
+    """The subscribers of a set of engines, added and removed as the pool changes."""
+
+    def __init__(self, on_batch: OnBatch, on_reset: OnReset, *, backoff: Backoff | None = None) -> None:
+        self._on_batch = on_batch
+        self._on_reset = on_reset
+        self._backoff = backoff
+        self._subscribers: dict[str, KvEventSubscriber] = {}
+
+    def __contains__(self, address: str) -> bool:
+        return address in self._subscribers
+
+    def get(self, address: str) -> KvEventSubscriber | None:
+        return self._subscribers.get(address)
+
+    def add(self, address: str, channel: grpc.aio.Channel | None = None) -> KvEventSubscriber:
+        if address not in self._subscribers:
+            sub = KvEventSubscriber(
+                address, self._on_batch, self._on_reset, backoff=self._backoff, channel=channel
+            )
+            self._subscribers[address] = sub
+            sub.start()
+        return self._subscribers[address]
+
+    async def remove(self, address: str) -> None:
+        sub = self._subscribers.pop(address, None)
+        if sub is not None:
+            await sub.close()
+
+    async def close(self) -> None:
+        subs = list(self._subscribers.values())
+        self._subscribers.clear()
+        await asyncio.gather(*(s.close() for s in subs))

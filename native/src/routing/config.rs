@@ -1,0 +1,103 @@
+//! Router settings, one set per served model, with defaults for every field; `from_json` reads the
+//! shape the Python settings pass through (unknown keys are an error, not silently ignored).
+
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+
+use super::error::RoutingError;
+
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RouterConfig {
+    /// Blocks each prefix index (precise, approximate) keeps before evicting.
+    pub max_blocks: usize,
+    /// Engine-hash mappings kept per endpoint (bounds a publisher that never removes).
+    pub max_engine_blocks: usize,
+    /// Approximate mode: how long a routed prompt's blocks count as cached on the chosen endpoint.
+    pub routed_ttl_s: f64,
+    /// Fallback endpoints listed after the primary.
+    pub max_fallbacks: usize,
+    /// Seed of the policies' random draws; from the clock when unset.
+    pub seed: Option<u64>,
+    /// Spill gate (affinity and weighted policies): an endpoint is skipped while its requests exceed
+    /// both `min + spill_abs` and `min * spill_ratio`, `min` being the least loaded candidate's.
+    pub spill_enabled: bool,
+    pub spill_abs: u32,
+    pub spill_ratio: f64,
+    /// Affinity policies: follow the cache only when the holder has at least this many more leading
+    /// blocks than the least loaded candidate.
+    pub affinity_min_blocks: u32,
+    /// Weighted policy: scorer type name → weight.
+    pub scorers: BTreeMap<String, f64>,
+    /// Weighted policy: which index the `prefix` scorer reads, "events" (precise) or "routed".
+    pub prefix_source: String,
+}
+
+impl Default for RouterConfig {
+    fn default() -> Self {
+        RouterConfig {
+            max_blocks: 1 << 18,
+            max_engine_blocks: 1 << 20,
+            routed_ttl_s: 120.0,
+            max_fallbacks: 3,
+            seed: None,
+            spill_enabled: true,
+            spill_abs: 8,
+            spill_ratio: 1.5,
+            affinity_min_blocks: 1,
+            scorers: [("prefix", 3.0), ("queue", 2.0), ("load", 1.0), ("kv_usage", 1.0)]
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), v))
+                .collect(),
+            prefix_source: "events".to_string(),
+        }
+    }
+}
+
+impl RouterConfig {
+    pub fn from_json(json: &str) -> Result<Self, RoutingError> {
+        let cfg: RouterConfig = serde_json::from_str(json).map_err(|e| RoutingError::BadConfig(e.to_string()))?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    pub fn validate(&self) -> Result<(), RoutingError> {
+        let bad = |m: &str| Err(RoutingError::BadConfig(m.to_string()));
+        if self.max_blocks == 0 {
+            return bad("max_blocks must be positive");
+        }
+        if !(self.routed_ttl_s > 0.0 && self.routed_ttl_s.is_finite()) {
+            return bad("routed_ttl_s must be positive");
+        }
+        if !(self.spill_ratio >= 1.0 && self.spill_ratio.is_finite()) {
+            return bad("spill_ratio must be at least 1");
+        }
+        if self.scorers.values().any(|w| !(w.is_finite() && *w >= 0.0)) {
+            return bad("scorer weights must be finite and non-negative");
+        }
+        if !matches!(self.prefix_source.as_str(), "events" | "routed") {
+            return bad("prefix_source must be \"events\" or \"routed\"");
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn partial_json_keeps_defaults_and_rejects_unknown_keys() {
+        let c = RouterConfig::from_json(r#"{"spill_abs": 2, "scorers": {"prefix": 1}}"#).unwrap();
+        assert_eq!(c.spill_abs, 2);
+        assert_eq!(c.scorers.len(), 1);
+        assert_eq!(c.max_fallbacks, RouterConfig::default().max_fallbacks);
+        assert!(matches!(
+            RouterConfig::from_json(r#"{"spil_abs": 2}"#),
+            Err(RoutingError::BadConfig(_))
+        ));
+        assert!(RouterConfig::from_json(r#"{"spill_ratio": 0.5}"#).is_err());
+        assert!(RouterConfig::from_json(r#"{"prefix_source": "guess"}"#).is_err());
+    }
+}

@@ -1,0 +1,124 @@
+//! One engine endpoint as the router tracks it: identity, health, block size, loads (atomics, so a
+//! pick reads them without locks), and its KV-event stream state.
+
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use xxhash_rust::xxh3::xxh3_64;
+
+use super::endpoint_set::EndpointId;
+use super::events::EventState;
+use super::load::{EngineLoad, Load};
+
+pub struct EndpointState {
+    pub address: Arc<str>,
+    pub id: EndpointId,
+    /// Hash of the address: the endpoint's point for consistent hashing.
+    pub address_hash: u64,
+    block_size: AtomicU32,
+    healthy: AtomicBool,
+    in_flight_requests: AtomicU32,
+    in_flight_tokens: AtomicU64,
+    running: AtomicU32,
+    waiting: AtomicU32,
+    max_running: AtomicU32,
+    kv_usage_bits: AtomicU64,
+    events: Mutex<EventState>,
+}
+
+impl EndpointState {
+    pub fn new(address: &str, id: EndpointId, block_size: u32, max_engine_blocks: usize) -> Self {
+        EndpointState {
+            address: Arc::from(address),
+            id,
+            address_hash: xxh3_64(address.as_bytes()),
+            block_size: AtomicU32::new(block_size),
+            healthy: AtomicBool::new(true),
+            in_flight_requests: AtomicU32::new(0),
+            in_flight_tokens: AtomicU64::new(0),
+            running: AtomicU32::new(0),
+            waiting: AtomicU32::new(0),
+            max_running: AtomicU32::new(0),
+            kv_usage_bits: AtomicU64::new(0f64.to_bits()),
+            events: Mutex::new(EventState::new(max_engine_blocks)),
+        }
+    }
+
+    pub fn block_size(&self) -> u32 {
+        self.block_size.load(Ordering::Relaxed)
+    }
+
+    pub fn set_block_size(&self, b: u32) {
+        self.block_size.store(b, Ordering::Relaxed);
+    }
+
+    pub fn healthy(&self) -> bool {
+        self.healthy.load(Ordering::Relaxed)
+    }
+
+    pub fn set_healthy(&self, h: bool) {
+        self.healthy.store(h, Ordering::Relaxed);
+    }
+
+    pub fn set_engine_load(&self, l: &EngineLoad) {
+        self.running.store(l.running, Ordering::Relaxed);
+        self.waiting.store(l.waiting, Ordering::Relaxed);
+        self.max_running.store(l.max_running, Ordering::Relaxed);
+        self.kv_usage_bits
+            .store(l.kv_usage.clamp(0.0, 1.0).to_bits(), Ordering::Relaxed);
+    }
+
+    pub fn load(&self) -> Load {
+        Load {
+            in_flight_requests: self.in_flight_requests.load(Ordering::Relaxed),
+            in_flight_tokens: self.in_flight_tokens.load(Ordering::Relaxed),
+            engine: EngineLoad {
+                running: self.running.load(Ordering::Relaxed),
+                waiting: self.waiting.load(Ordering::Relaxed),
+                kv_usage: f64::from_bits(self.kv_usage_bits.load(Ordering::Relaxed)),
+                max_running: self.max_running.load(Ordering::Relaxed),
+            },
+        }
+    }
+
+    // A poisoned lock means a panic mid-batch; the next gap or reset resynchronizes the state.
+    pub fn events(&self) -> MutexGuard<'_, EventState> {
+        self.events.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// A request in flight on an endpoint: counted from creation until drop, whatever path the request
+/// takes (completion, error, client disconnect, panic), so the accounting cannot leak.
+#[must_use = "the request counts as in flight only while this guard lives"]
+pub struct InFlight {
+    endpoint: Arc<EndpointState>,
+    tokens: u64,
+}
+
+impl InFlight {
+    pub fn begin(endpoint: Arc<EndpointState>, tokens: u64) -> Self {
+        endpoint.in_flight_requests.fetch_add(1, Ordering::Relaxed);
+        endpoint.in_flight_tokens.fetch_add(tokens, Ordering::Relaxed);
+        InFlight { endpoint, tokens }
+    }
+
+    pub fn address(&self) -> &str {
+        &self.endpoint.address
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.endpoint.in_flight_requests.fetch_sub(1, Ordering::Relaxed);
+        self.endpoint.in_flight_tokens.fetch_sub(self.tokens, Ordering::Relaxed);
+    }
+}
+
+impl std::fmt::Debug for InFlight {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("InFlight")
+            .field("address", &self.endpoint.address)
+            .field("tokens", &self.tokens)
+            .finish()
+    }
+}

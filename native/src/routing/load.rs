@@ -1,0 +1,81 @@
+//! An endpoint's load as the policies see it: the gateway's own in-flight accounting (fresh, but blind
+//! to other gateways' traffic) merged with the engine's last report (complete, but a step or a poll old).
+
+use crate::pb::kv_events as pb;
+
+/// What an engine reports about itself, from a `GetLoads` poll or an `EngineLoad` record on its
+/// KV-event stream.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct EngineLoad {
+    pub running: u32,
+    pub waiting: u32,
+    /// KV-cache utilization in [0, 1].
+    pub kv_usage: f64,
+    /// The engine's admission window (max running requests); 0 when unknown.
+    pub max_running: u32,
+}
+
+impl From<&pb::EngineLoad> for EngineLoad {
+    fn from(l: &pb::EngineLoad) -> Self {
+        EngineLoad {
+            running: l.running_requests,
+            waiting: l.waiting_requests,
+            kv_usage: l.token_usage.clamp(0.0, 1.0),
+            max_running: l.max_running_requests,
+        }
+    }
+}
+
+/// One endpoint's load at the moment of a pick.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Load {
+    /// Requests this gateway sent to the endpoint that have not finished.
+    pub in_flight_requests: u32,
+    /// Prompt tokens of those requests.
+    pub in_flight_tokens: u64,
+    pub engine: EngineLoad,
+}
+
+impl Load {
+    /// Requests on the endpoint: `max(in_flight, running + waiting)` — the larger of our own count and
+    /// the engine's, so neither a stale report nor other gateways' traffic hides load.
+    pub fn requests(&self) -> u32 {
+        self.in_flight_requests.max(self.engine.running + self.engine.waiting)
+    }
+
+    /// Requests queued rather than running: `max(waiting, in_flight - running)`.
+    pub fn queue(&self) -> u32 {
+        self.engine
+            .waiting
+            .max(self.in_flight_requests.saturating_sub(self.engine.running))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn merged_counts() {
+        let l = Load {
+            in_flight_requests: 5,
+            in_flight_tokens: 0,
+            engine: EngineLoad {
+                running: 2,
+                waiting: 1,
+                ..Default::default()
+            },
+        };
+        assert_eq!((l.requests(), l.queue()), (5, 3));
+        let busy_elsewhere = Load {
+            in_flight_requests: 1,
+            engine: EngineLoad {
+                running: 8,
+                waiting: 4,
+                ..Default::default()
+            },
+            ..l
+        };
+        assert_eq!((busy_elsewhere.requests(), busy_elsewhere.queue()), (12, 4));
+    }
+}

@@ -1,0 +1,33 @@
+//! Endpoint picking: which engine serves a request, from the engines' loads and what their KV caches
+//! hold. Pure Rust, no Python: the PyO3 layer wraps `Router`. See `docs/routing.md`.
+//!
+//! - `block_hash`: the gateway's own content hash chain over full blocks of token ids.
+//! - `prefix_index` (+ `shard`, `membership`, `endpoint_set`): block → endpoints holding it, bounded,
+//!   precise (from events) or approximate (from routing decisions, with a TTL).
+//! - `events` (+ `cursor`, `engine_map`): KV-event batches applied to the precise index.
+//! - `policy/`: filters → weighted scorers → picker, policies registered by name.
+//! - `router`: endpoints, health, loads, in-flight accounting, the pick.
+
+pub mod block_hash;
+pub mod config;
+pub mod cursor;
+pub mod endpoint;
+pub mod endpoint_set;
+pub mod engine_map;
+pub mod error;
+pub mod events;
+pub mod load;
+pub mod membership;
+pub mod mix_hash;
+pub mod policy;
+pub mod prefix_index;
+pub mod rng;
+pub mod router;
+mod shard;
+
+pub use config::RouterConfig;
+pub use endpoint::InFlight;
+pub use error::RoutingError;
+pub use events::{ApplyStats, BatchResult, EventOutcome};
+pub use load::{EngineLoad, Load};
+pub use router::{EndpointInfo, IndexStats, Pick, PickRequest, Router};

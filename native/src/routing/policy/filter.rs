@@ -1,0 +1,61 @@
+//! Filters that run before scoring. Health and Envoy's subset hint are applied by the router when it
+//! builds the candidates; here is the spill gate.
+//!
+//! Spill gate: with `r_e` an endpoint's requests (`Load::requests`) and `m = min_e r_e`, the endpoint
+//! is skipped when `r_e > m + abs` and `r_e > m * ratio`. Cache affinity then never piles more than a
+//! bounded excess of work on the endpoint holding a popular prefix; skipped endpoints stay usable as
+//! the last fallbacks.
+
+use super::picker::load_key;
+use super::Candidate;
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SpillGate {
+    pub enabled: bool,
+    pub abs: u32,
+    pub ratio: f64,
+}
+
+impl SpillGate {
+    /// Candidate indices split into (kept, spilled); `kept` is never empty.
+    pub fn split(&self, candidates: &[Candidate]) -> (Vec<usize>, Vec<usize>) {
+        let all = 0..candidates.len();
+        if !self.enabled {
+            return (all.collect(), Vec::new());
+        }
+        let min = candidates.iter().map(|c| c.load.requests()).min().unwrap_or(0);
+        all.partition(|&i| {
+            let r = candidates[i].load.requests();
+            r <= min.saturating_add(self.abs) || f64::from(r) <= f64::from(min) * self.ratio
+        })
+    }
+}
+
+/// The least loaded of `indices` (which must not be empty).
+pub fn least_loaded(candidates: &[Candidate], indices: &[usize]) -> usize {
+    *indices
+        .iter()
+        .min_by_key(|&&i| load_key(&candidates[i]))
+        .expect("non-empty")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::routing::policy::testing::cand;
+
+    #[test]
+    fn skips_only_endpoints_past_both_thresholds() {
+        let gate = SpillGate {
+            enabled: true,
+            abs: 4,
+            ratio: 1.5,
+        };
+        let c = [cand(0, 10, 0), cand(1, 14, 0), cand(2, 15, 0), cand(3, 16, 0)];
+        // min 10: kept while r <= 14 or r <= 15.
+        assert_eq!(gate.split(&c), (vec![0, 1, 2], vec![3]));
+        let idle = [cand(0, 0, 0), cand(1, 4, 0), cand(2, 5, 0)];
+        assert_eq!(gate.split(&idle), (vec![0, 1], vec![2]));
+        assert_eq!(SpillGate { enabled: false, ..gate }.split(&idle).1, Vec::<usize>::new());
+    }
+}

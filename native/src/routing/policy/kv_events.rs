@@ -1,0 +1,32 @@
+//! `kv_events`: cache affinity (`affinity.rs`) on the precise index fed by the engines' KV events —
+//! an endpoint counts as holding a block from its engine's Stored event until its Removed event.
+
+use super::affinity::Affinity;
+use super::filter::SpillGate;
+use super::{PickContext, Policy, PrefixSource};
+use crate::routing::config::RouterConfig;
+
+pub struct KvEvents(Affinity);
+
+impl KvEvents {
+    pub fn new(cfg: &RouterConfig) -> Self {
+        KvEvents(Affinity {
+            source: PrefixSource::Events,
+            gate: SpillGate {
+                enabled: cfg.spill_enabled,
+                abs: cfg.spill_abs,
+                ratio: cfg.spill_ratio,
+            },
+            min_blocks: cfg.affinity_min_blocks,
+        })
+    }
+}
+
+impl Policy for KvEvents {
+    fn prefix_source(&self) -> PrefixSource {
+        self.0.source
+    }
+    fn rank(&self, ctx: &PickContext<'_>) -> Vec<usize> {
+        self.0.rank(ctx)
+    }
+}

@@ -1,0 +1,69 @@
+//! Routing policies. Each ranks the candidate endpoints of one request, best first: the router sends
+//! the request to the first and lists the next ones as fallbacks. Candidates arrive already filtered
+//! (healthy, inside the subset Envoy asked for) with their loads and, for policies that read a prefix
+//! index, how many leading prompt blocks each holds.
+//!
+//! Structure (after the Gateway API Inference Extension's endpoint picker): filters (`filter.rs`) →
+//! weighted scorers (`scorer/`, one file each, weights and clamping applied by the framework) →
+//! picker (`picker.rs`); every policy and scorer is registered by type name in `registry.rs`.
+
+pub mod affinity;
+pub mod consistent_hash;
+pub mod filter;
+pub mod kv_events;
+pub mod least_load;
+pub mod picker;
+pub mod power_of_two;
+pub mod prefix_cache;
+pub mod random;
+pub mod registry;
+pub mod round_robin;
+pub mod scorer;
+pub mod weighted;
+
+#[cfg(test)]
+pub(crate) mod testing;
+
+use super::endpoint_set::EndpointId;
+use super::load::Load;
+use super::rng::Rng;
+
+/// Which prefix index a policy reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PrefixSource {
+    /// None: the router does not hash the prompt.
+    None,
+    /// The precise index fed by engine KV events.
+    Events,
+    /// The approximate index learned from routing decisions (the router records each pick in it).
+    Routed,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Candidate {
+    pub id: EndpointId,
+    /// Hash of the endpoint's address (consistent hashing).
+    pub address_hash: u64,
+    pub load: Load,
+    /// Leading blocks of the prompt the endpoint holds, per the policy's index (0 without one).
+    pub cached_blocks: u32,
+    /// Full blocks of the prompt at the endpoint's block size (0 without an index).
+    pub prompt_blocks: u32,
+}
+
+pub struct PickContext<'a> {
+    /// Never empty.
+    pub candidates: &'a [Candidate],
+    /// The request's session key (the `x-session-id` header or the `user` field), if any.
+    pub session_key: Option<&'a str>,
+    pub rng: &'a Rng,
+}
+
+pub trait Policy: Send + Sync {
+    fn prefix_source(&self) -> PrefixSource {
+        PrefixSource::None
+    }
+
+    /// A permutation of `0..ctx.candidates.len()`, best first.
+    fn rank(&self, ctx: &PickContext<'_>) -> Vec<usize>;
+}

@@ -1,0 +1,33 @@
+//! `prefix_cache`: cache affinity (`affinity.rs`) on the approximate index — the router assumes each
+//! prompt's blocks stay on the endpoint it sent them to for `routed_ttl_s`. For engines that publish
+//! no KV events.
+
+use super::affinity::Affinity;
+use super::filter::SpillGate;
+use super::{PickContext, Policy, PrefixSource};
+use crate::routing::config::RouterConfig;
+
+pub struct PrefixCache(Affinity);
+
+impl PrefixCache {
+    pub fn new(cfg: &RouterConfig) -> Self {
+        PrefixCache(Affinity {
+            source: PrefixSource::Routed,
+            gate: SpillGate {
+                enabled: cfg.spill_enabled,
+                abs: cfg.spill_abs,
+                ratio: cfg.spill_ratio,
+            },
+            min_blocks: cfg.affinity_min_blocks,
+        })
+    }
+}
+
+impl Policy for PrefixCache {
+    fn prefix_source(&self) -> PrefixSource {
+        self.0.source
+    }
+    fn rank(&self, ctx: &PickContext<'_>) -> Vec<usize> {
+        self.0.rank(ctx)
+    }
+}

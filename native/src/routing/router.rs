@@ -1,0 +1,394 @@
+//! The router of one served model: its endpoints (health, block size, loads), the two prefix indexes,
+//! and its policy. Thread-safe: picks, load updates and event application run concurrently from any
+//! thread; a pick takes only read locks (the endpoint table, then one index shard per prompt block).
+
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock, RwLockReadGuard};
+use std::time::Instant;
+
+use super::block_hash::{self, BlockHash};
+use super::config::RouterConfig;
+use super::endpoint::{EndpointState, InFlight};
+use super::endpoint_set::{EndpointId, EndpointSet, MAX_ENDPOINTS};
+use super::error::RoutingError;
+use super::events::{BatchResult, EventOutcome};
+use super::load::{EngineLoad, Load};
+use super::membership::Tick;
+use super::policy::{registry, Candidate, PickContext, Policy, PrefixSource};
+use super::prefix_index::{EventIndex, RoutedIndex};
+use super::rng::Rng;
+
+/// What to route.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PickRequest<'a> {
+    pub token_ids: &'a [u32],
+    /// Consistent hashing key: the `x-session-id` header or the request's `user` field.
+    pub session_key: Option<&'a str>,
+    /// Envoy's subset hint: only these addresses may be picked (`None`: any).
+    pub subset: Option<&'a [&'a str]>,
+    /// Cache namespace of the request (LoRA adapter, cache salt), as the engine hashes its blocks.
+    pub lora_name: Option<&'a str>,
+    pub cache_salt: Option<&'a str>,
+}
+
+/// The routing decision. The request counts as in flight on `primary` while `in_flight` lives.
+#[derive(Debug)]
+pub struct Pick {
+    pub primary: Arc<str>,
+    /// Next best endpoints, in order (at most `max_fallbacks`).
+    pub fallbacks: Vec<Arc<str>>,
+    /// Leading prompt blocks the primary holds per the policy's index (0 when it reads none).
+    pub cached_blocks: u32,
+    /// The primary's block size (0 when unknown).
+    pub block_size: u32,
+    pub in_flight: InFlight,
+}
+
+impl Pick {
+    /// Prompt tokens the primary is expected to serve from its prefix cache.
+    pub fn cached_tokens(&self) -> u32 {
+        self.cached_blocks * self.block_size
+    }
+}
+
+/// One endpoint as the router sees it (for metrics and debugging).
+#[derive(Clone, Debug, PartialEq)]
+pub struct EndpointInfo {
+    pub address: Arc<str>,
+    pub healthy: bool,
+    pub block_size: u32,
+    pub load: Load,
+    /// Its KV-event stream has delivered at least one batch.
+    pub publishes_events: bool,
+    /// Engine block hashes mapped for the endpoint.
+    pub engine_blocks: usize,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IndexStats {
+    pub event_blocks: usize,
+    pub routed_blocks: usize,
+    /// Bytes of both indexes and every endpoint's engine-hash map.
+    pub memory_bytes: usize,
+}
+
+#[derive(Default)]
+struct Table {
+    slots: Vec<Option<Arc<EndpointState>>>,
+    by_address: HashMap<Arc<str>, EndpointId>,
+    /// Ids of removed endpoints whose blocks are still being cleared: not reusable yet.
+    retired: EndpointSet,
+}
+
+impl Table {
+    fn get(&self, address: &str) -> Option<&Arc<EndpointState>> {
+        self.by_address.get(address).and_then(|&id| self.slots[id].as_ref())
+    }
+}
+
+pub struct Router {
+    policy_name: String,
+    policy: Box<dyn Policy>,
+    source: PrefixSource,
+    config: RouterConfig,
+    table: RwLock<Table>,
+    events: EventIndex,
+    routed: RoutedIndex,
+    rng: Rng,
+    epoch: Instant,
+    ttl: Tick,
+}
+
+impl Router {
+    pub fn new(policy_name: &str, config: RouterConfig) -> Result<Router, RoutingError> {
+        let policy = registry::policy(policy_name, &config)?;
+        let seed = config.seed.unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos() as u64)
+        });
+        Ok(Router {
+            policy_name: policy_name.to_string(),
+            source: policy.prefix_source(),
+            policy,
+            events: EventIndex::new(config.max_blocks),
+            routed: RoutedIndex::new(config.max_blocks),
+            ttl: ((config.routed_ttl_s * 10.0).ceil() as Tick).max(1),
+            config,
+            table: RwLock::new(Table::default()),
+            rng: Rng::new(seed),
+            epoch: Instant::now(),
+        })
+    }
+
+    pub fn policy_name(&self) -> &str {
+        &self.policy_name
+    }
+
+    pub fn config(&self) -> &RouterConfig {
+        &self.config
+    }
+
+    /// Replaces the endpoint set: `(address, block size)` pairs, block size 0 when not yet known (it
+    /// is then learned from the endpoint's KV events). Endpoints that stay keep their state; new ones
+    /// start healthy with no load; removed ones are forgotten by both indexes.
+    pub fn set_endpoints(&self, endpoints: Vec<(String, u32)>) -> Result<(), RoutingError> {
+        let wanted: HashMap<&str, u32> = endpoints.iter().map(|(a, b)| (a.as_str(), *b)).collect();
+        if wanted.len() > MAX_ENDPOINTS {
+            return Err(RoutingError::TooManyEndpoints {
+                max: MAX_ENDPOINTS,
+                got: wanted.len(),
+            });
+        }
+        let removed = {
+            let mut t = self.write_table();
+            let gone: Vec<EndpointId> = t
+                .by_address
+                .iter()
+                .filter(|(a, _)| !wanted.contains_key(&***a))
+                .map(|(_, &id)| id)
+                .collect();
+            for &id in &gone {
+                if let Some(st) = t.slots[id].take() {
+                    t.by_address.remove(&st.address);
+                }
+                t.retired.insert(id);
+            }
+            for (address, &block_size) in &wanted {
+                if let Some(st) = t.get(address) {
+                    if block_size != 0 {
+                        st.set_block_size(block_size);
+                    }
+                    continue;
+                }
+                let id = (0..MAX_ENDPOINTS)
+                    .find(|&i| t.slots.get(i).is_none_or(|s| s.is_none()) && !t.retired.contains(i))
+                    .ok_or(RoutingError::TooManyEndpoints {
+                        max: MAX_ENDPOINTS,
+                        got: wanted.len(),
+                    })?;
+                if t.slots.len() <= id {
+                    t.slots.resize(id + 1, None);
+                }
+                let st = Arc::new(EndpointState::new(
+                    address,
+                    id,
+                    block_size,
+                    self.config.max_engine_blocks,
+                ));
+                t.by_address.insert(st.address.clone(), id);
+                t.slots[id] = Some(st);
+            }
+            gone
+        };
+        // Clearing walks the indexes: done outside the table lock so picks go on meanwhile.
+        for &id in &removed {
+            self.events.clear(id);
+            self.routed.clear(id);
+        }
+        let mut t = self.write_table();
+        for &id in &removed {
+            t.retired.remove(id);
+        }
+        Ok(())
+    }
+
+    /// Marks an endpoint (un)healthy; unhealthy endpoints are never picked. False if unknown.
+    pub fn set_health(&self, address: &str, healthy: bool) -> bool {
+        self.read_table()
+            .get(address)
+            .map(|st| st.set_healthy(healthy))
+            .is_some()
+    }
+
+    /// The engine's own load report (a `GetLoads` poll). False if unknown.
+    pub fn set_engine_load(&self, address: &str, load: &EngineLoad) -> bool {
+        self.read_table()
+            .get(address)
+            .map(|st| st.set_engine_load(load))
+            .is_some()
+    }
+
+    pub fn pick(&self, token_ids: &[u32], session_key: Option<&str>) -> Option<Pick> {
+        self.pick_with(&PickRequest {
+            token_ids,
+            session_key,
+            ..Default::default()
+        })
+    }
+
+    /// The endpoint for a request plus ordered fallbacks; `None` when no healthy endpoint is in the
+    /// subset. The primary is charged one request and the prompt's tokens until `Pick::in_flight` drops.
+    pub fn pick_with(&self, req: &PickRequest<'_>) -> Option<Pick> {
+        let table = self.read_table();
+        let mut states: Vec<&Arc<EndpointState>> = Vec::with_capacity(table.by_address.len());
+        let mut candidates: Vec<Candidate> = Vec::with_capacity(table.by_address.len());
+        for st in table.slots.iter().flatten() {
+            if !st.healthy() || req.subset.is_some_and(|s| !s.contains(&&*st.address)) {
+                continue;
+            }
+            candidates.push(Candidate {
+                id: st.id,
+                address_hash: st.address_hash,
+                load: st.load(),
+                ..Default::default()
+            });
+            states.push(st);
+        }
+        if candidates.is_empty() {
+            return None;
+        }
+        let block_sizes: Vec<u32> = states.iter().map(|s| s.block_size()).collect();
+        let now = self.now();
+        let chains = self.match_prompt(req, &block_sizes, &mut candidates, now);
+
+        let ranking = self.policy.rank(&PickContext {
+            candidates: &candidates,
+            session_key: req.session_key,
+            rng: &self.rng,
+        });
+        let p = ranking[0];
+        if self.source == PrefixSource::Routed {
+            if let Some((_, hashes)) = chains.iter().find(|(b, _)| *b == block_sizes[p]) {
+                self.routed.record_routed(candidates[p].id, hashes, now, self.ttl);
+            }
+        }
+        Some(Pick {
+            primary: states[p].address.clone(),
+            fallbacks: ranking[1..]
+                .iter()
+                .take(self.config.max_fallbacks)
+                .map(|&i| states[i].address.clone())
+                .collect(),
+            cached_blocks: candidates[p].cached_blocks,
+            block_size: block_sizes[p],
+            in_flight: InFlight::begin(states[p].clone(), req.token_ids.len() as u64),
+        })
+    }
+
+    /// Fills each candidate's cached and prompt blocks from the policy's index, hashing the prompt
+    /// once per distinct block size; returns the chains.
+    fn match_prompt(
+        &self,
+        req: &PickRequest<'_>,
+        block_sizes: &[u32],
+        candidates: &mut [Candidate],
+        now: Tick,
+    ) -> Vec<(u32, Vec<BlockHash>)> {
+        if self.source == PrefixSource::None {
+            return Vec::new();
+        }
+        let root = block_hash::root(req.lora_name, req.cache_salt);
+        let mut sizes: Vec<u32> = block_sizes.iter().copied().filter(|&b| b > 0).collect();
+        sizes.sort_unstable();
+        sizes.dedup();
+        let mut chains = Vec::with_capacity(sizes.len());
+        for bs in sizes {
+            let hashes = block_hash::prompt_hashes(req.token_ids, bs as usize, root);
+            let members: Vec<usize> = (0..candidates.len()).filter(|&i| block_sizes[i] == bs).collect();
+            let set = EndpointSet::of(members.iter().map(|&i| candidates[i].id));
+            let counts = match self.source {
+                PrefixSource::Events => self.events.match_prefix(&hashes, set, now),
+                _ => self.routed.match_prefix(&hashes, set, now),
+            };
+            for i in members {
+                candidates[i].cached_blocks = counts.get(candidates[i].id);
+                candidates[i].prompt_blocks = hashes.len() as u32;
+            }
+            chains.push((bs, hashes));
+        }
+        chains
+    }
+
+    /// Counts a request in flight on `address` until the returned guard drops (for a request the
+    /// caller sent to a fallback). `None` if unknown.
+    pub fn begin(&self, address: &str, tokens: u64) -> Option<InFlight> {
+        self.read_table()
+            .get(address)
+            .map(|st| InFlight::begin(st.clone(), tokens))
+    }
+
+    /// Applies one `KvEventBatch` (protobuf bytes) from `address`'s event stream, and the load record
+    /// it carries. On `needs_resync()` the caller tears the stream down, calls `reset_kv_events`, and
+    /// subscribes again from sequence 0.
+    pub fn apply_kv_events(&self, address: &str, batch: &[u8]) -> BatchResult {
+        let table = self.read_table();
+        let Some(st) = table.get(address) else {
+            return BatchResult {
+                outcome: EventOutcome::UnknownEndpoint,
+                load: None,
+            };
+        };
+        let result = st.events().apply(&self.events, st.id, batch);
+        if let Some(load) = &result.load {
+            st.set_engine_load(load);
+        }
+        if let EventOutcome::Applied(stats) = &result.outcome {
+            if let Some(b) = stats.block_size.filter(|&b| b != st.block_size()) {
+                st.set_block_size(b);
+            }
+        }
+        result
+    }
+
+    /// Forgets what `address`'s events said and accepts a new subscription's first batch. False if unknown.
+    pub fn reset_kv_events(&self, address: &str) -> bool {
+        let table = self.read_table();
+        table
+            .get(address)
+            .map(|st| st.events().reset(&self.events, st.id))
+            .is_some()
+    }
+
+    pub fn endpoints(&self) -> Vec<EndpointInfo> {
+        let table = self.read_table();
+        table
+            .slots
+            .iter()
+            .flatten()
+            .map(|st| {
+                let ev = st.events();
+                EndpointInfo {
+                    address: st.address.clone(),
+                    healthy: st.healthy(),
+                    block_size: st.block_size(),
+                    load: st.load(),
+                    publishes_events: ev.publishing,
+                    engine_blocks: ev.engine_map().len(),
+                }
+            })
+            .collect()
+    }
+
+    pub fn index_stats(&self) -> IndexStats {
+        let table = self.read_table();
+        let engine_maps: usize = table
+            .slots
+            .iter()
+            .flatten()
+            .map(|st| st.events().engine_map().memory_bytes())
+            .sum();
+        IndexStats {
+            event_blocks: self.events.len(),
+            routed_blocks: self.routed.len(),
+            memory_bytes: self.events.memory_bytes() + self.routed.memory_bytes() + engine_maps,
+        }
+    }
+
+    fn now(&self) -> Tick {
+        (self.epoch.elapsed().as_millis() / 100) as Tick
+    }
+
+    // A poisoned table means a panic mid-update elsewhere; its maps are still consistent.
+    fn read_table(&self) -> RwLockReadGuard<'_, Table> {
+        self.table.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn write_table(&self) -> std::sync::RwLockWriteGuard<'_, Table> {
+        self.table.write().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+#[cfg(test)]
+#[path = "router_tests.rs"]
+mod tests;

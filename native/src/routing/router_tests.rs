@@ -1,0 +1,420 @@
+//! The router end to end: endpoints, health, subset, events → kv_events picks, approximate affinity,
+//! spill gate, in-flight accounting, fallbacks, concurrency.
+
+use std::sync::Arc;
+
+use prost::Message;
+
+use super::*;
+use crate::pb::kv_events as pb;
+use crate::pb::kv_events::kv_cache_event::Data;
+
+const B: u32 = 4;
+
+fn addr(i: usize) -> String {
+    format!("10.0.0.{i}:50051")
+}
+
+fn router(policy: &str, n: usize) -> Router {
+    router_with(
+        policy,
+        n,
+        RouterConfig {
+            seed: Some(42),
+            ..Default::default()
+        },
+    )
+}
+
+fn router_with(policy: &str, n: usize, cfg: RouterConfig) -> Router {
+    let r = Router::new(policy, cfg).unwrap();
+    r.set_endpoints((0..n).map(|i| (addr(i), B)).collect()).unwrap();
+    r
+}
+
+/// A prompt of `blocks` full blocks, block k made of token `seed * 100 + k`.
+fn prompt(seed: u32, blocks: u32) -> Vec<u32> {
+    (0..blocks).flat_map(|k| [seed * 100 + k; B as usize]).collect()
+}
+
+/// A batch storing `tokens`' full blocks as one chain (engine hashes derived from `salt`).
+fn stored_batch(seq: u64, tokens: &[u32], salt: i64) -> Vec<u8> {
+    let blocks = tokens
+        .chunks_exact(B as usize)
+        .enumerate()
+        .map(|(k, t)| pb::KvBlock {
+            block_hash: salt * 1000 + k as i64,
+            token_ids: t.to_vec(),
+            block_size: B as i32,
+            ..Default::default()
+        })
+        .collect();
+    let event = pb::KvCacheEvent {
+        event_id: 1,
+        data: Some(Data::Stored(pb::KvBlocksStored {
+            blocks,
+            ..Default::default()
+        })),
+    };
+    pb::KvEventBatch {
+        sequence_number: seq,
+        events: vec![event],
+        ..Default::default()
+    }
+    .encode_to_vec()
+}
+
+#[test]
+fn router_is_send_and_sync() {
+    fn check<T: Send + Sync>() {}
+    check::<Router>();
+    check::<Pick>();
+}
+
+#[test]
+fn unknown_policy_is_an_error() {
+    assert!(matches!(
+        Router::new("nope", RouterConfig::default()),
+        Err(RoutingError::UnknownPolicy { .. })
+    ));
+}
+
+#[test]
+fn unhealthy_endpoints_are_never_picked() {
+    for policy in crate::routing::policy::registry::policy_names() {
+        let r = router(policy, 4);
+        r.set_health(&addr(1), false);
+        r.set_health(&addr(3), false);
+        for i in 0..200u32 {
+            let key = format!("s{i}");
+            let p = r.pick(&prompt(i % 5, 3), Some(&key)).unwrap();
+            assert!(
+                *p.primary == addr(0) || *p.primary == addr(2),
+                "{policy} picked {}",
+                p.primary
+            );
+            assert!(p.fallbacks.iter().all(|f| **f == addr(0) || **f == addr(2)), "{policy}");
+        }
+        r.set_health(&addr(0), false);
+        r.set_health(&addr(2), false);
+        assert!(r.pick(&prompt(1, 3), None).is_none(), "{policy}: nothing ready");
+    }
+}
+
+#[test]
+fn the_subset_hint_restricts_the_pick() {
+    let r = router("round_robin", 4);
+    let subset = [addr(2)];
+    let subset: Vec<&str> = subset.iter().map(String::as_str).collect();
+    for _ in 0..5 {
+        let p = r
+            .pick_with(&PickRequest {
+                token_ids: &[1],
+                subset: Some(&subset),
+                ..Default::default()
+            })
+            .unwrap();
+        assert_eq!(&*p.primary, addr(2));
+        assert!(p.fallbacks.is_empty());
+    }
+    let none: Vec<&str> = vec!["10.9.9.9:1"];
+    assert!(r
+        .pick_with(&PickRequest {
+            token_ids: &[1],
+            subset: Some(&none),
+            ..Default::default()
+        })
+        .is_none());
+}
+
+#[test]
+fn fallbacks_are_distinct_ordered_and_bounded() {
+    let r = router_with(
+        "least_load",
+        6,
+        RouterConfig {
+            max_fallbacks: 3,
+            seed: Some(1),
+            ..Default::default()
+        },
+    );
+    let _busy: Vec<_> = (0..6)
+        .flat_map(|i| (0..i).map(move |_| addr(i)))
+        .map(|a| r.begin(&a, 0).unwrap())
+        .collect();
+    let p = r.pick(&[], None).unwrap();
+    assert_eq!(&*p.primary, addr(0));
+    assert_eq!(
+        p.fallbacks.iter().map(|f| f.to_string()).collect::<Vec<_>>(),
+        vec![addr(1), addr(2), addr(3)]
+    );
+}
+
+#[test]
+fn kv_events_routes_to_the_holder_of_the_longest_prefix() {
+    let r = router("kv_events", 4);
+    let system = prompt(7, 6);
+    assert_eq!(
+        r.apply_kv_events(&addr(2), &stored_batch(1, &system, 1)).outcome.kind(),
+        "applied"
+    );
+    assert_eq!(
+        r.apply_kv_events(&addr(1), &stored_batch(1, &system[..8], 2))
+            .outcome
+            .kind(),
+        "applied"
+    );
+    let mut request = system.clone();
+    request.extend([9, 9, 9, 9, 9, 9]);
+    let p = r.pick(&request, None).unwrap();
+    assert_eq!(&*p.primary, addr(2));
+    assert_eq!((p.cached_blocks, p.cached_tokens()), (6, 24));
+    assert_eq!(
+        &*p.fallbacks[0],
+        addr(1),
+        "the next longest prefix is the first fallback"
+    );
+    // An unrelated prompt goes by load: not to endpoint 2, which has one request in flight.
+    let other = r.pick(&prompt(3, 6), None).unwrap();
+    assert_ne!(&*other.primary, addr(2));
+    assert_eq!(other.cached_blocks, 0);
+}
+
+#[test]
+fn the_spill_gate_diverts_from_an_overloaded_holder() {
+    let cfg = RouterConfig {
+        spill_abs: 4,
+        spill_ratio: 1.5,
+        seed: Some(3),
+        ..Default::default()
+    };
+    let r = router_with("kv_events", 3, cfg);
+    let p = prompt(5, 4);
+    r.apply_kv_events(&addr(0), &stored_batch(1, &p, 1));
+    let mut held = Vec::new();
+    let mut to_holder = 0;
+    for _ in 0..20 {
+        let pick = r.pick(&p, None).unwrap();
+        to_holder += usize::from(*pick.primary == addr(0));
+        held.push(pick.in_flight);
+    }
+    // The holder takes requests while it has at most min + 4 of them (and min grows as others fill).
+    let on_holder = r
+        .endpoints()
+        .iter()
+        .find(|e| *e.address == addr(0))
+        .unwrap()
+        .load
+        .in_flight_requests;
+    let others: Vec<u32> = r
+        .endpoints()
+        .iter()
+        .filter(|e| *e.address != addr(0))
+        .map(|e| e.load.in_flight_requests)
+        .collect();
+    assert!((5..20).contains(&to_holder), "holder took {to_holder}");
+    assert!(
+        on_holder <= others.iter().min().unwrap() + 5,
+        "{on_holder} vs {others:?}"
+    );
+    drop(held);
+}
+
+#[test]
+fn engine_loads_from_events_and_polls_steer_least_load() {
+    let r = router("least_load", 2);
+    let load = pb::EngineLoad {
+        running_requests: 30,
+        waiting_requests: 5,
+        token_usage: 0.9,
+        ..Default::default()
+    };
+    let batch = pb::KvEventBatch {
+        sequence_number: 1,
+        load: Some(load),
+        ..Default::default()
+    }
+    .encode_to_vec();
+    let res = r.apply_kv_events(&addr(0), &batch);
+    assert_eq!(res.load.map(|l| l.running), Some(30));
+    assert_eq!(&*r.pick(&[], None).unwrap().primary, addr(1));
+    r.set_engine_load(
+        &addr(1),
+        &EngineLoad {
+            running: 50,
+            ..Default::default()
+        },
+    );
+    assert_eq!(&*r.pick(&[], None).unwrap().primary, addr(0));
+}
+
+#[test]
+fn in_flight_accounting_follows_the_guards() {
+    let r = router("least_load", 2);
+    let a = r.pick(&[1, 2, 3], None).unwrap();
+    let b = r.pick(&[1, 2, 3, 4], None).unwrap();
+    assert_ne!(a.primary, b.primary, "the first pick's request counts");
+    let loads = |r: &Router| {
+        r.endpoints()
+            .iter()
+            .map(|e| (e.load.in_flight_requests, e.load.in_flight_tokens))
+            .collect::<Vec<_>>()
+    };
+    let mut l = loads(&r);
+    l.sort();
+    assert_eq!(l, vec![(1, 3), (1, 4)]);
+    drop(a);
+    drop(b);
+    assert_eq!(loads(&r), vec![(0, 0), (0, 0)]);
+}
+
+#[test]
+fn accounting_does_not_leak_across_threads() {
+    let r = Arc::new(router("power_of_two", 8));
+    let threads: Vec<_> = (0..4)
+        .map(|t| {
+            let r = r.clone();
+            std::thread::spawn(move || {
+                let mut held = Vec::new();
+                for i in 0..2000u32 {
+                    held.push(r.pick(&prompt(i % 7, 2), None).unwrap());
+                    if (i + t) % 3 == 0 {
+                        held.clear();
+                    }
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    assert!(r
+        .endpoints()
+        .iter()
+        .all(|e| e.load.in_flight_requests == 0 && e.load.in_flight_tokens == 0));
+}
+
+#[test]
+fn prefix_cache_learns_from_its_own_decisions() {
+    let r = router("prefix_cache", 4);
+    let p = prompt(11, 5);
+    let first = r.pick(&p, None).unwrap();
+    assert_eq!(first.cached_blocks, 0);
+    let target = first.primary.clone();
+    drop(first);
+    for _ in 0..5 {
+        let again = r.pick(&p, None).unwrap();
+        assert_eq!(again.primary, target, "the same prompt follows its first decision");
+        assert_eq!(again.cached_blocks, 5);
+    }
+    // Distinct prompts still spread (cold ones go by load, and each request stays in flight).
+    let picks: Vec<Pick> = (0..4).map(|i| r.pick(&prompt(20 + i, 5), None).unwrap()).collect();
+    let distinct: std::collections::HashSet<_> = picks.iter().map(|p| p.primary.clone()).collect();
+    assert_eq!(distinct.len(), 4, "{distinct:?}");
+}
+
+#[test]
+fn a_gap_clears_the_endpoint_until_reset() {
+    let r = router("kv_events", 2);
+    let p = prompt(3, 3);
+    r.apply_kv_events(&addr(1), &stored_batch(1, &p, 1));
+    assert_eq!(r.pick(&p, None).unwrap().cached_blocks, 3);
+    let gap = r.apply_kv_events(&addr(1), &stored_batch(5, &p, 1)).outcome;
+    assert_eq!(gap, EventOutcome::Gap { expected: 2, got: 5 });
+    assert_eq!(r.pick(&p, None).unwrap().cached_blocks, 0);
+    assert!(r.reset_kv_events(&addr(1)));
+    assert_eq!(
+        r.apply_kv_events(&addr(1), &stored_batch(9, &p, 1)).outcome.kind(),
+        "applied"
+    );
+    assert_eq!(r.pick(&p, None).unwrap().cached_blocks, 3);
+    assert_eq!(
+        r.apply_kv_events("10.9.9.9:1", &stored_batch(1, &p, 1)).outcome,
+        EventOutcome::UnknownEndpoint
+    );
+}
+
+#[test]
+fn block_size_is_learned_from_events() {
+    let r = Router::new("kv_events", RouterConfig::default()).unwrap();
+    r.set_endpoints(vec![(addr(0), 0), (addr(1), 0)]).unwrap();
+    let p = prompt(1, 3);
+    r.apply_kv_events(&addr(1), &stored_batch(1, &p, 1));
+    let pick = r.pick(&p, None).unwrap();
+    assert_eq!(
+        (&*pick.primary, pick.cached_blocks, pick.block_size),
+        (addr(1).as_str(), 3, B)
+    );
+}
+
+#[test]
+fn endpoint_changes_keep_survivors_and_forget_the_removed() {
+    let r = router("kv_events", 3);
+    let p = prompt(2, 3);
+    r.apply_kv_events(&addr(1), &stored_batch(1, &p, 1));
+    r.apply_kv_events(&addr(2), &stored_batch(1, &p, 2));
+    r.set_health(&addr(1), false);
+    r.set_endpoints(vec![(addr(0), B), (addr(1), B), (addr(5), B)]).unwrap();
+    assert_eq!(
+        r.index_stats().event_blocks,
+        3,
+        "endpoint 2's blocks shared with 1 stay for 1"
+    );
+    let infos = r.endpoints();
+    assert_eq!(infos.len(), 3);
+    assert!(
+        !infos.iter().find(|e| *e.address == addr(1)).unwrap().healthy,
+        "survivors keep their state"
+    );
+    r.set_endpoints(vec![(addr(0), B), (addr(5), B)]).unwrap();
+    assert_eq!(r.index_stats().event_blocks, 0);
+    r.set_endpoints(vec![(addr(0), B), (addr(5), B), (addr(1), B)]).unwrap();
+    assert_eq!(
+        r.pick(&p, None).unwrap().cached_blocks,
+        0,
+        "a re-added endpoint starts empty"
+    );
+    let too_many: Vec<_> = (0..200).map(|i| (format!("h{i}:1"), B)).collect();
+    assert!(matches!(
+        r.set_endpoints(too_many),
+        Err(RoutingError::TooManyEndpoints { .. })
+    ));
+}
+
+#[test]
+fn picks_run_while_events_are_applied() {
+    let r = Arc::new(router("kv_events", 8));
+    let p = prompt(1, 8);
+    r.apply_kv_events(&addr(3), &stored_batch(1, &p, 1));
+    let writer = {
+        let r = r.clone();
+        std::thread::spawn(move || {
+            for i in 0..3500u64 {
+                let e = [0, 1, 2, 4, 5, 6, 7][(i % 7) as usize];
+                let t = prompt(i as u32 + 100, 4);
+                assert_eq!(
+                    r.apply_kv_events(&addr(e), &stored_batch(i / 7 + 1, &t, i as i64))
+                        .outcome
+                        .kind(),
+                    "applied"
+                );
+            }
+        })
+    };
+    let readers: Vec<_> = (0..2)
+        .map(|_| {
+            let r = r.clone();
+            let p = p.clone();
+            std::thread::spawn(move || {
+                for _ in 0..3000 {
+                    let pick = r.pick(&p, None).unwrap();
+                    assert_eq!((&*pick.primary, pick.cached_blocks), (addr(3).as_str(), 8));
+                }
+            })
+        })
+        .collect();
+    writer.join().unwrap();
+    for t in readers {
+        t.join().unwrap();
+    }
+}
