@@ -15,6 +15,7 @@ from typing import Any
 from extproc import __version__
 from extproc.config import (
     CONFIG_ENV,
+    ROUTING_POLICIES,
     ConfigError,
     Settings,
     env_name,
@@ -31,6 +32,7 @@ _HELP: dict[str, str] = {
     "engines": "engine endpoint grpc://host:port; repeat or comma-separate for several",
     "max_body_bytes": f"largest request body, bytes or e.g. 8MiB (default {_D.max_body_bytes})",
     "log_level": f"extproc log level: debug, info, warning, error (default {_D.log_level})",
+    "routing_policy": f"engine picking policy: {', '.join(ROUTING_POLICIES)} (default {_D.routing_policy})",
     "host": f"address Envoy listens on for clients (default {_D.host})",
     "port": f"client HTTP port (default {_D.port})",
     "admin_port": f"Envoy admin port, loopback only (default {_D.admin_port})",
@@ -48,6 +50,7 @@ _METAVARS: dict[str, str] = {
     "engines": "URL",
     "max_body_bytes": "BYTES",
     "log_level": "LEVEL",
+    "routing_policy": "POLICY",
     "host": "IP",
     "port": "PORT",
     "admin_port": "PORT",
@@ -58,7 +61,15 @@ _METAVARS: dict[str, str] = {
     "envoy_access_log": "BOOL",
 }
 
-_SERVE_FIELDS = ("listen", "model_dir", "model_name", "engines", "max_body_bytes", "log_level")
+_SERVE_FIELDS = (
+    "listen",
+    "model_dir",
+    "model_name",
+    "engines",
+    "max_body_bytes",
+    "routing_policy",
+    "log_level",
+)
 _ENVOY_FIELDS = ("host", "port", "admin_port", "listen", "max_body_bytes", "envoy_access_log")
 _UP_FIELDS = (*_SERVE_FIELDS, "host", "port", "admin_port", "sim", "sim_port", "envoy_log_level")
 _UP_FIELDS = (*_UP_FIELDS, "startup_timeout", "envoy_access_log")

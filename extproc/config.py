@@ -34,6 +34,8 @@ class Settings:
     engines: tuple[str, ...] = ()
     # Largest client request body accepted, in bytes (413 above it).
     max_body_bytes: int = 8 * MiB
+    # How an engine is picked per request (docs/routing.md).
+    routing_policy: str = "kv_events"
     log_level: str = "info"
     # The local stack (`extproc up`).
     host: str = "127.0.0.1"
@@ -55,6 +57,16 @@ class ConfigError(ValueError):
 # --- per-field parsers: raw value (str from env/flags, TOML type from files) -> typed value ----------------
 
 _LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+ROUTING_POLICIES = (
+    "kv_events",
+    "prefix_cache",
+    "weighted",
+    "round_robin",
+    "random",
+    "least_load",
+    "power_of_two",
+    "consistent_hash",
+)
 _ENVOY_LOG_LEVELS = ("trace", "debug", "info", "warning", "error", "critical", "off")
 _SIZE = re.compile(r"(\d+)\s*(|k|kb|kib|m|mb|mib|g|gb|gib)", re.IGNORECASE)
 _SIZE_UNITS = {"": 1, "k": 1024, "m": MiB, "g": 1024 * MiB}
@@ -222,6 +234,7 @@ _PARSERS: dict[str, Callable[[Any], Any]] = {
     "model_name": _parse_name,
     "engines": _parse_engines,
     "max_body_bytes": _parse_size,
+    "routing_policy": _choice(ROUTING_POLICIES),
     "log_level": _choice(_LOG_LEVELS),
     "host": _parse_host,
     "port": parse_port,

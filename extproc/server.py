@@ -87,7 +87,7 @@ async def start(settings: Settings, *, engine_wait_s: float = ENGINE_WAIT_S) -> 
     model_dir = resolve_model_dir(settings.model_dir)
     model = served_model_name(model_dir, settings.model_name)
     gateway = _native.Gateway(max_body_bytes=settings.max_body_bytes)
-    gateway.add_model(model, str(model_dir))
+    gateway.add_model(model, str(model_dir), policy=settings.routing_policy)
     pool = EnginePool.create(gateway, model, list(settings.engines))
     await pool.start(wait_s=engine_wait_s)
 

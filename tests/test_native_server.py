@@ -49,7 +49,7 @@ def native(gateway: _native.Gateway, listen: str) -> Iterator[_native.ExtProcSer
 async def engines(gateway: _native.Gateway) -> AsyncIterator[SimCluster]:
     # 20 ms per token: a 200-token generation is still running when the client walks away.
     cluster = await start_engines(default_model_dir(), count=1, base_port=0, options=SimOptions(itl_ms=20.0))
-    gateway.set_endpoints(MODEL, cluster.addresses)
+    gateway.set_endpoints(MODEL, [(address, 0) for address in cluster.addresses])
     yield cluster
     gateway.set_endpoints(MODEL, [])
     await cluster.stop(grace=0)

@@ -2,13 +2,14 @@
 
 use std::collections::HashMap;
 use std::path::Path;
-use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde_json::json;
 
 use crate::model::ModelFiles;
+use crate::routing::{Pick, Router, RouterConfig};
 
 pub fn unix_now() -> u64 {
     SystemTime::now()
@@ -22,24 +23,14 @@ pub struct ServedModel {
     pub files: ModelFiles,
     max_context: AtomicU32,
     pub created: u64,
-    /// Endpoints ("host:port") ready to take requests, set by the control plane.
-    endpoints: RwLock<Arc<Vec<String>>>,
-    next: AtomicUsize,
+    /// The model's engines (set by the control plane) and the policy that picks among them.
+    pub router: Router,
 }
 
 impl ServedModel {
-    /// Round robin over the ready endpoints; `None` when none is ready.
-    pub fn pick_endpoint(&self) -> Option<String> {
-        let endpoints = self.endpoints.read().expect("endpoint lock").clone();
-        if endpoints.is_empty() {
-            return None;
-        }
-        let i = self.next.fetch_add(1, Ordering::Relaxed) % endpoints.len();
-        Some(endpoints[i].clone())
-    }
-
-    pub fn set_endpoints(&self, endpoints: Vec<String>) {
-        *self.endpoints.write().expect("endpoint lock") = Arc::new(endpoints);
+    /// The engine for a prompt; `None` when no engine is healthy.
+    pub fn pick(&self, token_ids: &[u32], session_key: Option<&str>) -> Option<Pick> {
+        self.router.pick(token_ids, session_key)
     }
 
     /// The longest prompt plus completion the engines accept, in tokens.
@@ -52,8 +43,9 @@ impl ServedModel {
         self.max_context.store(tokens, Ordering::Relaxed);
     }
 
-    pub fn endpoints(&self) -> Arc<Vec<String>> {
-        self.endpoints.read().expect("endpoint lock").clone()
+    /// Addresses of the healthy endpoints.
+    pub fn ready_endpoints(&self) -> Vec<String> {
+        self.router.endpoints().into_iter().filter(|e| e.healthy).map(|e| e.address.to_string()).collect()
     }
 }
 
@@ -78,8 +70,17 @@ impl Gateway {
         }
     }
 
-    /// Load a model directory and serve it as `name` (replacing any model of that name).
-    pub fn add_model(&self, name: &str, dir: &Path, max_context: Option<u32>) -> Result<Arc<ServedModel>, String> {
+    /// Load a model directory and serve it as `name` (replacing any model of that name), its engines
+    /// picked by `policy` (see `routing::policy::registry`).
+    pub fn add_model(
+        &self,
+        name: &str,
+        dir: &Path,
+        max_context: Option<u32>,
+        policy: &str,
+        routing: RouterConfig,
+    ) -> Result<Arc<ServedModel>, String> {
+        let router = Router::new(policy, routing).map_err(|e| format!("routing: {e}"))?;
         let files = ModelFiles::load(dir)?;
         let max_context = max_context.or(files.max_context).unwrap_or(8192);
         let model = Arc::new(ServedModel {
@@ -87,14 +88,19 @@ impl Gateway {
             files,
             max_context: AtomicU32::new(max_context),
             created: unix_now(),
-            endpoints: RwLock::new(Arc::new(Vec::new())),
-            next: AtomicUsize::new(0),
+            router,
         });
         self.models
             .write()
             .expect("model lock")
             .insert(name.to_string(), model.clone());
         Ok(model)
+    }
+
+    pub fn model_names(&self) -> Vec<String> {
+        let mut names: Vec<String> = self.models.read().expect("model lock").keys().cloned().collect();
+        names.sort();
+        names
     }
 
     pub fn model(&self, name: &str) -> Option<Arc<ServedModel>> {

@@ -74,6 +74,7 @@ def local_stack(
     *,
     engines: int = 2,
     sim: SimOptions | None = None,
+    routing_policy: str = "kv_events",
     max_body_bytes: int | None = None,
 ) -> Iterator[Stack]:
     loop = LoopThread()
@@ -82,6 +83,7 @@ def local_stack(
     settings = Settings(
         listen="127.0.0.1:0",
         engines=tuple(f"grpc://{a}" for a in cluster.addresses),
+        routing_policy=routing_policy,
         **({"max_body_bytes": max_body_bytes} if max_body_bytes else {}),
     )
     running = loop.run(server.start(settings, engine_wait_s=10))

@@ -112,14 +112,6 @@ def test_response_headers_fit_the_client(stack: Stack) -> None:
         assert json.load(r)["id"] == f"chatcmpl-{request_id}"
 
 
-def test_requests_are_spread_over_the_engines(client: openai.OpenAI, stack: Stack) -> None:
-    before = [e.stats.generate_requests for e in stack.engines.engines]
-    for _ in range(4):
-        client.chat.completions.create(model=stack.model, messages=MESSAGES, max_tokens=1)
-    after = [e.stats.generate_requests for e in stack.engines.engines]
-    assert [a - b for a, b in zip(after, before, strict=True)] == [2, 2]
-
-
 def test_client_cannot_choose_the_engine(stack: Stack) -> None:
     body = json.dumps({"model": stack.model, "messages": MESSAGES, "max_tokens": 1}).encode()
     req = urllib.request.Request(

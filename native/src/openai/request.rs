@@ -60,6 +60,8 @@ pub struct GenerationRequest {
     /// Completions: return the prompt's text before the generated text.
     pub echo: bool,
     pub include_stop_str_in_output: bool,
+    /// The end user's id: routes a user's requests to the same engine under consistent hashing.
+    pub user: Option<String>,
     pub sampling: Sampling,
 }
 
@@ -113,6 +115,7 @@ fn parse_common(obj: &Object, api: Api, input: PromptInput) -> Result<Generation
         include_usage,
         echo: api == Api::Completion && opt_bool(obj, "echo")?.unwrap_or(false),
         include_stop_str_in_output: opt_bool(obj, "include_stop_str_in_output")?.unwrap_or(false),
+        user: opt_str(obj, "user")?.map(str::to_string),
         sampling: parse_sampling(obj)?,
     })
 }
@@ -206,9 +209,6 @@ fn parse_sampling(obj: &Object) -> Result<Sampling, ApiError> {
                 format!("'min_tokens' ({min_tokens}) must not exceed 'max_tokens' ({max})"),
             ));
         }
-    }
-    if opt_str(obj, "user").is_err() {
-        return Err(ApiError::invalid_param("user", "'user' must be a string"));
     }
     let stop = opt_str_or_list(obj, "stop")?;
     if stop.iter().any(String::is_empty) {

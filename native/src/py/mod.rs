@@ -10,13 +10,20 @@ use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
 
-use crate::gateway::{Gateway, Limits};
+use crate::gateway::{Gateway, Limits, ServedModel};
+use crate::routing::RouterConfig;
 use crate::stream::RequestStream;
 
 /// Served models and their endpoints, shared by every request stream.
 #[pyclass(name = "Gateway", module = "extproc._native", frozen)]
 pub struct PyGateway {
     inner: Arc<Gateway>,
+}
+
+impl PyGateway {
+    fn model(&self, name: &str) -> PyResult<Arc<ServedModel>> {
+        self.inner.model(name).ok_or_else(|| PyValueError::new_err(format!("unknown model {name}")))
+    }
 }
 
 #[pymethods]
@@ -32,30 +39,67 @@ impl PyGateway {
         }
     }
 
-    /// Load `model_dir` (tokenizer, chat template) and serve it as `name`.
-    #[pyo3(signature = (name, model_dir, *, max_context = None))]
-    fn add_model(&self, py: Python<'_>, name: String, model_dir: PathBuf, max_context: Option<u32>) -> PyResult<()> {
+    /// Load `model_dir` (tokenizer, chat template) and serve it as `name`, its engines picked by
+    /// `policy` with `routing_config` (JSON object of `RouterConfig` fields; docs/routing.md).
+    #[pyo3(signature = (name, model_dir, *, max_context = None, policy = "kv_events", routing_config = None))]
+    fn add_model(
+        &self,
+        py: Python<'_>,
+        name: String,
+        model_dir: PathBuf,
+        max_context: Option<u32>,
+        policy: &str,
+        routing_config: Option<&str>,
+    ) -> PyResult<()> {
+        let config = match routing_config {
+            Some(json) => RouterConfig::from_json(json).map_err(|e| PyValueError::new_err(e.to_string()))?,
+            None => RouterConfig::default(),
+        };
         let gateway = self.inner.clone();
-        py.detach(move || gateway.add_model(&name, &model_dir, max_context).map(|_| ()))
+        let policy = policy.to_string();
+        py.detach(move || gateway.add_model(&name, &model_dir, max_context, &policy, config).map(|_| ()))
             .map_err(PyValueError::new_err)
     }
 
-    /// Replace the ready endpoints ("host:port") of `name`.
-    fn set_endpoints(&self, name: &str, endpoints: Vec<String>) -> PyResult<()> {
-        let model = self
-            .inner
-            .model(name)
-            .ok_or_else(|| PyValueError::new_err(format!("unknown model {name}")))?;
-        model.set_endpoints(endpoints);
-        Ok(())
+    /// Replace the engines of `name`: `(address "ip:port", KV block size or 0 when unknown)` pairs.
+    /// Engines that stay keep their state; new ones start healthy.
+    fn set_endpoints(&self, name: &str, endpoints: Vec<(String, u32)>) -> PyResult<()> {
+        let model = self.model(name)?;
+        model.router.set_endpoints(endpoints).map_err(|e| PyValueError::new_err(e.to_string()))
     }
 
+    /// Mark an engine (un)healthy; unhealthy engines are never picked. False for an unknown address.
+    fn set_health(&self, name: &str, address: &str, healthy: bool) -> PyResult<bool> {
+        Ok(self.model(name)?.router.set_health(address, healthy))
+    }
+
+    /// Addresses of the healthy engines of `name`.
     fn endpoints(&self, name: &str) -> PyResult<Vec<String>> {
-        let model = self
-            .inner
-            .model(name)
-            .ok_or_else(|| PyValueError::new_err(format!("unknown model {name}")))?;
-        Ok(model.endpoints().as_ref().clone())
+        Ok(self.model(name)?.ready_endpoints())
+    }
+
+    /// Apply one serialized `KvEventBatch` from `address`; returns the outcome kind ("applied",
+    /// "load_only", "duplicate", "gap", "malformed", "unknown_endpoint").
+    fn apply_kv_events(&self, py: Python<'_>, name: &str, address: &str, batch: &[u8]) -> PyResult<&'static str> {
+        let model = self.model(name)?;
+        let batch = batch.to_vec();
+        let address = address.to_string();
+        Ok(py.detach(move || model.router.apply_kv_events(&address, &batch).outcome.kind()))
+    }
+
+    /// Forget what the routing index knows of `address` (before a fresh KV-event subscription).
+    fn reset_kv_events(&self, name: &str, address: &str) -> PyResult<bool> {
+        Ok(self.model(name)?.router.reset_kv_events(address))
+    }
+
+    /// The routing policy of `name` and its index size, for logs and debugging.
+    fn routing_stats(&self, name: &str) -> PyResult<(String, String)> {
+        let model = self.model(name)?;
+        Ok((model.router.policy_name().to_string(), format!("{:?}", model.router.index_stats())))
+    }
+
+    fn model_names(&self) -> Vec<String> {
+        self.inner.model_names()
     }
 
     fn max_context(&self, name: &str) -> PyResult<u32> {

@@ -19,6 +19,7 @@ use crate::gateway::{unix_now, Gateway, ServedModel};
 use crate::grpc_frame;
 use crate::openai::request::{parse_chat_request, parse_completion_request, Api, GenerationRequest};
 use crate::openai::response::ResponseMeta;
+use crate::routing::InFlight;
 use crate::openai::tokenize::{
     detokenize_response, parse_detokenize_request, parse_tokenize_request, tokenize_response, TokenizeInput,
 };
@@ -61,12 +62,16 @@ struct Exchange {
     engine_request_id: String,
     translator: ResponseTranslator,
     client_headers_sent: bool,
+    /// Counts the request as in flight on the endpoint (load for the router) until the exchange ends.
+    in_flight: Option<InFlight>,
 }
 
 pub struct RequestStream {
     gateway: Arc<Gateway>,
     phase: Phase,
     endpoint: Option<Endpoint>,
+    /// `x-session-id`: the consistent-hash key, if the client sent one.
+    session: Option<String>,
     body: Vec<u8>,
     exchange: Option<Exchange>,
     summary: Summary,
@@ -88,6 +93,7 @@ impl RequestStream {
             gateway,
             phase: Phase::RequestHeaders,
             endpoint: None,
+            session: None,
             body: Vec::new(),
             exchange: None,
             summary: Summary::default(),
@@ -160,6 +166,7 @@ impl RequestStream {
     fn on_request_headers(&mut self, h: HttpHeaders) -> Vec<ProcessingResponse> {
         let headers = h.headers.unwrap_or_default();
         self.summary.request_id = headers.get("x-request-id").unwrap_or_default().to_string();
+        self.session = headers.get("x-session-id").map(str::to_string);
         let method = headers.get(":method").unwrap_or_default();
         let full_path = headers.get(":path").unwrap_or_default();
         let path = full_path.split('?').next().unwrap_or_default().to_string();
@@ -287,9 +294,11 @@ impl RequestStream {
         let model = self.model(&req.model)?;
         let prompt = request::prompt(&model, &req)?;
         request::check_context(&model, prompt.input_ids.len(), &req)?;
-        let endpoint = model
-            .pick_endpoint()
+        let session = self.session.as_deref().or(req.user.as_deref());
+        let pick = model
+            .pick(&prompt.input_ids, session)
             .ok_or_else(|| ApiError::unavailable(format!("no engine is ready to serve model '{}'", model.name)))?;
+        let endpoint = pick.primary.to_string();
 
         let engine_request_id = if self.summary.request_id.is_empty() {
             format!("extproc-{}", unix_now())
@@ -323,6 +332,7 @@ impl RequestStream {
             engine_request_id,
             translator,
             client_headers_sent: false,
+            in_flight: Some(pick.in_flight),
         });
         self.phase = Phase::ResponseHeaders;
         Ok(out)
@@ -403,6 +413,7 @@ impl RequestStream {
         self.phase = Phase::Done;
         let request_id = self.summary.request_id.clone();
         let exchange = self.exchange.as_mut().expect("an exchange exists after routing");
+        exchange.in_flight = None;
         let mut out = Vec::new();
         let body = match (&error, exchange.client_headers_sent) {
             (None, sent) => {
