@@ -56,6 +56,17 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="serve /metrics and /faults on this port + i (0: free ports)",
     )
     parser.add_argument("--faults", default=None, help='fault settings for every engine, JSON: {"slow": 2}')
+    zmq_events = parser.add_argument_group("vLLM's ZMQ KV-event channel (needs pyzmq and msgpack)")
+    zmq_events.add_argument(
+        "--kv-events-zmq",
+        default=None,
+        metavar="ENDPOINT",
+        help='PUB endpoint per engine: "tcp://*:P" (engine i on P+i) or "ipc:///tmp/kv-{i}.ipc"',
+    )
+    zmq_events.add_argument(
+        "--kv-events-zmq-replay", default=None, metavar="ENDPOINT", help="replay ROUTER endpoint, same rule"
+    )
+    zmq_events.add_argument("--kv-events-zmq-topic", default="", help="topic frame of every message")
     args = parser.parse_args(argv)
     if args.engines < 1:
         parser.error("--engines must be at least 1")
@@ -71,14 +82,29 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
             num_blocks=args.num_blocks,
             max_num_seqs=args.max_num_seqs,
             max_num_batched_tokens=args.max_num_batched_tokens,
+            kv_events_zmq=args.kv_events_zmq,
+            kv_events_zmq_replay=args.kv_events_zmq_replay,
+            kv_events_zmq_topic=args.kv_events_zmq_topic,
         )
         args.fault_settings = json.loads(args.faults) if args.faults else {}
         if not isinstance(args.fault_settings, dict):
             raise ValueError("--faults takes a JSON object")
         FaultPlan().set(**args.fault_settings)  # validate before starting anything
+        if args.kv_events_zmq is not None:
+            _check_zmq_endpoints(args)
     except ValueError as e:
         parser.error(str(e))
     return args
+
+
+def _check_zmq_endpoints(args: argparse.Namespace) -> None:
+    try:
+        from load.simulator.zmq_publisher import endpoint_for
+    except ImportError as e:
+        raise ValueError(f"--kv-events-zmq needs pyzmq and msgpack (pip install pyzmq msgpack): {e}") from e
+    for template in (args.kv_events_zmq, args.kv_events_zmq_replay):
+        if template is not None:
+            endpoint_for(template, 0, args.engines)
 
 
 async def serve(args: argparse.Namespace) -> None:
@@ -102,6 +128,8 @@ async def serve(args: argparse.Namespace) -> None:
     try:
         for i, engine in enumerate(cluster.engines):
             extra = f" (metrics on port {engine.metrics_port})" if engine.metrics_port is not None else ""
+            if engine.kv_publisher is not None:
+                extra += f" (kv events on {engine.kv_publisher.endpoint})"
             print(f"engine {i} listening on {engine.address}{extra}", flush=True)
         await stop.wait()
     finally:

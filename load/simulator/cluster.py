@@ -12,7 +12,7 @@ import asyncio
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import grpc
 from smg_grpc_proto.generated import sglang_scheduler_pb2_grpc, vllm_engine_pb2_grpc
@@ -26,6 +26,9 @@ from load.simulator.model import load_model_spec
 from load.simulator.options import DEFAULT_OPTIONS, SimOptions
 from load.simulator.sglang import SglangEngine
 from load.simulator.vocab import load_tokenizer, load_vocab
+
+if TYPE_CHECKING:
+    from load.simulator.zmq_publisher import ZmqKvPublisher
 
 logger = logging.getLogger(__name__)
 
@@ -62,6 +65,7 @@ class SimEngine:
     port: int
     protocol: Protocol = "vllm"
     control: ControlServer | None = None
+    kv_publisher: ZmqKvPublisher | None = None  # vLLM's ZMQ KV-event channel, when switched on
     _refusal: asyncio.Task[None] | None = field(default=None, repr=False)
 
     @property
@@ -107,6 +111,8 @@ class SimEngine:
         await self.core.stop()
         if self.control is not None:
             await self.control.stop()
+        if self.kv_publisher is not None:
+            await self.kv_publisher.close()
 
 
 @dataclass
@@ -158,6 +164,17 @@ async def _serve(
     return engine
 
 
+def _kv_publisher(core: EngineCore, options: SimOptions, index: int, count: int) -> ZmqKvPublisher:
+    # Imported here: pyzmq and msgpack are needed only when the channel is switched on.
+    try:
+        from load.simulator.zmq_publisher import ZmqKvPublisher
+    except ImportError as e:
+        raise RuntimeError(f"kv_events_zmq needs pyzmq and msgpack installed: {e}") from e
+    publisher = ZmqKvPublisher.for_engine(options, index, count)
+    publisher.attach(core.hub)
+    return publisher
+
+
 async def start_engines(
     model_dir: Path,
     *,
@@ -172,7 +189,7 @@ async def start_engines(
     """Start `count` engines on base_port, base_port+1, ... (base_port 0: each on a free port).
 
     `metrics_base_port` serves each engine's /metrics and /faults on metrics_base_port + i (0: free
-    ports; None: no HTTP endpoint).
+    ports; None: no HTTP endpoint). `options.kv_events_zmq` adds vLLM's ZMQ KV-event publisher per engine.
     """
     if count < 1:
         raise ValueError(f"count must be at least 1, got {count}")
@@ -195,7 +212,10 @@ async def start_engines(
                 None if metrics_base_port is None else (metrics_base_port + i if metrics_base_port else 0)
             )
             core = EngineCore(spec, vocab, options, hash_seed=0)
-            cluster.engines.append(await _serve(core, host, port, protocol, metrics_port))
+            engine = await _serve(core, host, port, protocol, metrics_port)
+            cluster.engines.append(engine)
+            if options.kv_events_zmq is not None:
+                engine.kv_publisher = _kv_publisher(core, options, i, count)
     except BaseException:
         await cluster.stop(grace=None)
         raise

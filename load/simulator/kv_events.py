@@ -140,7 +140,12 @@ class KvEventHub:
         self._load_source = load_source
         self._sequence = -1  # vLLM's publisher numbers its first batch 0
         self._subscribers: set[asyncio.Queue[tuple[int, float, list[KvEvent]] | None]] = set()
+        # Other channels that publish every batch too (vLLM's ZMQ publisher), in the hub's order.
+        self._listeners: list[Callable[[list[KvEvent]], None]] = []
         self.batches = 0
+
+    def add_listener(self, listener: Callable[[list[KvEvent]], None]) -> None:
+        self._listeners.append(listener)
 
     @property
     def subscribers(self) -> int:
@@ -156,6 +161,8 @@ class KvEventHub:
                 queue.put_nowait(None)
             else:
                 queue.put_nowait(item)
+        for listener in self._listeners:
+            listener(events)
 
     def close(self) -> None:
         for queue in self._subscribers:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+ZMQ_SCHEMES = ("tcp://", "ipc://", "inproc://")
+
 
 @dataclass(frozen=True)
 class SimOptions:
@@ -37,6 +39,12 @@ class SimOptions:
     max_num_batched_tokens: int = 2048
     # What GetServerInfo/GetLoads report as the engine's version.
     version: str = "0.32.0"
+    # vLLM's ZMQ KV-event channel (zmq_publisher.py; needs pyzmq and msgpack), off when None. Engine i
+    # publishes on the endpoint with "{i}" replaced by i, or with a tcp port raised by i; a replay ROUTER
+    # on the second endpoint (same rule) when given; messages carry the topic as their first frame.
+    kv_events_zmq: str | None = None
+    kv_events_zmq_replay: str | None = None
+    kv_events_zmq_topic: str = ""
 
     def __post_init__(self) -> None:
         for name in ("ttft_ms", "itl_ms", "prefill_ms_per_token", "decode_ms_per_seq", "time_scale"):
@@ -45,6 +53,12 @@ class SimOptions:
         for name in ("block_size", "num_blocks", "max_num_seqs", "max_num_batched_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1")
+        for name in ("kv_events_zmq", "kv_events_zmq_replay"):
+            endpoint = getattr(self, name)
+            if endpoint is not None and not endpoint.startswith(ZMQ_SCHEMES):
+                raise ValueError(f"{name} must start with one of {', '.join(ZMQ_SCHEMES)}: {endpoint!r}")
+        if self.kv_events_zmq_replay is not None and self.kv_events_zmq is None:
+            raise ValueError("kv_events_zmq_replay needs kv_events_zmq")
 
 
 # The defaults, shared (the options are frozen) so signatures need not call SimOptions().
