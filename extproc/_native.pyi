@@ -56,3 +56,79 @@ class ExtProcServer:
         """streams_started/finished, aborts_sent/failed, summaries_dropped (since creation)."""
     def take_summaries(self) -> list[dict[str, str | int | float | bool]]:
         """Requests finished since the last call, oldest first: the stream summary, aborted, duration_s."""
+
+class Tokenizer:
+    """The native tokenizer, chat templates and detokenizer of one model (tests and benchmarks)."""
+
+    @staticmethod
+    def from_model_dir(model_dir: str | PathLike[str]) -> Tokenizer: ...
+    @staticmethod
+    def from_file(path: str | PathLike[str]) -> Tokenizer: ...
+    @staticmethod
+    def from_tiktoken(
+        path: str | PathLike[str],
+        pattern: str | None = None,
+        special_tokens: list[tuple[str, int]] | None = None,
+    ) -> Tokenizer: ...
+    @property
+    def fast_path_refusal(self) -> str | None: ...
+    @property
+    def vocab_size(self) -> int: ...
+    @property
+    def eos_token_ids(self) -> list[int]: ...
+    def token_to_id(self, token: str) -> int | None: ...
+    def id_to_token(self, id: int) -> str | None: ...
+    def encode(self, text: str) -> list[int]: ...
+    def encode_uncached(self, text: str) -> list[int]: ...
+    def count_tokens(self, text: str, *, cached: bool = True) -> int: ...
+    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str: ...
+    def decode_stream(
+        self,
+        ids: list[int],
+        chunk_sizes: list[int],
+        skip_special_tokens: bool = False,
+        stop: list[str] | None = None,
+    ) -> list[str]: ...
+    def render_chat(
+        self,
+        messages_json: str,
+        *,
+        tools_json: str | None = None,
+        documents_json: str | None = None,
+        add_generation_prompt: bool = False,
+        continue_final_message: bool | str | None = None,
+        chat_template_kwargs_json: str | None = None,
+        template_name: str | None = None,
+    ) -> str: ...
+    def chat_ids(
+        self,
+        messages_json: str,
+        *,
+        tools_json: str | None = None,
+        documents_json: str | None = None,
+        add_generation_prompt: bool = False,
+        continue_final_message: bool | str | None = None,
+        chat_template_kwargs_json: str | None = None,
+        template_name: str | None = None,
+    ) -> list[int]: ...
+    def chat_prompt_len(self, messages_json: str, *, add_generation_prompt: bool = True) -> int: ...
+    def cache_stats(self) -> dict[str, int]: ...
+    def clear_cache(self) -> None: ...
+    def set_cache_limits(self, max_entries: int, max_bytes: int) -> None: ...
+
+class ChatTemplate:
+    """A chat template compiled on its own (HF semantics), for tests."""
+
+    def __init__(self, source: str) -> None: ...
+    def render(self, context_json: str) -> str: ...
+    def apply(
+        self,
+        messages_json: str,
+        *,
+        tools_json: str | None = None,
+        documents_json: str | None = None,
+        add_generation_prompt: bool = False,
+        continue_final_message: bool | str | None = None,
+        chat_template_kwargs_json: str | None = None,
+        special_tokens_json: str | None = None,
+    ) -> str: ...

@@ -2,6 +2,7 @@
 //! values and releases the GIL while the work runs.
 
 mod server;
+mod tokenizer;
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -182,6 +183,7 @@ impl PyStream {
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyGateway>()?;
     m.add_class::<PyStream>()?;
+    tokenizer::register(m)?;
     server::register(m)?;
     Ok(())
 }

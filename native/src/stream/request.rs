@@ -1,13 +1,11 @@
 //! Client request → engine request: parse, template, tokenize, check limits, build `GenerateRequest`.
 
-use minijinja::Value as Jinja;
-use serde_json::{Map, Value};
 
 use crate::error::ApiError;
 use crate::gateway::ServedModel;
 use crate::openai::request::{ChatInput, GenerationRequest, PromptInput};
 use crate::pb::vllm::{GenerateRequest, SamplingParams, TokenizedInput};
-use crate::template::RenderError;
+use crate::template::{ChatInputs, RenderError};
 
 /// The prompt as token ids, ready to send.
 pub struct Prompt {
@@ -39,60 +37,29 @@ pub fn prompt(model: &ServedModel, request: &GenerationRequest) -> Result<Prompt
     }
 }
 
-/// Render the chat template for `request` and tokenize the result.
+/// Render the chat template for `request` (with `apply_chat_template`'s semantics) and tokenize it.
 pub fn chat_prompt(model: &ServedModel, request: &ChatInput) -> Result<Prompt, ApiError> {
-    let template = model.files.template.as_ref().ok_or_else(|| {
-        ApiError::invalid(format!(
+    if model.files.template.is_none() && model.files.named_templates.is_empty() {
+        return Err(ApiError::invalid(format!(
             "model '{}' has no chat template; use /v1/completions",
             model.name
-        ))
-    })?;
-    let mut context: Map<String, Value> = request.chat_template_kwargs.clone();
-    context.insert("messages".into(), Value::Array(request.messages.clone()));
-    context.insert(
-        "add_generation_prompt".into(),
-        Value::Bool(request.add_generation_prompt),
-    );
-    if let Some(tools) = &request.tools {
-        context.insert("tools".into(), tools.clone());
+        )));
     }
-    for (key, token) in [
-        ("bos_token", &model.files.bos_token),
-        ("eos_token", &model.files.eos_token),
-    ] {
-        if let Some(token) = token {
-            context.insert(key.into(), Value::String(token.clone()));
-        }
-    }
-    let mut text = template.render(Jinja::from_serialize(&context)).map_err(|e| match e {
+    let inputs = ChatInputs {
+        messages: &request.messages,
+        tools: request.tools.as_ref(),
+        documents: None,
+        add_generation_prompt: request.add_generation_prompt,
+        continue_final_message: request.continue_final_message.then_some("content"),
+        special_tokens: None,
+        kwargs: Some(&request.chat_template_kwargs),
+    };
+    let text = model.files.render_chat(None, inputs).map_err(|e| match e {
         RenderError::Raised(message) => ApiError::invalid_param("messages", message),
         RenderError::Failed(message) => ApiError::invalid(format!("chat template failed: {message}")),
     })?;
-    if request.continue_final_message {
-        text = cut_after_final_message(text, request)?;
-    }
     let input_ids = model.files.tokenizer.encode(&text).map_err(ApiError::internal)?;
     Ok(Prompt { input_ids })
-}
-
-/// `continue_final_message`: the prompt ends where the last message's content ends, so the model
-/// continues it instead of starting a new turn.
-fn cut_after_final_message(mut text: String, request: &ChatInput) -> Result<String, ApiError> {
-    let last = request
-        .messages
-        .last()
-        .and_then(|m| m.get("content"))
-        .and_then(Value::as_str)
-        .unwrap_or("");
-    let trimmed = last.trim();
-    let end = text.rfind(trimmed).map(|start| start + trimmed.len()).ok_or_else(|| {
-        ApiError::invalid_param(
-            "continue_final_message",
-            "the final message's content is not in the rendered prompt",
-        )
-    })?;
-    text.truncate(end);
-    Ok(text)
 }
 
 /// Refuse prompts the engine could not take: over the context, or leaving no room for `max_tokens`.
