@@ -13,7 +13,7 @@ use pyo3::types::{PyBytes, PyDict, PyList};
 
 use crate::gateway::{Gateway, Limits, ServedModel};
 use crate::routing::RouterConfig;
-use crate::stream::RequestStream;
+use crate::stream::{RequestStream, Summary};
 
 /// Served models and their endpoints, shared by every request stream.
 #[pyclass(name = "Gateway", module = "extproc._native", frozen)]
@@ -164,20 +164,24 @@ impl PyStream {
 
     /// What the request became: a dict for logs and metrics.
     fn summary<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let s = self.inner.lock().expect("stream lock").summary();
-        let d = PyDict::new(py);
-        d.set_item("request_id", s.request_id)?;
-        d.set_item("path", s.path)?;
-        d.set_item("model", s.model)?;
-        d.set_item("endpoint", s.endpoint)?;
-        d.set_item("status", s.status)?;
-        d.set_item("prompt_tokens", s.prompt_tokens)?;
-        d.set_item("completion_tokens", s.completion_tokens)?;
-        d.set_item("cached_tokens", s.cached_tokens)?;
-        d.set_item("finish_reason", s.finish_reason)?;
-        d.set_item("error", s.error)?;
-        Ok(d)
+        summary_dict(py, self.inner.lock().expect("stream lock").summary())
     }
+}
+
+/// A request's summary as the dict Python logs and metrics read.
+pub(crate) fn summary_dict(py: Python<'_>, s: Summary) -> PyResult<Bound<'_, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("request_id", s.request_id)?;
+    d.set_item("path", s.path)?;
+    d.set_item("model", s.model)?;
+    d.set_item("endpoint", s.endpoint)?;
+    d.set_item("status", s.status)?;
+    d.set_item("prompt_tokens", s.prompt_tokens)?;
+    d.set_item("completion_tokens", s.completion_tokens)?;
+    d.set_item("cached_tokens", s.cached_tokens)?;
+    d.set_item("finish_reason", s.finish_reason)?;
+    d.set_item("error", s.error)?;
+    Ok(d)
 }
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {

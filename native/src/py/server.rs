@@ -90,18 +90,7 @@ impl PyExtProcServer {
         let finished = self.telemetry.take();
         let list = PyList::empty(py);
         for f in finished {
-            let s = f.summary;
-            let d = PyDict::new(py);
-            d.set_item("request_id", s.request_id)?;
-            d.set_item("path", s.path)?;
-            d.set_item("model", s.model)?;
-            d.set_item("endpoint", s.endpoint)?;
-            d.set_item("status", s.status)?;
-            d.set_item("prompt_tokens", s.prompt_tokens)?;
-            d.set_item("completion_tokens", s.completion_tokens)?;
-            d.set_item("cached_tokens", s.cached_tokens)?;
-            d.set_item("finish_reason", s.finish_reason)?;
-            d.set_item("error", s.error)?;
+            let d = super::summary_dict(py, f.summary)?;
             d.set_item("aborted", f.aborted)?;
             d.set_item("duration_s", f.duration.as_secs_f64())?;
             list.append(d)?;
