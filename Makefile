@@ -14,7 +14,7 @@ PYO3_ENV := PYO3_PYTHON=$(abspath $(BIN)/python)
 ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help venv .venv run test test-rust test-python lint envoy-configs bench vllm-engine clean
+.PHONY: help venv .venv run test test-rust test-python lint envoy-configs bench bench-routing vllm-engine clean
 
 help: ## list the targets
 	@echo "usage: make TARGET"
@@ -56,6 +56,9 @@ envoy-configs: $(STAMP) ## regenerate the reference Envoy configs in envoy/ (and
 
 bench: $(STAMP) ## ours vs SMG vs the bare engine, side by side, with plots (~9 min; ARGS=--quick: ~1 min)
 	$(BIN)/python -m load.bench $(ARGS)
+
+bench-routing: $(STAMP) ## routing policies vs SMG cache_aware on 4 simulated engines (~9 min; ARGS=--quick: ~1.5 min)
+	$(BIN)/python -m load.bench_routing $(ARGS)
 
 clean: ## remove the venv, build outputs and caches
 	rm -rf $(VENV) native/target extproc/_native*.so .pytest_cache .ruff_cache
