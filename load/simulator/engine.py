@@ -62,6 +62,26 @@ def resolve_request(
     return prompt_ids, params, n
 
 
+async def admit(
+    core: EngineCore, request: vllm_engine_pb2.GenerateRequest, context: grpc.aio.ServicerContext
+) -> tuple[list[int], GenerationParams, int]:
+    """Every Generate's first step, whatever the protocol: count it, fail it if a fault says so, check
+    it (INVALID_ARGUMENT when the client is at fault); returns what `resolve_request` resolved."""
+    core.stats.generate_requests += 1
+    core.last_receive = time.time()
+    failure = core.faults.take_failure()
+    if failure is not None:
+        core.stats.faults += 1
+        await context.abort(*failure)
+    try:
+        return resolve_request(request, core)
+    except ValueError as e:
+        core.stats.rejected += 1
+        logger.info("Generate %s rejected: %s", request.request_id, e)
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        raise  # not reached: abort raises
+
+
 class VllmEngine(vllm_engine_pb2_grpc.VllmEngineServicer):
     def __init__(
         self,
@@ -91,19 +111,7 @@ class VllmEngine(vllm_engine_pb2_grpc.VllmEngineServicer):
         self, request: vllm_engine_pb2.GenerateRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[vllm_engine_pb2.GenerateResponse]:
         core = self.core
-        core.stats.generate_requests += 1
-        core.last_receive = time.time()
-        failure = core.faults.take_failure()
-        if failure is not None:
-            core.stats.faults += 1
-            await context.abort(*failure)
-        try:
-            prompt_ids, params, n = resolve_request(request, core)
-        except ValueError as e:
-            core.stats.rejected += 1
-            logger.info("Generate %s rejected: %s", request.request_id, e)
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
-
+        prompt_ids, params, n = await admit(core, request, context)
         admitted = core.submit(request.request_id, prompt_ids, params, n)
         cancelled = True
         try:

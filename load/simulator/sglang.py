@@ -24,7 +24,7 @@ from smg_grpc_proto.generated import (
 )
 
 from load.simulator.core import EngineCore, EngineStats, Request
-from load.simulator.engine import flush_cache, resolve_request, step_deltas
+from load.simulator.engine import admit, flush_cache, step_deltas
 from load.simulator.responses import Finish
 
 logger = logging.getLogger(__name__)
@@ -68,17 +68,7 @@ class SglangEngine(sglang_scheduler_pb2_grpc.SglangSchedulerServicer):
         self, request: sglang_scheduler_pb2.GenerateRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[sglang_scheduler_pb2.GenerateResponse]:
         core = self.core
-        core.stats.generate_requests += 1
-        core.last_receive = time.time()
-        failure = core.faults.take_failure()
-        if failure is not None:
-            core.stats.faults += 1
-            await context.abort(*failure)
-        try:
-            prompt_ids, params, n = resolve_request(_as_vllm(request), core)
-        except ValueError as e:
-            core.stats.rejected += 1
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        prompt_ids, params, n = await admit(core, _as_vllm(request), context)
         admitted = core.submit(request.request_id, prompt_ids, params, n)
         cancelled = True
         try:
