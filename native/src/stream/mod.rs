@@ -19,7 +19,6 @@ use crate::gateway::{unix_now, Gateway, ServedModel};
 use crate::grpc_frame;
 use crate::openai::request::{parse_chat_request, parse_completion_request, Api, GenerationRequest};
 use crate::openai::response::ResponseMeta;
-use crate::routing::InFlight;
 use crate::openai::tokenize::{
     detokenize_response, parse_detokenize_request, parse_tokenize_request, tokenize_response, TokenizeInput,
 };
@@ -27,6 +26,7 @@ use crate::pb::ext_proc::{
     processing_request::Request, HeaderMap, HttpBody, HttpHeaders, ProcessingRequest, ProcessingResponse,
 };
 use crate::pb::vllm::GENERATE_PATH;
+use crate::routing::InFlight;
 use crate::stop::StopMatcher;
 use response::{ResponseShape, ResponseTranslator};
 
@@ -279,13 +279,7 @@ impl RequestStream {
     fn detokenize(&mut self, body: &[u8]) -> Result<Vec<ProcessingResponse>, ApiError> {
         let req = parse_detokenize_request(body)?;
         let model = self.model(&req.model)?;
-        let vocab = model.files.tokenizer.vocab_size() as u32;
-        if let Some(bad) = req.tokens.iter().find(|&&id| id >= vocab) {
-            return Err(ApiError::invalid_param(
-                "tokens",
-                format!("token id {bad} is out of the vocabulary (size {vocab})"),
-            ));
-        }
+        request::check_token_ids(&model, &req.tokens, "tokens")?;
         let text = model.files.tokenizer.decode(&req.tokens, false);
         Ok(self.answer(detokenize_response(&text), "extproc_detokenize"))
     }

@@ -1,6 +1,5 @@
 //! Client request → engine request: parse, template, tokenize, check limits, build `GenerateRequest`.
 
-
 use crate::error::ApiError;
 use crate::gateway::ServedModel;
 use crate::openai::request::{ChatInput, GenerationRequest, PromptInput};
@@ -25,15 +24,21 @@ pub fn prompt(model: &ServedModel, request: &GenerationRequest) -> Result<Prompt
             Ok(Prompt { input_ids })
         }
         PromptInput::Tokens(ids) => {
-            let vocab = model.files.tokenizer.vocab_size() as u32;
-            if let Some(bad) = ids.iter().find(|&&id| id >= vocab) {
-                return Err(ApiError::invalid_param(
-                    "prompt",
-                    format!("token id {bad} is out of the vocabulary (size {vocab})"),
-                ));
-            }
+            check_token_ids(model, ids, "prompt")?;
             Ok(Prompt { input_ids: ids.clone() })
         }
+    }
+}
+
+/// Client-given token ids must exist in the model's vocabulary; `param` names the field that held them.
+pub fn check_token_ids(model: &ServedModel, ids: &[u32], param: &str) -> Result<(), ApiError> {
+    let vocab = model.files.tokenizer.vocab_size() as u32;
+    match ids.iter().find(|&&id| id >= vocab) {
+        Some(bad) => Err(ApiError::invalid_param(
+            param,
+            format!("token id {bad} is out of the vocabulary (size {vocab})"),
+        )),
+        None => Ok(()),
     }
 }
 
