@@ -99,14 +99,15 @@ def up_stack(tmp_path: Path, free_ports: Any) -> Iterator[tuple[subprocess.Popen
             assert proc.poll() is None, f"extproc up exited with {proc.returncode}:\n{log.read_text()}"
             try:
                 status, body = _get_json(f"http://127.0.0.1:{port}/v1/models")
-                if status == 200:
+                # Envoy may answer a moment before the supervisor's own readiness poll sees it and
+                # announces the URL; the announcement is what a user waits for, so wait for both.
+                if status == 200 and "extproc: serving http://127.0.0.1:" in log.read_text():
                     assert "llama3-default" in [m["id"] for m in body["data"]], body
                     break
             except OSError:
                 pass
             assert time.monotonic() < deadline, f"stack not serving:\n{log.read_text()}"
             time.sleep(0.25)
-        assert "extproc: serving http://127.0.0.1:" in log.read_text()
         yield proc, port, log
     finally:
         if proc.poll() is None:
