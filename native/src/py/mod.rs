@@ -12,7 +12,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
 
 use crate::gateway::{Gateway, Limits, ServedModel};
-use crate::routing::RouterConfig;
+use crate::routing::{EngineLoad, RouterConfig};
 use crate::stream::{RequestStream, Summary};
 
 /// Served models and their endpoints, shared by every request stream.
@@ -72,6 +72,26 @@ impl PyGateway {
     /// Mark an engine (un)healthy; unhealthy engines are never picked. False for an unknown address.
     fn set_health(&self, name: &str, address: &str, healthy: bool) -> PyResult<bool> {
         Ok(self.model(name)?.router.set_health(address, healthy))
+    }
+
+    /// The engine's own load report (a `GetLoads` poll): running and waiting requests, KV-cache usage in
+    /// [0, 1], and its admission window (0 when unknown). False for an unknown address.
+    fn report_load(
+        &self,
+        name: &str,
+        address: &str,
+        running: u32,
+        waiting: u32,
+        kv_usage: f64,
+        max_running: u32,
+    ) -> PyResult<bool> {
+        let load = EngineLoad {
+            running,
+            waiting,
+            kv_usage: kv_usage.clamp(0.0, 1.0),
+            max_running,
+        };
+        Ok(self.model(name)?.router.set_engine_load(address, &load))
     }
 
     /// Addresses of the healthy engines of `name`.
