@@ -8,6 +8,7 @@ them into typed values, so a bad value gets the same one-line error wherever it 
 from __future__ import annotations
 
 import ipaddress
+import json
 import os
 import re
 import tomllib
@@ -16,10 +17,41 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
+from extproc import models as model_files
+
 MiB = 1024 * 1024
 
 CONFIG_ENV = "EXTPROC_CONFIG"
 ENV_PREFIX = "EXTPROC_"
+
+
+ENGINE_PROTOCOLS = ("auto", "vllm", "sglang")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """One engine of a model: its URL and the protocol it speaks ("auto": detected at registration)."""
+
+    url: str
+    protocol: str = "auto"
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """One `[[models]]` table of the config file; None means "the global setting"."""
+
+    name: str | None = None
+    model_dir: Path | None = None
+    engines: tuple[EngineConfig, ...] = ()
+    routing_policy: str | None = None
+    engine_protocol: str | None = None
+    sim: int | None = None
+
+    def served_name(self) -> str:
+        """The name clients ask for, without touching the disk."""
+        if self.name:
+            return self.name
+        return self.model_dir.name if self.model_dir is not None else model_files.DEFAULT_MODEL_NAME
 
 
 @dataclass(frozen=True)
@@ -36,6 +68,12 @@ class Settings:
     max_body_bytes: int = 8 * MiB
     # How an engine is picked per request (docs/routing.md).
     routing_policy: str = "kv_events"
+    # The engines' gRPC protocol, unless an engine or model says otherwise: "auto" probes each engine.
+    engine_protocol: str = "auto"
+    # Seconds between GetLoads polls of each healthy engine; 0 turns polling off.
+    load_interval: float = 0.5
+    # Several served models (config file `[[models]]` tables); empty means the single model above.
+    models: tuple[ModelConfig, ...] = ()
     log_level: str = "info"
     # The local stack (`extproc up`).
     host: str = "127.0.0.1"
@@ -113,6 +151,16 @@ def _parse_seconds(raw: Any) -> float:
         value = -1.0
     if not value > 0:
         raise _Bad("expected a positive number of seconds")
+    return value
+
+
+def _parse_interval(raw: Any) -> float:
+    try:
+        value = float(raw) if isinstance(raw, (str, int, float)) and not isinstance(raw, bool) else -1.0
+    except ValueError:
+        value = -1.0
+    if not 0 <= value <= 3600:
+        raise _Bad("expected seconds between 0 (off) and 3600, e.g. 0.5")
     return value
 
 
@@ -228,6 +276,83 @@ def _parse_model_dir(raw: Any) -> Path:
     return path
 
 
+def _parse_model_engines(raw: Any) -> tuple[EngineConfig, ...]:
+    """A model's engines: URLs, or tables `{ url = "grpc://...", protocol = "sglang" }`."""
+    if not isinstance(raw, list):
+        raise _Bad('expected a list of "grpc://host:port" or { url = ..., protocol = ... } tables')
+    engines: list[EngineConfig] = []
+    for item in raw:
+        if isinstance(item, dict):
+            unknown = set(item) - {"url", "protocol"}
+            if unknown or "url" not in item:
+                raise _Bad("expected engine tables with url and optionally protocol")
+            protocol = _choice(ENGINE_PROTOCOLS)(item.get("protocol", "auto"))
+            engines.append(EngineConfig(_parse_engine(item["url"]), protocol))
+        else:
+            engines.append(EngineConfig(_parse_engine(item)))
+    if len({e.url for e in engines}) != len(engines):
+        raise _Bad("expected distinct engines")
+    return tuple(engines)
+
+
+_MODEL_PARSERS: dict[str, Callable[[Any], Any]] = {
+    "name": _parse_name,
+    "model_dir": _parse_model_dir,
+    "engines": _parse_model_engines,
+    "routing_policy": _choice(ROUTING_POLICIES),
+    "engine_protocol": _choice(ENGINE_PROTOCOLS),
+    "sim": _parse_count,
+}
+
+
+def _show_value(raw: Any) -> str:
+    if isinstance(raw, list):
+        return ",".join(item.get("url", "?") if isinstance(item, dict) else str(item) for item in raw)
+    return str(raw)
+
+
+def _parse_models(raw: Any, base: Path | None = None, source: str = "models") -> tuple[ModelConfig, ...]:
+    """`[[models]]` tables; a relative model_dir is relative to `base` (the config file's folder)."""
+    if not isinstance(raw, list) or not raw or not all(isinstance(t, dict) for t in raw):
+        raise ConfigError(f"invalid {source}: expected [[models]] tables")
+    parsed: list[ModelConfig] = []
+    for i, table in enumerate(raw):
+        where = f"{source}[{i}]"
+        values: dict[str, Any] = {}
+        for key, value in table.items():
+            if key not in _MODEL_PARSERS:
+                known = ", ".join(_MODEL_PARSERS)
+                raise ConfigError(f"invalid {where}: unknown key {key!r} (known: {known})")
+            if key == "model_dir" and isinstance(value, str) and base is not None:
+                value = str(base / Path(value).expanduser())
+            try:
+                values[key] = _MODEL_PARSERS[key](value)
+            except _Bad as exc:
+                raise ConfigError(f"invalid {where}.{key} {_show_value(value)!r}: {exc}") from None
+        parsed.append(ModelConfig(**values))
+    _check_models(parsed, source)
+    return tuple(parsed)
+
+
+def _check_models(models: list[ModelConfig], source: str) -> None:
+    """Names are distinct (they key the routing table) and no engine serves two models."""
+    names: dict[str, int] = {}
+    owners: dict[str, str] = {}
+    for i, model in enumerate(models):
+        name = model.served_name()
+        if name in names:
+            raise ConfigError(
+                f"invalid {source}: {source}[{names[name]}] and {source}[{i}] are both named {name!r}"
+            )
+        names[name] = i
+        for engine in model.engines:
+            if engine.url in owners:
+                first = owners[engine.url]
+                message = f"engine {engine.url} is given to both {first!r} and {name!r}"
+                raise ConfigError(f"invalid {source}: {message}")
+            owners[engine.url] = name
+
+
 _PARSERS: dict[str, Callable[[Any], Any]] = {
     "listen": _parse_listen,
     "model_dir": _parse_model_dir,
@@ -235,6 +360,9 @@ _PARSERS: dict[str, Callable[[Any], Any]] = {
     "engines": _parse_engines,
     "max_body_bytes": _parse_size,
     "routing_policy": _choice(ROUTING_POLICIES),
+    "engine_protocol": _choice(ENGINE_PROTOCOLS),
+    "load_interval": _parse_interval,
+    "models": _parse_models,
     "log_level": _choice(_LOG_LEVELS),
     "host": _parse_host,
     "port": parse_port,
@@ -247,6 +375,10 @@ _PARSERS: dict[str, Callable[[Any], Any]] = {
 }
 FIELDS: tuple[str, ...] = tuple(f.name for f in fields(Settings))
 assert set(FIELDS) == set(_PARSERS), "every Settings field needs a parser"
+# Tables have no environment or flag form: several models are configured in a file.
+FILE_ONLY = frozenset({"models"})
+# The single-model settings that `[[models]]` replaces.
+SINGLE_MODEL_FIELDS = ("model_dir", "model_name", "engines")
 
 
 def flag_name(field: str) -> str:
@@ -287,6 +419,9 @@ def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
     for key, raw in data.items():
         if key not in _PARSERS:
             raise ConfigError(f"config file {file}: unknown key {key!r} (known: {', '.join(FIELDS)})")
+        if key == "models":
+            values[key] = _parse_models(raw, file.parent, f"models in {file}")
+            continue
         if key == "model_dir" and isinstance(raw, str):
             # Relative paths in a file are relative to the file, not to wherever extproc was started.
             raw = str(file.parent / Path(raw).expanduser())
@@ -295,7 +430,8 @@ def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
 
 
 def read_environment(env: Mapping[str, str]) -> dict[str, Any]:
-    return {f: _parse(f, env[env_name(f)], env_name(f)) for f in FIELDS if env_name(f) in env}
+    given = [f for f in FIELDS if f not in FILE_ONLY and env_name(f) in env]
+    return {f: _parse(f, env[env_name(f)], env_name(f)) for f in given}
 
 
 def read_flags(flags: Mapping[str, Any]) -> dict[str, Any]:
@@ -321,7 +457,91 @@ def load_settings(
     if config_file:
         settings = replace(settings, **read_config_file(config_file))
     settings = replace(settings, **read_environment(env))
-    return replace(settings, **read_flags(flags or {}))
+    settings = replace(settings, **read_flags(flags or {}))
+    if settings.models:
+        mixed = [f for f in SINGLE_MODEL_FIELDS if getattr(settings, f) not in (None, ())]
+        if mixed:
+            given = ", ".join(f"{f} ({flag_name(f)}/{env_name(f)})" for f in mixed)
+            raise ConfigError(f"[[models]] in the config file replaces {given}: configure one or the other")
+    return settings
+
+
+# --- what is served -----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    """A model as the gateway serves it: every setting resolved (global ones filled in)."""
+
+    name: str
+    model_dir: Path
+    engines: tuple[EngineConfig, ...]
+    routing_policy: str
+    # The model's protocol setting ("auto" unless configured); each engine may still name its own.
+    engine_protocol: str
+    # Simulated engines `up` starts for it when it has no engines.
+    sim: int
+
+    @property
+    def sim_protocol(self) -> str:
+        """The protocol its simulated engines speak."""
+        return "vllm" if self.engine_protocol == "auto" else self.engine_protocol
+
+
+def served_models(settings: Settings) -> tuple[ServedModel, ...]:
+    """The models to serve: the `[[models]]` tables, or the single model of model_dir/model_name/engines.
+
+    Materializes the default model folder when a model has no model_dir.
+    """
+    tables = settings.models or (
+        ModelConfig(
+            name=settings.model_name,
+            model_dir=settings.model_dir,
+            engines=tuple(EngineConfig(url) for url in settings.engines),
+        ),
+    )
+    served: list[ServedModel] = []
+    for table in tables:
+        model_dir = model_files.resolve_model_dir(table.model_dir)
+        protocol = table.engine_protocol or settings.engine_protocol
+        engines = tuple(
+            EngineConfig(e.url, protocol if e.protocol == "auto" else e.protocol) for e in table.engines
+        )
+        served.append(
+            ServedModel(
+                name=model_files.served_model_name(model_dir, table.name),
+                model_dir=model_dir,
+                engines=engines,
+                routing_policy=table.routing_policy or settings.routing_policy,
+                engine_protocol=protocol,
+                sim=settings.sim if table.sim is None else table.sim,
+            )
+        )
+    return tuple(served)
+
+
+def _toml_string(text: str) -> str:
+    # A JSON string is a valid TOML basic string (same escapes).
+    return json.dumps(text)
+
+
+def models_toml(models: Iterable[ServedModel]) -> str:
+    """`[[models]]` tables that reproduce resolved models (for a child process's config file)."""
+    lines: list[str] = []
+    for model in models:
+        engines = ", ".join(
+            f"{{ url = {_toml_string(e.url)}, protocol = {_toml_string(e.protocol)} }}" for e in model.engines
+        )
+        lines += [
+            "[[models]]",
+            f"name = {_toml_string(model.name)}",
+            f"model_dir = {_toml_string(str(model.model_dir))}",
+            f"engines = [{engines}]",
+            f"routing_policy = {_toml_string(model.routing_policy)}",
+            f"engine_protocol = {_toml_string(model.engine_protocol)}",
+            "",
+        ]
+    return "\n".join(lines)
 
 
 def settings_to_flags(settings: Settings, only: Iterable[str]) -> list[str]:
@@ -329,7 +549,7 @@ def settings_to_flags(settings: Settings, only: Iterable[str]) -> list[str]:
     argv: list[str] = []
     for field in only:
         value = getattr(settings, field)
-        if value is None:
+        if value is None or field in FILE_ONLY:
             continue
         if field == "engines":
             for engine in value:

@@ -24,6 +24,7 @@ from smg_grpc_proto.generated import common_pb2
 
 log = structlog.get_logger("extproc.kv_events")
 
+# vLLM's method; an SGLang engine serves the same RPC (common.proto messages) under its own service name.
 SUBSCRIBE_METHOD = "/vllm.grpc.engine.VllmEngine/SubscribeKvEvents"
 
 # Outcome kinds (`EventOutcome.kind()` on the Rust side) that need a fresh subscription.
@@ -60,6 +61,7 @@ class KvEventSubscriber:
         *,
         backoff: Backoff | None = None,
         channel: grpc.aio.Channel | None = None,
+        method: str = SUBSCRIBE_METHOD,
     ) -> None:
         self.address = address
         self._on_batch = on_batch
@@ -68,7 +70,7 @@ class KvEventSubscriber:
         self._own_channel = channel is None
         self._channel = channel or grpc.aio.insecure_channel(address)
         self._subscribe = self._channel.unary_stream(
-            SUBSCRIBE_METHOD,
+            method,
             request_serializer=common_pb2.SubscribeKvEventsRequest.SerializeToString,
             response_deserializer=None,
         )
@@ -161,10 +163,12 @@ class KvEventSubscriptions:
     def get(self, address: str) -> KvEventSubscriber | None:
         return self._subscribers.get(address)
 
-    def add(self, address: str, channel: grpc.aio.Channel | None = None) -> KvEventSubscriber:
+    def add(
+        self, address: str, channel: grpc.aio.Channel | None = None, *, method: str = SUBSCRIBE_METHOD
+    ) -> KvEventSubscriber:
         if address not in self._subscribers:
             sub = KvEventSubscriber(
-                address, self._on_batch, self._on_reset, backoff=self._backoff, channel=channel
+                address, self._on_batch, self._on_reset, backoff=self._backoff, channel=channel, method=method
             )
             self._subscribers[address] = sub
             sub.start()

@@ -1,27 +1,34 @@
-"""The engine pool: engines from config, their health, block sizes and KV-event subscriptions, all
-feeding the native router that picks an engine per request.
+"""The engine pool of one served model: its engines' protocol, health, block sizes, loads and KV-event
+subscriptions, all feeding the native router that picks an engine per request.
 
 Python owns this control plane; the native gateway reads the state it is given.
+
+Per engine, each health round: find its protocol (configured, or probed with HealthCheck under each
+service name) → HealthCheck → on the first healthy answer, register it (context length, KV block size,
+protocol) with the gateway and subscribe to its KV events. Separately, every `load_interval_s`, each
+healthy engine's GetLoads goes to the router.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import grpc
 import structlog
-from smg_grpc_proto.generated import vllm_engine_pb2 as pb
-from smg_grpc_proto.generated import vllm_engine_pb2_grpc as pb_grpc
 
 from extproc import _native
+from extproc.config import EngineConfig
+from extproc.engine_client import EngineClient, NoKnownProtocol, Protocol, detect_protocol, subscribe_method
 from extproc.kv_events import KvEventSubscriptions
 
 log = structlog.get_logger("extproc.pool")
 
 HEALTH_INTERVAL_S = 2.0
 HEALTH_TIMEOUT_S = 1.0
+LOAD_INTERVAL_S = 0.5
 
 
 def engine_address(url: str) -> str:
@@ -36,39 +43,71 @@ def engine_address(url: str) -> str:
 class Engine:
     address: str
     channel: grpc.aio.Channel
-    stub: pb_grpc.VllmEngineStub
+    # The configured protocol; None: detect it.
+    configured: Protocol | None = None
+    # Set once the protocol is known (configured or detected).
+    client: EngineClient | None = None
     healthy: bool = False
+    registered: bool = False
     max_context: int | None = None
     # The engine's KV block size (GetServerInfo); 0 until known.
     block_size: int = 0
+    # Why the engine cannot be used, logged once per distinct reason.
+    problem: str | None = None
+    # False once GetLoads answered UNIMPLEMENTED (until the engine registers again).
+    reports_load: bool = True
+
+    @property
+    def protocol(self) -> Protocol | None:
+        return self.client.protocol if self.client is not None else self.configured
 
 
 @dataclass
 class EnginePool:
-    """All engines of one served model, health-checked in the background, their KV events streamed
-    into the router's prefix index."""
+    """All engines of one served model, health-checked and load-polled in the background, their KV
+    events streamed into the router's prefix index."""
 
     gateway: _native.Gateway
     model: str
     engines: list[Engine] = field(default_factory=list)
     kv_events: bool = True
+    load_interval_s: float = LOAD_INTERVAL_S
     _subscriptions: KvEventSubscriptions | None = None
-    _health_task: asyncio.Task[None] | None = None
+    _tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
     @classmethod
     def create(
-        cls, gateway: _native.Gateway, model: str, urls: list[str], *, kv_events: bool = True
+        cls,
+        gateway: _native.Gateway,
+        model: str,
+        engines: Sequence[str | EngineConfig],
+        *,
+        kv_events: bool = True,
+        load_interval_s: float = LOAD_INTERVAL_S,
     ) -> EnginePool:
-        pool = cls(gateway=gateway, model=model, kv_events=kv_events)
-        for url in urls:
-            address = engine_address(url)
+        """`engines`: URLs (protocol detected) or EngineConfigs ("auto", "vllm" or "sglang")."""
+        pool = cls(gateway=gateway, model=model, kv_events=kv_events, load_interval_s=load_interval_s)
+        for item in engines:
+            config = item if isinstance(item, EngineConfig) else EngineConfig(item)
+            address = engine_address(config.url)
             channel = grpc.aio.insecure_channel(address)
-            pool.engines.append(Engine(address, channel, pb_grpc.VllmEngineStub(channel)))
+            configured: Protocol | None = None
+            if config.protocol in ("vllm", "sglang"):
+                configured = "vllm" if config.protocol == "vllm" else "sglang"
+            engine = Engine(address, channel, configured)
+            if configured is not None:
+                engine.client = EngineClient(channel, configured)
+            pool.engines.append(engine)
         # Every configured engine is known to the router from the start, unhealthy until its first check.
-        gateway.set_endpoints(model, [(e.address, 0) for e in pool.engines])
+        pool._publish_endpoints()
         for engine in pool.engines:
             gateway.set_health(model, engine.address, False)
         return pool
+
+    def _publish_endpoints(self) -> None:
+        # An engine whose protocol is still unknown is unhealthy, so the placeholder is never used.
+        endpoints = [(e.address, e.block_size, e.protocol or "vllm") for e in self.engines]
+        self.gateway.set_endpoints(self.model, endpoints)
 
     async def start(self, *, wait_s: float = 0.0) -> None:
         """Probe every engine once (waiting up to `wait_s` for at least one), then keep checking."""
@@ -81,7 +120,9 @@ class EnginePool:
             if any(e.healthy for e in self.engines) or loop.time() >= deadline:
                 break
             await asyncio.sleep(0.2)
-        self._health_task = asyncio.create_task(self._health_loop())
+        self._tasks.append(asyncio.create_task(self._health_loop(), name=f"health {self.model}"))
+        if self.load_interval_s > 0:
+            self._tasks.append(asyncio.create_task(self._load_loop(), name=f"loads {self.model}"))
 
     def _on_batch(self, address: str, data: bytes) -> str:
         return self.gateway.apply_kv_events(self.model, address, data)
@@ -100,36 +141,92 @@ class EnginePool:
         if contexts:
             self.gateway.set_max_context(self.model, min(contexts))
 
+    def _report_problem(self, engine: Engine, problem: str | None) -> None:
+        """Log why an engine is out of rotation, once per distinct reason."""
+        if problem is not None and problem != engine.problem:
+            log.warning("engine not usable", model=self.model, engine=engine.address, reason=problem)
+        engine.problem = problem
+
     async def _check(self, engine: Engine) -> None:
+        healthy = False
         try:
-            reply = await engine.stub.HealthCheck(pb.HealthCheckRequest(), timeout=HEALTH_TIMEOUT_S)
-            healthy = reply.healthy
-            if healthy and engine.max_context is None:
-                await self._register(engine)
+            client = await self._client(engine)
+            healthy = await client.healthy(HEALTH_TIMEOUT_S)
+            if healthy and not engine.registered:
+                await self._register(engine, client)
+            self._report_problem(engine, None if healthy else "HealthCheck answered healthy=false")
+        except NoKnownProtocol as e:
+            self._report_problem(engine, f"speaks neither vLLM nor SGLang: {e}")
         except grpc.aio.AioRpcError as e:
-            healthy = False
-            if engine.healthy:
-                log.warning("engine unhealthy", engine=engine.address, code=e.code().name)
+            if e.code() == grpc.StatusCode.UNIMPLEMENTED:
+                self._report_problem(engine, f"does not implement the {engine.protocol} protocol")
+                if engine.configured is None:
+                    # A detected engine was replaced by one of the other protocol: detect again.
+                    engine.client = None
+                    engine.registered = False
+            elif engine.healthy:
+                log.warning("engine unhealthy", model=self.model, engine=engine.address, code=e.code().name)
         if healthy and not engine.healthy:
-            log.info("engine ready", engine=engine.address, max_context=engine.max_context)
-            if self._subscriptions is not None:
-                self._subscriptions.add(engine.address, engine.channel)
+            log.info(
+                "engine ready",
+                model=self.model,
+                engine=engine.address,
+                protocol=engine.protocol,
+                max_context=engine.max_context,
+                block_size=engine.block_size,
+            )
+            if self._subscriptions is not None and engine.protocol is not None:
+                method = subscribe_method(engine.protocol)
+                self._subscriptions.add(engine.address, engine.channel, method=method)
         engine.healthy = healthy
         self.gateway.set_health(self.model, engine.address, healthy)
 
-    async def _register(self, engine: Engine) -> None:
-        """What the router needs to know of an engine: its context length and KV block size."""
-        info = await engine.stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=HEALTH_TIMEOUT_S)
-        server = await engine.stub.GetServerInfo(pb.GetServerInfoRequest(), timeout=HEALTH_TIMEOUT_S)
-        engine.max_context = info.max_context_length or None
-        engine.block_size = max(server.block_size, 0)
-        self.gateway.set_endpoints(self.model, [(e.address, e.block_size) for e in self.engines])
+    async def _client(self, engine: Engine) -> EngineClient:
+        if engine.client is None:
+            protocol = await detect_protocol(engine.channel, HEALTH_TIMEOUT_S)
+            log.info("engine protocol detected", model=self.model, engine=engine.address, protocol=protocol)
+            engine.client = EngineClient(engine.channel, protocol)
+        return engine.client
+
+    async def _register(self, engine: Engine, client: EngineClient) -> None:
+        """What the router needs to know of an engine: its protocol, context length and KV block size."""
+        facts = await client.model_facts(HEALTH_TIMEOUT_S)
+        engine.max_context = facts.max_context
+        engine.block_size = facts.block_size
+        engine.registered = True
+        engine.reports_load = True
+        self._publish_endpoints()
+
+    async def _load_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.load_interval_s)
+            await self.poll_loads()
+
+    async def poll_loads(self) -> None:
+        """One GetLoads round over the healthy engines; each answer goes to the router."""
+        due = [e for e in self.engines if e.healthy and e.client is not None and e.reports_load]
+        await asyncio.gather(*(self._poll_load(e) for e in due))
+
+    async def _poll_load(self, engine: Engine) -> None:
+        assert engine.client is not None
+        try:
+            load = await engine.client.loads(min(HEALTH_TIMEOUT_S, max(self.load_interval_s, 0.1)))
+        except grpc.aio.AioRpcError as e:
+            if e.code() == grpc.StatusCode.UNIMPLEMENTED:
+                engine.reports_load = False
+                log.warning("engine has no GetLoads; routing uses in-flight counts", engine=engine.address)
+            return  # the health check decides whether the engine is still usable
+        self.gateway.report_load(
+            self.model, engine.address, load.running, load.waiting, load.kv_usage, load.max_running
+        )
 
     async def close(self) -> None:
-        if self._health_task:
-            self._health_task.cancel()
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
-                await self._health_task
+                await task
+        self._tasks.clear()
         if self._subscriptions is not None:
             await self._subscriptions.close()
         for engine in self.engines:

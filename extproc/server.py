@@ -16,8 +16,7 @@ from dataclasses import dataclass, field
 import structlog
 
 from extproc import _native
-from extproc.config import Settings
-from extproc.models import resolve_model_dir, served_model_name
+from extproc.config import Settings, served_models
 from extproc.pool import EnginePool
 
 log = structlog.get_logger("extproc.server")
@@ -32,18 +31,27 @@ REPORT_INTERVAL_S = 1.0
 @dataclass
 class Running:
     server: _native.ExtProcServer
-    pool: EnginePool
+    # One engine pool per served model, in configuration order.
+    pools: dict[str, EnginePool]
     gateway: _native.Gateway
-    model: str
     address: str
     reporter: Reporter | None = field(default=None, repr=False)
+
+    @property
+    def model(self) -> str:
+        """The first served model (the only one in a single-model configuration)."""
+        return next(iter(self.pools))
+
+    @property
+    def pool(self) -> EnginePool:
+        return self.pools[self.model]
 
     async def stop(self, grace: float = STOP_GRACE_S) -> None:
         # Blocks until the server is down: off the event loop, so health checks and the reporter go on.
         await asyncio.to_thread(self.server.stop, grace)
         if self.reporter is not None:
             await self.reporter.stop()
-        await self.pool.close()
+        await asyncio.gather(*(pool.close() for pool in self.pools.values()))
 
 
 class Reporter:
@@ -83,27 +91,33 @@ class Reporter:
 
 
 async def start(settings: Settings, *, engine_wait_s: float = ENGINE_WAIT_S) -> Running:
-    """Load the model, register the engines and start serving; returns once the server listens."""
-    model_dir = resolve_model_dir(settings.model_dir)
-    model = served_model_name(model_dir, settings.model_name)
-    gateway = _native.Gateway(max_body_bytes=settings.max_body_bytes)
-    gateway.add_model(model, str(model_dir), policy=settings.routing_policy)
-    pool = EnginePool.create(gateway, model, list(settings.engines))
-    await pool.start(wait_s=engine_wait_s)
+    """Load the models, register their engines and start serving; returns once the server listens.
 
-    server = _native.ExtProcServer(gateway, settings.listen, worker_threads=WORKER_THREADS)
+    Waits up to `engine_wait_s` for every model to have at least one healthy engine."""
+    gateway = _native.Gateway(max_body_bytes=settings.max_body_bytes)
+    pools: dict[str, EnginePool] = {}
+    for model in served_models(settings):
+        gateway.add_model(model.name, str(model.model_dir), policy=model.routing_policy)
+        pools[model.name] = EnginePool.create(
+            gateway, model.name, model.engines, load_interval_s=settings.load_interval
+        )
     try:
-        address = server.start()
-    except OSError as e:
-        await pool.close()
-        raise RuntimeError(f"cannot listen on {settings.listen}: {e}") from e
+        await asyncio.gather(*(pool.start(wait_s=engine_wait_s) for pool in pools.values()))
+        server = _native.ExtProcServer(gateway, settings.listen, worker_threads=WORKER_THREADS)
+        try:
+            address = server.start()
+        except OSError as e:
+            raise RuntimeError(f"cannot listen on {settings.listen}: {e}") from e
+    except BaseException:
+        await asyncio.gather(*(pool.close() for pool in pools.values()))
+        raise
     reporter = Reporter(server)
     reporter.start()
-    ready = gateway.endpoints(model)
-    log.info(
-        "ext_proc server listening", address=address, model=model, engines=len(pool.engines), ready=len(ready)
-    )
-    return Running(server, pool, gateway, model, address, reporter)
+    for name, pool in pools.items():
+        ready = gateway.endpoints(name)
+        log.info("serving model", model=name, engines=len(pool.engines), ready=len(ready))
+    log.info("ext_proc server listening", address=address, models=list(pools))
+    return Running(server, pools, gateway, address, reporter)
 
 
 async def serve(settings: Settings) -> None:

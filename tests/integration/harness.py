@@ -1,5 +1,10 @@
 """A real local stack for tests: simulated engines and the extproc server in a background event loop
-(so tests can inspect the engines), and the real Envoy binary as a child process, all on free ports."""
+(so tests can inspect the engines), and the real Envoy binary as a child process, all on free ports.
+
+`local_stack(ports, tmp)` serves one model on two vLLM-protocol engines; `protocol="sglang"` makes its
+engines speak SGLang (the pool detects it); `models=[SimModel("a"), SimModel("b", protocol="sglang")]`
+serves several models, each on engines of its own.
+"""
 
 from __future__ import annotations
 
@@ -9,16 +14,19 @@ import subprocess
 import threading
 import time
 import urllib.request
-from collections.abc import Coroutine, Iterator
-from dataclasses import dataclass
+from collections.abc import Coroutine, Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from extproc import server
-from extproc.config import Settings
+from extproc.config import EngineConfig, ModelConfig, Settings
 from extproc.envoy_bootstrap import EnvoyOptions, envoy_binary, render_bootstrap
 from extproc.models import default_model_dir
 from load.simulator import SimCluster, SimOptions, start_engines
+from load.simulator.cluster import STOP_GRACE_S
+
+SimProtocol = Literal["vllm", "sglang"]
 
 T = TypeVar("T")
 
@@ -39,19 +47,37 @@ class LoopThread:
         self._thread.join(timeout=5)
 
 
+@dataclass(frozen=True)
+class SimModel:
+    """One served model of a test stack and its simulated engines."""
+
+    name: str
+    engines: int = 2
+    protocol: SimProtocol = "vllm"
+    # None: the default model's tokenizer and template.
+    model_dir: Path | None = None
+    routing_policy: str | None = None
+    sim: SimOptions | None = None
+    # What the gateway is told about the engines' protocol ("auto": it detects it).
+    engine_protocol: str = "auto"
+
+
 @dataclass
 class Stack:
     base_url: str
     admin_url: str
+    # The first (or only) model and its engines.
     model: str
     engines: SimCluster
     gateway: server.Running
     envoy: subprocess.Popen[bytes]
     loop: LoopThread
+    # Every model's engines, by model name.
+    clusters: dict[str, SimCluster] = field(default_factory=dict)
 
     def generate_requests(self) -> int:
-        """How many Generate calls reached any engine so far."""
-        return sum(e.stats.generate_requests for e in self.engines.engines)
+        """How many Generate calls reached any engine of any model so far."""
+        return sum(e.stats.generate_requests for c in self.clusters.values() for e in c.engines)
 
 
 def wait_ready(admin_url: str, proc: subprocess.Popen[bytes], timeout: float = 30.0) -> None:
@@ -67,6 +93,30 @@ def wait_ready(admin_url: str, proc: subprocess.Popen[bytes], timeout: float = 3
     raise TimeoutError("envoy did not become ready")
 
 
+async def _start_clusters(
+    models: Sequence[SimModel], default_sim: SimOptions | None
+) -> dict[str, SimCluster]:
+    clusters: dict[str, SimCluster] = {}
+    try:
+        for m in models:
+            clusters[m.name] = await start_engines(
+                m.model_dir or default_model_dir(),
+                count=m.engines,
+                base_port=0,
+                model_name=m.name,
+                options=m.sim or default_sim or SimOptions(),
+                protocol=m.protocol,
+            )
+    except BaseException:
+        await asyncio.gather(*(c.stop(grace=0) for c in clusters.values()))
+        raise
+    return clusters
+
+
+async def _stop_clusters(clusters: dict[str, SimCluster], grace: float | None) -> None:
+    await asyncio.gather(*(c.stop(grace) for c in clusters.values()))
+
+
 @contextlib.contextmanager
 def local_stack(
     ports: Any,
@@ -76,17 +126,43 @@ def local_stack(
     sim: SimOptions | None = None,
     routing_policy: str = "kv_events",
     max_body_bytes: int | None = None,
+    protocol: SimProtocol = "vllm",
+    models: Sequence[SimModel] | None = None,
+    load_interval: float | None = None,
 ) -> Iterator[Stack]:
+    """`engines`, `protocol` and `sim` describe the single default model; `models` several instead."""
     loop = LoopThread()
-    model_dir = default_model_dir()
-    cluster = loop.run(start_engines(model_dir, count=engines, base_port=0, options=sim or SimOptions()))
-    settings = Settings(
-        listen="127.0.0.1:0",
-        engines=tuple(f"grpc://{a}" for a in cluster.addresses),
-        routing_policy=routing_policy,
-        **({"max_body_bytes": max_body_bytes} if max_body_bytes else {}),
-    )
-    running = loop.run(server.start(settings, engine_wait_s=10))
+    single = models is None
+    if models is None:
+        models = [SimModel(default_model_dir().name, engines=engines, protocol=protocol)]
+    clusters = loop.run(_start_clusters(models, sim))
+    extra: dict[str, Any] = {}
+    if max_body_bytes:
+        extra["max_body_bytes"] = max_body_bytes
+    if load_interval is not None:
+        extra["load_interval"] = load_interval
+    if single:
+        first = next(iter(clusters.values()))
+        extra["engines"] = tuple(f"grpc://{a}" for a in first.addresses)
+    else:
+        extra["models"] = tuple(
+            ModelConfig(
+                name=m.name,
+                model_dir=m.model_dir,
+                engines=tuple(
+                    EngineConfig(f"grpc://{a}", m.engine_protocol) for a in clusters[m.name].addresses
+                ),
+                routing_policy=m.routing_policy,
+            )
+            for m in models
+        )
+    settings = Settings(listen="127.0.0.1:0", routing_policy=routing_policy, **extra)
+    try:
+        running = loop.run(server.start(settings, engine_wait_s=10))
+    except BaseException:
+        loop.run(_stop_clusters(clusters, 0))
+        loop.close()
+        raise
     port, admin_port = ports.one(), ports.one()
     max_request_bytes = max_body_bytes or Settings().max_body_bytes
     options = EnvoyOptions(
@@ -115,10 +191,11 @@ def local_stack(
         f"http://127.0.0.1:{port}",
         f"http://127.0.0.1:{admin_port}",
         running.model,
-        cluster,
+        clusters[running.model],
         running,
         envoy,
         loop,
+        clusters,
     )
     try:
         wait_ready(stack.admin_url, envoy)
@@ -131,5 +208,5 @@ def local_stack(
             envoy.kill()
             envoy.wait()
         loop.run(running.stop(grace=1))
-        loop.run(cluster.stop())
+        loop.run(_stop_clusters(clusters, STOP_GRACE_S))
         loop.close()
