@@ -8,8 +8,9 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde_json::json;
 
+use crate::engine::Protocol;
 use crate::model::ModelFiles;
-use crate::routing::{Pick, Router, RouterConfig};
+use crate::routing::{Pick, Router, RouterConfig, RoutingError};
 
 pub fn unix_now() -> u64 {
     SystemTime::now()
@@ -25,6 +26,8 @@ pub struct ServedModel {
     pub created: u64,
     /// The model's engines (set by the control plane) and the policy that picks among them.
     pub router: Router,
+    /// The protocol each engine address speaks; the router itself only knows addresses.
+    protocols: RwLock<HashMap<String, Protocol>>,
 }
 
 impl ServedModel {
@@ -43,9 +46,50 @@ impl ServedModel {
         self.max_context.store(tokens, Ordering::Relaxed);
     }
 
+    /// Replace the model's engines: `(address, KV block size or 0, protocol)`.
+    pub fn set_endpoints(&self, endpoints: Vec<(String, u32, Protocol)>) -> Result<(), RoutingError> {
+        let protocols: HashMap<String, Protocol> = endpoints.iter().map(|(a, _, p)| (a.clone(), *p)).collect();
+        // Protocols first: a request routed to a new address right after the router learns it must find it.
+        let previous = std::mem::replace(&mut *self.protocols.write().expect("protocol lock"), protocols.clone());
+        let routed = endpoints.into_iter().map(|(a, b, _)| (a, b)).collect();
+        if let Err(e) = self.router.set_endpoints(routed) {
+            *self.protocols.write().expect("protocol lock") = previous;
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    /// The protocol of the engine at `address` (vLLM for an address the control plane never named).
+    pub fn protocol(&self, address: &str) -> Protocol {
+        self.protocols
+            .read()
+            .expect("protocol lock")
+            .get(address)
+            .copied()
+            .unwrap_or_default()
+    }
+
+    /// Every endpoint address and its protocol, sorted by address.
+    pub fn protocols(&self) -> Vec<(String, Protocol)> {
+        let mut all: Vec<_> = self
+            .protocols
+            .read()
+            .expect("protocol lock")
+            .iter()
+            .map(|(a, p)| (a.clone(), *p))
+            .collect();
+        all.sort();
+        all
+    }
+
     /// Addresses of the healthy endpoints.
     pub fn ready_endpoints(&self) -> Vec<String> {
-        self.router.endpoints().into_iter().filter(|e| e.healthy).map(|e| e.address.to_string()).collect()
+        self.router
+            .endpoints()
+            .into_iter()
+            .filter(|e| e.healthy)
+            .map(|e| e.address.to_string())
+            .collect()
     }
 }
 
@@ -89,6 +133,7 @@ impl Gateway {
             max_context: AtomicU32::new(max_context),
             created: unix_now(),
             router,
+            protocols: RwLock::new(HashMap::new()),
         });
         self.models
             .write()

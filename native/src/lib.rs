@@ -1,14 +1,15 @@
 //! extproc's native core: everything per byte or per token on the gateway's data path.
 
 pub mod detokenize;
+pub mod engine;
 pub mod error;
 pub mod gateway;
 pub mod grpc_frame;
 pub mod model;
 pub mod openai;
 pub mod pb;
-pub mod routing;
 mod py;
+pub mod routing;
 pub mod server;
 pub mod stop;
 pub mod stream;

@@ -11,6 +11,7 @@ use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
 
+use crate::engine::Protocol;
 use crate::gateway::{Gateway, Limits, ServedModel};
 use crate::routing::{EngineLoad, RouterConfig};
 use crate::stream::{RequestStream, Summary};
@@ -23,7 +24,9 @@ pub struct PyGateway {
 
 impl PyGateway {
     fn model(&self, name: &str) -> PyResult<Arc<ServedModel>> {
-        self.inner.model(name).ok_or_else(|| PyValueError::new_err(format!("unknown model {name}")))
+        self.inner
+            .model(name)
+            .ok_or_else(|| PyValueError::new_err(format!("unknown model {name}")))
     }
 }
 
@@ -58,15 +61,23 @@ impl PyGateway {
         };
         let gateway = self.inner.clone();
         let policy = policy.to_string();
-        py.detach(move || gateway.add_model(&name, &model_dir, max_context, &policy, config).map(|_| ()))
-            .map_err(PyValueError::new_err)
+        py.detach(move || {
+            gateway
+                .add_model(&name, &model_dir, max_context, &policy, config)
+                .map(|_| ())
+        })
+        .map_err(PyValueError::new_err)
     }
 
-    /// Replace the engines of `name`: `(address "ip:port", KV block size or 0 when unknown)` pairs.
+    /// Replace the engines of `name`: `(address "ip:port", KV block size or 0 when unknown)` or
+    /// `(address, block size, protocol)` with protocol "vllm" (the default) or "sglang".
     /// Engines that stay keep their state; new ones start healthy.
-    fn set_endpoints(&self, name: &str, endpoints: Vec<(String, u32)>) -> PyResult<()> {
+    fn set_endpoints(&self, name: &str, endpoints: Vec<Bound<'_, PyAny>>) -> PyResult<()> {
         let model = self.model(name)?;
-        model.router.set_endpoints(endpoints).map_err(|e| PyValueError::new_err(e.to_string()))
+        let endpoints = endpoints.iter().map(endpoint_item).collect::<PyResult<Vec<_>>>()?;
+        model
+            .set_endpoints(endpoints)
+            .map_err(|e| PyValueError::new_err(e.to_string()))
     }
 
     /// Mark an engine (un)healthy; unhealthy engines are never picked. False for an unknown address.
@@ -75,7 +86,10 @@ impl PyGateway {
     }
 
     /// The engine's own load report (a `GetLoads` poll): running and waiting requests, KV-cache usage in
-    /// [0, 1], and its admission window (0 when unknown). False for an unknown address.
+    /// [0, 1], its admission window (0 when unknown) and the uncached prompt tokens of its waiting
+    /// requests (queued prefill work; 0 when not reported). False for an unknown address.
+    #[pyo3(signature = (name, address, running, waiting, kv_usage, max_running, waiting_uncached_tokens = 0))]
+    #[allow(clippy::too_many_arguments)]
     fn report_load(
         &self,
         name: &str,
@@ -84,14 +98,26 @@ impl PyGateway {
         waiting: u32,
         kv_usage: f64,
         max_running: u32,
+        waiting_uncached_tokens: u32,
     ) -> PyResult<bool> {
         let load = EngineLoad {
             running,
             waiting,
             kv_usage: kv_usage.clamp(0.0, 1.0),
             max_running,
+            waiting_uncached_tokens,
         };
         Ok(self.model(name)?.router.set_engine_load(address, &load))
+    }
+
+    /// Every engine address of `name` and the protocol it speaks ("vllm" or "sglang").
+    fn endpoint_protocols(&self, name: &str) -> PyResult<Vec<(String, &'static str)>> {
+        Ok(self
+            .model(name)?
+            .protocols()
+            .into_iter()
+            .map(|(a, p)| (a, p.as_str()))
+            .collect())
     }
 
     /// Addresses of the healthy engines of `name`.
@@ -116,7 +142,10 @@ impl PyGateway {
     /// The routing policy of `name` and its index size, for logs and debugging.
     fn routing_stats(&self, name: &str) -> PyResult<(String, String)> {
         let model = self.model(name)?;
-        Ok((model.router.policy_name().to_string(), format!("{:?}", model.router.index_stats())))
+        Ok((
+            model.router.policy_name().to_string(),
+            format!("{:?}", model.router.index_stats()),
+        ))
     }
 
     fn model_names(&self) -> Vec<String> {
@@ -186,6 +215,18 @@ impl PyStream {
     fn summary<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         summary_dict(py, self.inner.lock().expect("stream lock").summary())
     }
+}
+
+/// One `set_endpoints` item: a 2- or 3-tuple.
+fn endpoint_item(item: &Bound<'_, PyAny>) -> PyResult<(String, u32, Protocol)> {
+    if let Ok((address, block_size, protocol)) = item.extract::<(String, u32, String)>() {
+        let protocol = protocol.parse::<Protocol>().map_err(PyValueError::new_err)?;
+        return Ok((address, block_size, protocol));
+    }
+    let (address, block_size) = item.extract::<(String, u32)>().map_err(|_| {
+        PyValueError::new_err("endpoints are (address, block_size) or (address, block_size, protocol) tuples")
+    })?;
+    Ok((address, block_size, Protocol::default()))
 }
 
 /// A request's summary as the dict Python logs and metrics read.
