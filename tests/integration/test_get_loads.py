@@ -1,0 +1,158 @@
+"""GetLoads polling: each healthy engine's own load report reaches the router, read the same way from
+both protocols, and a load-aware policy steers requests away from an engine that reports a queue the
+gateway did not cause (another gateway's traffic, simulated by calling the engine directly)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import grpc
+import openai
+import pytest
+from smg_grpc_proto.generated import sglang_scheduler_pb2 as sglang_pb
+from smg_grpc_proto.generated import sglang_scheduler_pb2_grpc as sglang_grpc
+from smg_grpc_proto.generated import vllm_engine_pb2 as vllm_pb
+from smg_grpc_proto.generated import vllm_engine_pb2_grpc as vllm_grpc
+
+from extproc import _native
+from extproc.models import default_model_dir
+from extproc.pool import EnginePool
+from load.simulator import SimOptions, start_engines
+from load.simulator.cluster import SimEngine
+from tests.conftest import FreePorts
+from tests.integration.harness import local_stack
+
+MODEL = "m"
+MAX_NUM_SEQS = 8
+
+
+class RecordingGateway:
+    """The real native gateway, with every report_load call remembered."""
+
+    def __init__(self, gateway: _native.Gateway) -> None:
+        self._gateway = gateway
+        self.reports: dict[str, tuple[int, int, float, int]] = {}
+
+    def report_load(
+        self, name: str, address: str, running: int, waiting: int, kv: float, window: int
+    ) -> bool:
+        self.reports[address] = (running, waiting, kv, window)
+        return self._gateway.report_load(name, address, running, waiting, kv, window)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._gateway, name)
+
+
+class DirectCalls:
+    """Generate calls made straight to an engine, bypassing the gateway; cancelled on close."""
+
+    def __init__(self, engine: SimEngine) -> None:
+        self.engine = engine
+        self.channel = grpc.aio.insecure_channel(engine.address)
+        self.calls: list[Any] = []
+
+    def start(self, n: int, *, prompt_len: int = 40, max_tokens: int = 10_000) -> None:
+        for i in range(n):
+            ids = [128000, *range(2000 + i * 100, 2000 + i * 100 + prompt_len - 1)]
+            rid = f"direct-{len(self.calls)}"
+            if self.engine.protocol == "vllm":
+                request: Any = vllm_pb.GenerateRequest(
+                    request_id=rid,
+                    tokenized=vllm_pb.TokenizedInput(input_ids=ids),
+                    sampling_params=vllm_pb.SamplingParams(max_tokens=max_tokens, ignore_eos=True),
+                    stream=True,
+                )
+                self.calls.append(vllm_grpc.VllmEngineStub(self.channel).Generate(request))
+            else:
+                request = sglang_pb.GenerateRequest(
+                    request_id=rid,
+                    tokenized=sglang_pb.TokenizedInput(input_ids=ids),
+                    sampling_params=sglang_pb.SamplingParams(max_new_tokens=max_tokens, ignore_eos=True),
+                    stream=True,
+                )
+                self.calls.append(sglang_grpc.SglangSchedulerStub(self.channel).Generate(request))
+
+    async def close(self) -> None:
+        for call in self.calls:
+            call.cancel()
+        await self.channel.close()
+
+
+async def until(predicate: Callable[[], bool], within_s: float = 10.0) -> None:
+    deadline = time.monotonic() + within_s
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.02)
+
+
+@pytest.mark.parametrize("protocol", ["vllm", "sglang"])
+async def test_each_protocols_get_loads_reaches_the_router(protocol: str) -> None:
+    gateway = _native.Gateway(max_body_bytes=1 << 20)
+    gateway.add_model(MODEL, str(default_model_dir()), policy="least_load")
+    recording = RecordingGateway(gateway)
+    options = SimOptions(max_num_seqs=MAX_NUM_SEQS, itl_ms=20)
+    cluster = await start_engines(
+        default_model_dir(), count=2, base_port=0, options=options, protocol=protocol
+    )  # type: ignore[arg-type]
+    queued, busy = cluster.engines
+    direct = [DirectCalls(queued), DirectCalls(busy)]
+    pool = EnginePool.create(
+        recording,  # type: ignore[arg-type]
+        MODEL,
+        [f"grpc://{a}" for a in cluster.addresses],
+        kv_events=False,
+        load_interval_s=0.05,
+    )
+    try:
+        queued.faults.set(stall=True)  # its requests wait: a queue
+        direct[0].start(3)
+        direct[1].start(1, prompt_len=300)  # one long generation holding KV blocks
+        await until(lambda: len(queued.core.scheduler.waiting) == 3 and len(busy.core.scheduler.running) == 1)
+        await pool.start(wait_s=10)
+        await until(lambda: recording.reports.get(queued.address, (0, 0))[1] == 3)
+        await until(lambda: recording.reports.get(busy.address, (0,))[0] == 1)
+        assert recording.reports[queued.address] == (0, 3, 0.0, MAX_NUM_SEQS)
+        running, waiting, kv_usage, window = recording.reports[busy.address]
+        assert (running, waiting, window) == (1, 0, MAX_NUM_SEQS)
+        # The engine's own KV usage: the blocks of its one sequence out of its cache.
+        assert kv_usage == pytest.approx(busy.core.scheduler.cache.usage, abs=0.01) and kv_usage > 0
+    finally:
+        await pool.close()
+        for calls in direct:
+            await calls.close()
+        queued.faults.clear()
+        await cluster.stop(grace=0)
+
+
+def test_least_load_avoids_an_engine_whose_get_loads_reports_a_queue(tmp_path: Path) -> None:
+    sim = SimOptions(max_num_seqs=MAX_NUM_SEQS)
+    with local_stack(FreePorts(), tmp_path, routing_policy="least_load", sim=sim, load_interval=0.1) as stack:
+        queued, free = stack.engines.engines
+        # Stalled from the start, the engine never steps, so it publishes no KV events (nor their load
+        # records): only its GetLoads answers tell the router about the queue.
+        queued.faults.set(stall=True)
+
+        async def queue_up() -> DirectCalls:
+            direct = DirectCalls(queued)
+            direct.start(4)
+            await until(lambda: len(queued.core.scheduler.waiting) == 4)
+            await asyncio.sleep(0.5)  # a few polls
+            return direct
+
+        direct = stack.loop.run(queue_up())
+        try:
+            client = openai.OpenAI(base_url=f"{stack.base_url}/v1", api_key="-", max_retries=0, timeout=20)
+            for i in range(8):
+                reply = client.chat.completions.create(
+                    model=stack.model, messages=[{"role": "user", "content": f"question {i}"}], max_tokens=4
+                )
+                assert reply.choices[0].message.content
+            assert queued.stats.generate_requests == 4  # only the direct ones
+            assert free.stats.generate_requests == 8
+        finally:
+            stack.loop.run(direct.close())
+            queued.faults.clear()
