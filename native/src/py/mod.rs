@@ -86,7 +86,10 @@ impl PyGateway {
     }
 
     /// The engine's own load report (a `GetLoads` poll): running and waiting requests, KV-cache usage in
-    /// [0, 1], and its admission window (0 when unknown). False for an unknown address.
+    /// [0, 1], its admission window (0 when unknown) and the uncached prompt tokens of its waiting
+    /// requests (queued prefill work; 0 when not reported). False for an unknown address.
+    #[pyo3(signature = (name, address, running, waiting, kv_usage, max_running, waiting_uncached_tokens = 0))]
+    #[allow(clippy::too_many_arguments)]
     fn report_load(
         &self,
         name: &str,
@@ -95,12 +98,14 @@ impl PyGateway {
         waiting: u32,
         kv_usage: f64,
         max_running: u32,
+        waiting_uncached_tokens: u32,
     ) -> PyResult<bool> {
         let load = EngineLoad {
             running,
             waiting,
             kv_usage: kv_usage.clamp(0.0, 1.0),
             max_running,
+            waiting_uncached_tokens,
         };
         Ok(self.model(name)?.router.set_engine_load(address, &load))
     }

@@ -25,9 +25,9 @@ pub struct RouterConfig {
     pub spill_enabled: bool,
     pub spill_abs: u32,
     pub spill_ratio: f64,
-    /// Affinity policies: follow the cache only when the holder has at least this many more leading
-    /// blocks than the least loaded candidate.
-    pub affinity_min_blocks: u32,
+    /// Affinity policies: what one request already on an endpoint adds to its expected wait, in
+    /// prefill tokens (see `policy/affinity.rs`).
+    pub request_cost_tokens: u32,
     /// Weighted policy: scorer type name → weight.
     pub scorers: BTreeMap<String, f64>,
     /// Weighted policy: which index the `prefix` scorer reads, "events" (precise) or "routed".
@@ -45,7 +45,7 @@ impl Default for RouterConfig {
             spill_enabled: true,
             spill_abs: 8,
             spill_ratio: 1.5,
-            affinity_min_blocks: 1,
+            request_cost_tokens: 16,
             scorers: [("prefix", 3.0), ("queue", 2.0), ("load", 1.0), ("kv_usage", 1.0)]
                 .into_iter()
                 .map(|(k, v)| (k.to_string(), v))

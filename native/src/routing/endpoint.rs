@@ -19,9 +19,11 @@ pub struct EndpointState {
     healthy: AtomicBool,
     in_flight_requests: AtomicU32,
     in_flight_tokens: AtomicU64,
+    in_flight_prefill: AtomicU64,
     running: AtomicU32,
     waiting: AtomicU32,
     max_running: AtomicU32,
+    waiting_uncached: AtomicU32,
     kv_usage_bits: AtomicU64,
     events: Mutex<EventState>,
 }
@@ -36,9 +38,11 @@ impl EndpointState {
             healthy: AtomicBool::new(true),
             in_flight_requests: AtomicU32::new(0),
             in_flight_tokens: AtomicU64::new(0),
+            in_flight_prefill: AtomicU64::new(0),
             running: AtomicU32::new(0),
             waiting: AtomicU32::new(0),
             max_running: AtomicU32::new(0),
+            waiting_uncached: AtomicU32::new(0),
             kv_usage_bits: AtomicU64::new(0f64.to_bits()),
             events: Mutex::new(EventState::new(max_engine_blocks)),
         }
@@ -64,6 +68,7 @@ impl EndpointState {
         self.running.store(l.running, Ordering::Relaxed);
         self.waiting.store(l.waiting, Ordering::Relaxed);
         self.max_running.store(l.max_running, Ordering::Relaxed);
+        self.waiting_uncached.store(l.waiting_uncached_tokens, Ordering::Relaxed);
         self.kv_usage_bits
             .store(l.kv_usage.clamp(0.0, 1.0).to_bits(), Ordering::Relaxed);
     }
@@ -72,11 +77,13 @@ impl EndpointState {
         Load {
             in_flight_requests: self.in_flight_requests.load(Ordering::Relaxed),
             in_flight_tokens: self.in_flight_tokens.load(Ordering::Relaxed),
+            prefill_tokens: self.in_flight_prefill.load(Ordering::Relaxed),
             engine: EngineLoad {
                 running: self.running.load(Ordering::Relaxed),
                 waiting: self.waiting.load(Ordering::Relaxed),
                 kv_usage: f64::from_bits(self.kv_usage_bits.load(Ordering::Relaxed)),
                 max_running: self.max_running.load(Ordering::Relaxed),
+                waiting_uncached_tokens: self.waiting_uncached.load(Ordering::Relaxed),
             },
         }
     }
@@ -88,27 +95,44 @@ impl EndpointState {
 }
 
 /// A request in flight on an endpoint: counted from creation until drop, whatever path the request
-/// takes (completion, error, client disconnect, panic), so the accounting cannot leak.
+/// takes (completion, error, client disconnect, panic), so the accounting cannot leak. Its expected
+/// prefill work counts until the first token (`first_token`) or the drop, whichever comes first.
 #[must_use = "the request counts as in flight only while this guard lives"]
 pub struct InFlight {
     endpoint: Arc<EndpointState>,
     tokens: u64,
+    prefill: u64,
 }
 
 impl InFlight {
-    pub fn begin(endpoint: Arc<EndpointState>, tokens: u64) -> Self {
+    /// `tokens`: the prompt's length; `prefill`: the part of it the endpoint is expected to compute.
+    pub fn begin(endpoint: Arc<EndpointState>, tokens: u64, prefill: u64) -> Self {
         endpoint.in_flight_requests.fetch_add(1, Ordering::Relaxed);
         endpoint.in_flight_tokens.fetch_add(tokens, Ordering::Relaxed);
-        InFlight { endpoint, tokens }
+        endpoint.in_flight_prefill.fetch_add(prefill, Ordering::Relaxed);
+        InFlight {
+            endpoint,
+            tokens,
+            prefill,
+        }
     }
 
     pub fn address(&self) -> &str {
         &self.endpoint.address
     }
+
+    /// The engine sent its first token: the prompt is prefilled. Later calls do nothing.
+    pub fn first_token(&mut self) {
+        let prefill = std::mem::take(&mut self.prefill);
+        if prefill > 0 {
+            self.endpoint.in_flight_prefill.fetch_sub(prefill, Ordering::Relaxed);
+        }
+    }
 }
 
 impl Drop for InFlight {
     fn drop(&mut self) {
+        self.first_token();
         self.endpoint.in_flight_requests.fetch_sub(1, Ordering::Relaxed);
         self.endpoint.in_flight_tokens.fetch_sub(self.tokens, Ordering::Relaxed);
     }

@@ -268,7 +268,8 @@ fn loads_are_returned_and_load_only_batches_admit_nothing() {
             running: 3,
             waiting: 2,
             kv_usage: 0.5,
-            max_running: 8
+            max_running: 8,
+            waiting_uncached_tokens: 0,
         })
     );
     let heartbeat = KvEventBatch {

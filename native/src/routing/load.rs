@@ -13,6 +13,9 @@ pub struct EngineLoad {
     pub kv_usage: f64,
     /// The engine's admission window (max running requests); 0 when unknown.
     pub max_running: u32,
+    /// Prompt tokens of its waiting requests not served from its prefix cache: queued prefill work
+    /// (`GetLoads`' `num_waiting_uncached_tokens`); 0 when not reported.
+    pub waiting_uncached_tokens: u32,
 }
 
 impl From<&pb::EngineLoad> for EngineLoad {
@@ -22,6 +25,7 @@ impl From<&pb::EngineLoad> for EngineLoad {
             waiting: l.waiting_requests,
             kv_usage: l.token_usage.clamp(0.0, 1.0),
             max_running: l.max_running_requests,
+            waiting_uncached_tokens: 0,
         }
     }
 }
@@ -33,6 +37,9 @@ pub struct Load {
     pub in_flight_requests: u32,
     /// Prompt tokens of those requests.
     pub in_flight_tokens: u64,
+    /// Uncached prompt tokens of those requests that have no first token yet: prefill work the
+    /// endpoint still has to do for this gateway.
+    pub prefill_tokens: u64,
     pub engine: EngineLoad,
 }
 
@@ -41,6 +48,12 @@ impl Load {
     /// the engine's, so neither a stale report nor other gateways' traffic hides load.
     pub fn requests(&self) -> u32 {
         self.in_flight_requests.max(self.engine.running + self.engine.waiting)
+    }
+
+    /// Prefill work ahead of a new request, in tokens: the larger of our own pending prefill and the
+    /// engine's queued uncached tokens.
+    pub fn prefill_backlog(&self) -> u64 {
+        self.prefill_tokens.max(u64::from(self.engine.waiting_uncached_tokens))
     }
 
     /// Requests queued rather than running: `max(waiting, in_flight - running)`.
@@ -60,6 +73,7 @@ mod tests {
         let l = Load {
             in_flight_requests: 5,
             in_flight_tokens: 0,
+            prefill_tokens: 0,
             engine: EngineLoad {
                 running: 2,
                 waiting: 1,

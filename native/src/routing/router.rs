@@ -231,6 +231,8 @@ impl Router {
                 id: st.id,
                 address_hash: st.address_hash,
                 load: st.load(),
+                prompt_tokens: req.token_ids.len() as u32,
+                block_size: st.block_size(),
                 ..Default::default()
             });
             states.push(st);
@@ -262,7 +264,11 @@ impl Router {
                 .collect(),
             cached_blocks: candidates[p].cached_blocks,
             block_size: block_sizes[p],
-            in_flight: InFlight::begin(states[p].clone(), req.token_ids.len() as u64),
+            in_flight: InFlight::begin(
+                states[p].clone(),
+                req.token_ids.len() as u64,
+                u64::from(candidates[p].uncached_tokens()),
+            ),
         })
     }
 
@@ -301,11 +307,11 @@ impl Router {
     }
 
     /// Counts a request in flight on `address` until the returned guard drops (for a request the
-    /// caller sent to a fallback). `None` if unknown.
+    /// caller sent to a fallback; its whole prompt counts as prefill work). `None` if unknown.
     pub fn begin(&self, address: &str, tokens: u64) -> Option<InFlight> {
         self.read_table()
             .get(address)
-            .map(|st| InFlight::begin(st.clone(), tokens))
+            .map(|st| InFlight::begin(st.clone(), tokens, tokens))
     }
 
     /// Applies one `KvEventBatch` (protobuf bytes) from `address`'s event stream, and the load record

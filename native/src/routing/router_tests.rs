@@ -269,6 +269,25 @@ fn in_flight_accounting_follows_the_guards() {
 }
 
 #[test]
+fn prefill_work_counts_until_the_first_token() {
+    let r = router("kv_events", 1);
+    let tokens = prompt(1, 3);
+    r.apply_kv_events(&addr(0), &stored_batch(0, &tokens[..2 * B as usize], 1));
+    let prefill = |r: &Router| r.endpoints()[0].load.prefill_tokens;
+    // Two of the three blocks are cached: one block's tokens are left to prefill.
+    let mut a = r.pick(&tokens, None).unwrap();
+    assert_eq!((a.cached_blocks, prefill(&r)), (2, u64::from(B)));
+    let b = r.pick(&prompt(2, 3), None).unwrap();
+    assert_eq!(prefill(&r), u64::from(4 * B), "a cold prompt adds all of its tokens");
+    a.in_flight.first_token();
+    a.in_flight.first_token();
+    assert_eq!(prefill(&r), u64::from(3 * B), "the first token releases the share, once");
+    drop(b);
+    drop(a);
+    assert_eq!(prefill(&r), 0);
+}
+
+#[test]
 fn accounting_does_not_leak_across_threads() {
     let r = Arc::new(router("power_of_two", 8));
     let threads: Vec<_> = (0..4)

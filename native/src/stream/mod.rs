@@ -363,6 +363,10 @@ impl RequestStream {
 
     fn on_response_body(&mut self, b: HttpBody) -> Vec<ProcessingResponse> {
         let exchange = self.exchange.as_mut().expect("an exchange exists after routing");
+        // The engine's first bytes mean its prefill is done: the router stops counting it as backlog.
+        if let Some(in_flight) = exchange.in_flight.as_mut() {
+            in_flight.first_token();
+        }
         let events = match exchange.translator.push(&b.body) {
             Ok(events) => events,
             Err(error) => return self.finish(Some(error)),

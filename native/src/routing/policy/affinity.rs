@@ -1,42 +1,48 @@
-//! Cache affinity, shared by `prefix_cache` (approximate index) and `kv_events` (precise index):
+//! Cache affinity, shared by `prefix_cache` (approximate index) and `kv_events` (precise index): send
+//! the request where its first token is expected soonest.
 //!
 //! 1. Spill gate (`filter.rs`) removes overloaded endpoints.
-//! 2. Among the rest, `best` holds the most leading prompt blocks (ties: less load, then at random)
-//!    and `least` is the least loaded.
-//! 3. Primary: `best` if `cached(best) >= cached(least) + min_blocks`, else `least`: a cache hit is
-//!    worth following only when it saves prefill over simply balancing load.
-//! 4. Fallbacks: the other kept endpoints by cached blocks (descending) then load, then the spilled
-//!    ones by load.
+//! 2. The rest are ranked by expected wait, in prefill tokens: the endpoint's prefill backlog (our own
+//!    requests not yet at their first token, or the engine's queued uncached tokens, whichever is
+//!    larger) + this prompt's tokens past the endpoint's cached prefix + `request_cost` per request
+//!    already on it (each running sequence slows every step a little). Ties: more cached blocks (keep
+//!    the affinity), less load, then at random.
+//! 3. Fallbacks: the rest of that order, then the spilled endpoints by load.
+//!
+//! Prefill dominates time to first token, and an engine busy prefilling a long uncached prompt delays
+//! every request behind it: a cache hit there can cost more than a miss on an idle engine.
 
-use super::filter::{least_loaded, SpillGate};
-use super::picker::by_load;
-use super::{PickContext, PrefixSource};
+use super::filter::SpillGate;
+use super::picker::{by_load, load_key};
+use super::{Candidate, PickContext, PrefixSource};
 
 pub struct Affinity {
     pub source: PrefixSource,
     pub gate: SpillGate,
-    pub min_blocks: u32,
+    /// Prefill tokens one request already on an endpoint is worth.
+    pub request_cost: u32,
 }
 
 impl Affinity {
+    /// Expected prefill work ahead of the first token on `c`, in tokens.
+    pub fn expected_wait(&self, c: &Candidate) -> u64 {
+        c.load.prefill_backlog()
+            + u64::from(c.uncached_tokens())
+            + u64::from(self.request_cost) * u64::from(c.load.requests())
+    }
+
     pub fn rank(&self, ctx: &PickContext<'_>) -> Vec<usize> {
         let c = ctx.candidates;
-        let (kept, spilled) = self.gate.split(c);
+        let (mut order, spilled) = self.gate.split(c);
         let tie: Vec<u64> = (0..c.len()).map(|_| ctx.rng.next_u64()).collect();
-        let mut order = kept;
         order.sort_unstable_by_key(|&i| {
             (
+                self.expected_wait(&c[i]),
                 std::cmp::Reverse(c[i].cached_blocks),
-                super::picker::load_key(&c[i]),
+                load_key(&c[i]),
                 tie[i],
             )
         });
-        let least = least_loaded(c, &order);
-        if c[order[0]].cached_blocks < c[least].cached_blocks.saturating_add(self.min_blocks) {
-            let pos = order.iter().position(|&i| i == least).expect("least is kept");
-            order.remove(pos);
-            order.insert(0, least);
-        }
         order.extend(by_load(ctx, spilled));
         order
     }
@@ -48,7 +54,7 @@ mod tests {
     use crate::routing::policy::testing::cand;
     use crate::routing::rng::Rng;
 
-    fn affinity(abs: u32, min_blocks: u32) -> Affinity {
+    fn affinity(abs: u32, request_cost: u32) -> Affinity {
         Affinity {
             source: PrefixSource::Events,
             gate: SpillGate {
@@ -56,11 +62,11 @@ mod tests {
                 abs,
                 ratio: 1.5,
             },
-            min_blocks,
+            request_cost,
         }
     }
 
-    fn rank(a: &Affinity, c: &[crate::routing::policy::Candidate]) -> Vec<usize> {
+    fn rank(a: &Affinity, c: &[Candidate]) -> Vec<usize> {
         a.rank(&PickContext {
             candidates: c,
             session_key: None,
@@ -70,6 +76,7 @@ mod tests {
 
     #[test]
     fn follows_the_longest_prefix() {
+        // 10 prompt blocks of 16 tokens; each cached block saves 16 tokens of prefill.
         let c = [cand(0, 2, 3), cand(1, 4, 8), cand(2, 0, 0), cand(3, 3, 5)];
         assert_eq!(rank(&affinity(8, 1), &c), vec![1, 3, 0, 2]);
     }
@@ -83,11 +90,28 @@ mod tests {
     }
 
     #[test]
-    fn a_small_gain_goes_to_the_least_loaded() {
+    fn a_small_gain_goes_to_the_less_loaded() {
+        // One cached block (16 tokens) is worth less than 5 more requests at 4 tokens each.
         let c = [cand(0, 6, 3), cand(1, 1, 2)];
-        assert_eq!(rank(&affinity(8, 2), &c), vec![1, 0]);
+        assert_eq!(rank(&affinity(8, 4), &c), vec![1, 0]);
         assert_eq!(rank(&affinity(8, 1), &c), vec![0, 1]);
         let cold = [cand(0, 3, 0), cand(1, 1, 0)];
         assert_eq!(rank(&affinity(8, 1), &cold)[0], 1, "nothing cached: least load");
+    }
+
+    #[test]
+    fn a_prefill_backlog_outweighs_a_hit() {
+        // Endpoint 0 holds the whole prompt but is prefilling 1,000 uncached tokens for others;
+        // endpoint 1 holds nothing and is idle: 160 tokens of prefill there beat waiting.
+        let mut busy = cand(0, 1, 10);
+        busy.load.prefill_tokens = 1000;
+        let idle = cand(1, 1, 0);
+        assert_eq!(rank(&affinity(8, 1), &[busy, idle])[0], 1);
+        // The engine's own report of queued uncached work counts the same way.
+        let mut reported = cand(0, 1, 10);
+        reported.load.engine.waiting_uncached_tokens = 1000;
+        assert_eq!(rank(&affinity(8, 1), &[reported, idle])[0], 1);
+        busy.load.prefill_tokens = 100;
+        assert_eq!(rank(&affinity(8, 1), &[busy, idle])[0], 0, "a small backlog: the hit wins");
     }
 }

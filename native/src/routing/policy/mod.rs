@@ -49,6 +49,18 @@ pub struct Candidate {
     pub cached_blocks: u32,
     /// Full blocks of the prompt at the endpoint's block size (0 without an index).
     pub prompt_blocks: u32,
+    /// The prompt's length in tokens.
+    pub prompt_tokens: u32,
+    /// The endpoint's KV block size (0 when unknown).
+    pub block_size: u32,
+}
+
+impl Candidate {
+    /// Prompt tokens the endpoint would have to prefill: those past its cached leading blocks.
+    pub fn uncached_tokens(&self) -> u32 {
+        self.prompt_tokens
+            .saturating_sub(self.cached_blocks.saturating_mul(self.block_size))
+    }
 }
 
 pub struct PickContext<'a> {

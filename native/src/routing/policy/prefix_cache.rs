@@ -18,7 +18,7 @@ impl PrefixCache {
                 abs: cfg.spill_abs,
                 ratio: cfg.spill_ratio,
             },
-            min_blocks: cfg.affinity_min_blocks,
+            request_cost: cfg.request_cost_tokens,
         })
     }
 }

@@ -12,10 +12,13 @@ pub fn cand(id: usize, requests: u32, cached: u32) -> Candidate {
         load: Load {
             in_flight_requests: requests,
             in_flight_tokens: 0,
+            prefill_tokens: 0,
             engine: EngineLoad::default(),
         },
         cached_blocks: cached,
         prompt_blocks: 10,
+        prompt_tokens: 160,
+        block_size: 16,
     }
 }
 
