@@ -15,6 +15,7 @@ from typing import Any
 from extproc import __version__
 from extproc.config import (
     CONFIG_ENV,
+    ENGINE_PROTOCOLS,
     ROUTING_POLICIES,
     ConfigError,
     Settings,
@@ -33,6 +34,11 @@ _HELP: dict[str, str] = {
     "max_body_bytes": f"largest request body, bytes or e.g. 8MiB (default {_D.max_body_bytes})",
     "log_level": f"extproc log level: debug, info, warning, error (default {_D.log_level})",
     "routing_policy": f"engine picking policy: {', '.join(ROUTING_POLICIES)} (default {_D.routing_policy})",
+    "engine_protocol": (
+        f"engines' gRPC protocol: {', '.join(ENGINE_PROTOCOLS)}; auto probes each engine "
+        f"(default {_D.engine_protocol})"
+    ),
+    "load_interval": f"seconds between engine GetLoads polls, 0 for none (default {_D.load_interval:g})",
     "host": f"address Envoy listens on for clients (default {_D.host})",
     "port": f"client HTTP port (default {_D.port})",
     "admin_port": f"Envoy admin port, loopback only (default {_D.admin_port})",
@@ -51,6 +57,8 @@ _METAVARS: dict[str, str] = {
     "max_body_bytes": "BYTES",
     "log_level": "LEVEL",
     "routing_policy": "POLICY",
+    "engine_protocol": "PROTOCOL",
+    "load_interval": "SECONDS",
     "host": "IP",
     "port": "PORT",
     "admin_port": "PORT",
@@ -68,6 +76,8 @@ _SERVE_FIELDS = (
     "engines",
     "max_body_bytes",
     "routing_policy",
+    "engine_protocol",
+    "load_interval",
     "log_level",
 )
 _ENVOY_FIELDS = ("host", "port", "admin_port", "listen", "max_body_bytes", "envoy_access_log")
@@ -76,7 +86,8 @@ _UP_FIELDS = (*_UP_FIELDS, "startup_timeout", "envoy_access_log")
 
 _EPILOG = (
     "Settings come from defaults < config file (--config or $EXTPROC_CONFIG, TOML, keys = setting names "
-    "with underscores) < environment (EXTPROC_<SETTING>, e.g. EXTPROC_PORT) < flags."
+    "with underscores) < environment (EXTPROC_<SETTING>, e.g. EXTPROC_PORT) < flags. Several models: "
+    "[[models]] tables in the config file (name, model_dir, engines, routing_policy, engine_protocol, sim)."
 )
 
 
@@ -159,7 +170,12 @@ def _configure_logging(level: str) -> None:
 
 def _cmd_serve(args: argparse.Namespace) -> int:
     settings = _settings(args, _SERVE_FIELDS)
-    if not settings.engines:
+    if settings.models:
+        for model in settings.models:
+            if not model.engines:
+                name = model.served_name()
+                raise ConfigError(f"serve needs engines for every model: {name!r} has none (engines = [...])")
+    elif not settings.engines:
         hint = f"--engine grpc://host:port (or {env_name('engines')})"
         raise ConfigError(f"serve needs at least one engine: {hint}")
     import asyncio

@@ -311,30 +311,33 @@ def _show_value(raw: Any) -> str:
     return str(raw)
 
 
-def _parse_models(raw: Any, base: Path | None = None, source: str = "models") -> tuple[ModelConfig, ...]:
-    """`[[models]]` tables; a relative model_dir is relative to `base` (the config file's folder)."""
+def _parse_models(raw: Any, base: Path | None = None, origin: str = "") -> tuple[ModelConfig, ...]:
+    """`[[models]]` tables; a relative model_dir is relative to `base` (the config file's folder).
+
+    `origin` (" in FILE") names where they came from in errors."""
     if not isinstance(raw, list) or not raw or not all(isinstance(t, dict) for t in raw):
-        raise ConfigError(f"invalid {source}: expected [[models]] tables")
+        raise ConfigError(f"invalid models{origin}: expected [[models]] tables")
     parsed: list[ModelConfig] = []
     for i, table in enumerate(raw):
-        where = f"{source}[{i}]"
         values: dict[str, Any] = {}
         for key, value in table.items():
             if key not in _MODEL_PARSERS:
                 known = ", ".join(_MODEL_PARSERS)
-                raise ConfigError(f"invalid {where}: unknown key {key!r} (known: {known})")
+                raise ConfigError(f"invalid models[{i}]{origin}: unknown key {key!r} (known: {known})")
             if key == "model_dir" and isinstance(value, str) and base is not None:
                 value = str(base / Path(value).expanduser())
             try:
                 values[key] = _MODEL_PARSERS[key](value)
             except _Bad as exc:
-                raise ConfigError(f"invalid {where}.{key} {_show_value(value)!r}: {exc}") from None
+                raise ConfigError(
+                    f"invalid models[{i}].{key}{origin} {_show_value(value)!r}: {exc}"
+                ) from None
         parsed.append(ModelConfig(**values))
-    _check_models(parsed, source)
+    _check_models(parsed, origin)
     return tuple(parsed)
 
 
-def _check_models(models: list[ModelConfig], source: str) -> None:
+def _check_models(models: list[ModelConfig], origin: str) -> None:
     """Names are distinct (they key the routing table) and no engine serves two models."""
     names: dict[str, int] = {}
     owners: dict[str, str] = {}
@@ -342,14 +345,14 @@ def _check_models(models: list[ModelConfig], source: str) -> None:
         name = model.served_name()
         if name in names:
             raise ConfigError(
-                f"invalid {source}: {source}[{names[name]}] and {source}[{i}] are both named {name!r}"
+                f"invalid models{origin}: models[{names[name]}] and models[{i}] are both named {name!r}"
             )
         names[name] = i
         for engine in model.engines:
             if engine.url in owners:
                 first = owners[engine.url]
                 message = f"engine {engine.url} is given to both {first!r} and {name!r}"
-                raise ConfigError(f"invalid {source}: {message}")
+                raise ConfigError(f"invalid models{origin}: {message}")
             owners[engine.url] = name
 
 
@@ -420,7 +423,7 @@ def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
         if key not in _PARSERS:
             raise ConfigError(f"config file {file}: unknown key {key!r} (known: {', '.join(FIELDS)})")
         if key == "models":
-            values[key] = _parse_models(raw, file.parent, f"models in {file}")
+            values[key] = _parse_models(raw, file.parent, f" in {file}")
             continue
         if key == "model_dir" and isinstance(raw, str):
             # Relative paths in a file are relative to the file, not to wherever extproc was started.

@@ -13,6 +13,7 @@ import collections
 import ctypes
 import ipaddress
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -26,7 +27,19 @@ from pathlib import Path
 from typing import IO
 
 from extproc import envoy_bootstrap, models
-from extproc.config import CONFIG_ENV, FIELDS, Settings, env_name, parse_host_port, settings_to_flags
+from extproc.config import (
+    CONFIG_ENV,
+    FIELDS,
+    ConfigError,
+    EngineConfig,
+    ServedModel,
+    Settings,
+    env_name,
+    models_toml,
+    parse_host_port,
+    served_models,
+    settings_to_flags,
+)
 
 TAIL_LINES = 20
 STOP_GRACE_S = 10.0
@@ -275,8 +288,34 @@ def child_env() -> dict[str, str]:
     return env
 
 
-def sim_engines(settings: Settings) -> tuple[str, ...]:
-    return tuple(f"grpc://{SIM_HOST}:{settings.sim_port + i}" for i in range(settings.sim))
+@dataclass(frozen=True)
+class SimPlan:
+    """Simulated engines `up` starts for a model configured without engines."""
+
+    model: ServedModel
+    first_port: int
+
+    @property
+    def ports(self) -> range:
+        return range(self.first_port, self.first_port + self.model.sim)
+
+    @property
+    def engines(self) -> tuple[EngineConfig, ...]:
+        return tuple(EngineConfig(f"grpc://{SIM_HOST}:{p}", self.model.sim_protocol) for p in self.ports)
+
+
+def plan_sims(served: tuple[ServedModel, ...], sim_port: int) -> list[SimPlan]:
+    """Consecutive port ranges from `sim_port`, one per model without engines, in configuration order."""
+    plans: list[SimPlan] = []
+    port = sim_port
+    for model in served:
+        if model.engines:
+            continue
+        if model.sim < 1:
+            raise StackError(f"model {model.name!r} has no engines and --sim is 0: nothing would serve it")
+        plans.append(SimPlan(model, port))
+        port += model.sim
+    return plans
 
 
 def _url_host(host: str) -> str:
@@ -287,7 +326,7 @@ def _url_host(host: str) -> str:
         return host
 
 
-def check_ports(settings: Settings, simulate: bool) -> None:
+def check_ports(settings: Settings, sims: list[SimPlan]) -> None:
     """Distinct and free ports for everything this stack will listen on."""
     wanted: list[tuple[str, int, str]] = [
         (settings.host, settings.port, "--port"),
@@ -296,10 +335,12 @@ def check_ports(settings: Settings, simulate: bool) -> None:
     if not settings.listen.startswith("unix:"):
         host, port = parse_host_port(settings.listen)
         wanted.append((host, port, "--listen"))
-    if simulate:
-        if settings.sim_port + settings.sim - 1 > 65535:
-            raise StackError(f"--sim-port {settings.sim_port} leaves no room for {settings.sim} engines")
-        wanted += [(SIM_HOST, settings.sim_port + i, "--sim-port range") for i in range(settings.sim)]
+    if sims:
+        last = sims[-1].ports[-1]
+        if last > 65535:
+            count = sum(len(plan.ports) for plan in sims)
+            raise StackError(f"--sim-port {settings.sim_port} leaves no room for {count} engines")
+        wanted += [(SIM_HOST, port, "--sim-port range") for plan in sims for port in plan.ports]
     seen: dict[int, str] = {}
     for _, port, what in wanted:
         if port in seen:
@@ -309,31 +350,52 @@ def check_ports(settings: Settings, simulate: bool) -> None:
         ensure_port_free(host, port, f"{what} address")
 
 
-def stack_specs(settings: Settings, run_dir: Path) -> tuple[list[ChildSpec], Settings]:
-    """The children to start, in order, and the settings extproc runs with (engines filled in)."""
+def _sim_spec(plan: SimPlan, name: str, env: dict[str, str]) -> ChildSpec:
+    model = plan.model
+    argv = [sys.executable, "-m", "load.simulator", "--host", SIM_HOST, "--port", str(plan.first_port)]
+    argv += ["--engines", str(model.sim), "--model-dir", str(model.model_dir), "--model-name", model.name]
+    argv += ["--protocol", model.sim_protocol]
+    probes = [tcp_accepts(SIM_HOST, port) for port in plan.ports]
+    desc = f"ports {plan.ports[0]}-{plan.ports[-1]} accepting"
+    return ChildSpec(name, argv, lambda: all(p() for p in probes), desc, env)
+
+
+def _child_name(model: str) -> str:
+    """`sim-<model>`, safe as a log file name."""
+    return "sim-" + (re.sub(r"[^A-Za-z0-9_.-]+", "_", model).strip("._") or "model")
+
+
+def stack_specs(
+    settings: Settings, run_dir: Path
+) -> tuple[list[ChildSpec], tuple[ServedModel, ...], list[SimPlan]]:
+    """The children to start, in order; the models extproc serves (engines filled in); the simulators."""
     env = child_env()
     specs: list[ChildSpec] = []
-    model_dir = models.resolve_model_dir(settings.model_dir)
-    model_name = models.served_model_name(model_dir, settings.model_name)
-    resolved = replace(settings, model_dir=model_dir, model_name=model_name)
-    if not settings.engines:
-        resolved = replace(resolved, engines=sim_engines(settings))
-        last = settings.sim_port + settings.sim - 1
-        argv = [sys.executable, "-m", "load.simulator", "--host", SIM_HOST, "--port", str(settings.sim_port)]
-        argv += ["--engines", str(settings.sim), "--model-dir", str(model_dir), "--model-name", model_name]
-        probes = [tcp_accepts(SIM_HOST, settings.sim_port + i) for i in range(settings.sim)]
-        specs.append(
-            ChildSpec(
-                "sim",
-                argv,
-                lambda: all(p() for p in probes),
-                f"ports {settings.sim_port}-{last} accepting",
-                env,
-            )
-        )
+    served = served_models(settings)
+    sims = plan_sims(served, settings.sim_port)
+    filled = {plan.model.name: plan.engines for plan in sims}
+    served = tuple(replace(m, engines=filled.get(m.name, m.engines)) for m in served)
+    for plan in sims:
+        specs.append(_sim_spec(plan, "sim" if len(sims) == 1 else _child_name(plan.model.name), env))
 
-    serve_fields = ("listen", "model_dir", "model_name", "engines", "max_body_bytes", "log_level")
-    argv = [sys.executable, "-m", "extproc", "serve", *settings_to_flags(resolved, serve_fields)]
+    common = ("listen", "max_body_bytes", "log_level", "load_interval")
+    if settings.models:
+        # Tables have no flag form: the server reads the resolved models from a file of their own.
+        models_file = run_dir / "models.toml"
+        models_file.write_text(models_toml(served))
+        argv = [sys.executable, "-m", "extproc", "serve", "--config", str(models_file)]
+        argv += settings_to_flags(settings, common)
+    else:
+        (model,) = served
+        single = replace(
+            settings,
+            model_dir=model.model_dir,
+            model_name=model.name,
+            engines=tuple(e.url for e in model.engines),
+            engine_protocol=model.engine_protocol,
+        )
+        fields = (*common, "model_dir", "model_name", "engines", "routing_policy", "engine_protocol")
+        argv = [sys.executable, "-m", "extproc", "serve", *settings_to_flags(single, fields)]
     socket_path = envoy_bootstrap.unix_socket_path(settings.listen)
     if socket_path is not None:
         probe, desc = unix_accepts(socket_path), f"{socket_path} accepting"
@@ -350,7 +412,22 @@ def stack_specs(settings: Settings, run_dir: Path) -> tuple[list[ChildSpec], Set
     argv += ["--disable-hot-restart"]
     ready_url = f"http://127.0.0.1:{settings.admin_port}/ready"
     specs.append(ChildSpec("envoy", argv, http_ok(ready_url), f"GET {ready_url} returning 200", env))
-    return specs, resolved
+    return specs, served, sims
+
+
+def describe(served: tuple[ServedModel, ...], sims: list[SimPlan]) -> str:
+    """What the stack serves, for the announcement: "model m, 2 simulated engines" or, for several,
+    "models a (2 simulated engines), b (1 engine)"."""
+    simulated = {plan.model.name for plan in sims}
+
+    def engines(model: ServedModel) -> str:
+        n = len(model.engines)
+        kind = "simulated engine" if model.name in simulated else "engine"
+        return f"{n} {kind}" + ("" if n == 1 else "s")
+
+    if len(served) == 1:
+        return f"model {served[0].name}, {engines(served[0])}"
+    return "models " + ", ".join(f"{m.name} ({engines(m)})" for m in served)
 
 
 def envoy_options(settings: Settings) -> envoy_bootstrap.EnvoyOptions:
@@ -382,20 +459,16 @@ def run_stack(settings: Settings, out: IO[str] | None = None, err: IO[str] | Non
         stop.set()
 
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
-    simulate = not settings.engines
     supervisor: Supervisor | None = None
     try:
-        check_ports(settings, simulate)
+        check_ports(settings, plan_sims(served_models(settings), settings.sim_port))
         run_dir = run_dir_for(settings)
-        specs, resolved = stack_specs(settings, run_dir)
+        specs, served, sims = stack_specs(settings, run_dir)
         supervisor = Supervisor(run_dir, stop, echo=err)
         for spec in specs:
             supervisor.start(spec, settings.startup_timeout)
-        engines = f"{settings.sim} simulated engines" if simulate else f"{len(resolved.engines)} engines"
-        if len(resolved.engines) == 1:
-            engines = engines.replace("engines", "engine")
         url = f"http://{_url_host(settings.host)}:{settings.port}/v1"
-        _say(out, f"extproc: serving {url} (model {resolved.model_name}, {engines})")
+        _say(out, f"extproc: serving {url} ({describe(served, sims)})")
         while not stop.wait(0.2):
             dead = supervisor.first_dead()
             if dead is not None:
@@ -409,6 +482,9 @@ def run_stack(settings: Settings, out: IO[str] | None = None, err: IO[str] | Non
         return 0
     except Interrupted:
         return 0
+    except ConfigError as exc:
+        _say(err, f"extproc: {exc}")
+        return 2
     except (StackError, envoy_bootstrap.EnvoyConfigError, FileNotFoundError, ValueError) as exc:
         _say(err, f"extproc: {exc}")
         return 1

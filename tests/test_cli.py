@@ -193,3 +193,83 @@ def test_sim_hands_its_arguments_to_the_simulator(capsys: pytest.CaptureFixture[
     out = capsys.readouterr().out
     assert "--protocol" in out and "--engines" in out
     assert cli.main(["sim", "--engines", "2"]) == 2  # --port is required by the simulator
+
+
+def test_serve_and_up_take_the_protocol_and_load_flags(capsys: pytest.CaptureFixture[str]) -> None:
+    for command in ("serve", "up"):
+        assert cli.main([command, "--help"]) == 0
+        out = capsys.readouterr().out
+        assert "--engine-protocol" in out and "--load-interval" in out and "[[models]]" in out
+
+
+def test_serve_needs_engines_for_every_model(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = tmp_path / "c.toml"
+    config.write_text('[[models]]\nname = "a"\nengines = ["grpc://127.0.0.1:1"]\n[[models]]\nname = "b"\n')
+    assert cli.main(["serve", "--config", str(config)]) == 2
+    assert capsys.readouterr().err == (
+        "extproc: serve needs engines for every model: 'b' has none (engines = [...])\n"
+    )
+
+
+def test_bad_models_table_exits_2_with_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = tmp_path / "c.toml"
+    config.write_text('[[models]]\nname = "a"\n[[models]]\nname = "a"\n')
+    assert cli.main(["up", "--config", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("extproc: invalid models in ") and "are both named 'a'" in err
+    assert err.count("\n") == 1
+
+
+def test_up_plans_a_simulator_per_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from extproc import stack
+    from extproc.config import load_settings
+
+    config = tmp_path / "c.toml"
+    config.write_text(
+        'sim_port = 41000\nsim = 2\nrouting_policy = "least_load"\n'
+        '[[models]]\nname = "alpha"\n'
+        '[[models]]\nname = "beta"\nsim = 1\nengine_protocol = "sglang"\n'
+        '[[models]]\nname = "gamma"\nengines = ["grpc://10.0.0.9:1"]\n'
+    )
+    monkeypatch.setenv("EXTPROC_CACHE_DIR", str(tmp_path / "cache"))
+    settings = load_settings(config_file=config, env={})
+    specs, served, sims = stack.stack_specs(settings, tmp_path)
+    assert [s.name for s in specs] == ["sim-alpha", "sim-beta", "server", "envoy"]
+    alpha, beta = specs[0].argv, specs[1].argv
+    assert alpha[alpha.index("--port") + 1 :][:3] == ["41000", "--engines", "2"]
+    assert beta[beta.index("--port") + 1 :][:3] == ["41002", "--engines", "1"]
+    assert beta[beta.index("--protocol") + 1] == "sglang" and beta[beta.index("--model-name") + 1] == "beta"
+    # The server reads the resolved models from a generated file: simulated engines filled in.
+    server = specs[2].argv
+    models_file = Path(server[server.index("--config") + 1])
+    reread = load_settings(config_file=models_file, env={})
+    assert [(m.name, [e.url for e in m.engines], m.routing_policy) for m in reread.models] == [
+        ("alpha", ["grpc://127.0.0.1:41000", "grpc://127.0.0.1:41001"], "least_load"),
+        ("beta", ["grpc://127.0.0.1:41002"], "least_load"),
+        ("gamma", ["grpc://10.0.0.9:1"], "least_load"),
+    ]
+    assert [e.protocol for e in reread.models[1].engines] == ["sglang"]
+    assert stack.describe(served, sims) == (
+        "models alpha (2 simulated engines), beta (1 simulated engine), gamma (1 engine)"
+    )
+
+
+def test_up_hands_the_single_model_settings_to_the_server(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from extproc import stack
+    from extproc.config import load_settings
+
+    monkeypatch.setenv("EXTPROC_CACHE_DIR", str(tmp_path / "cache"))
+    flags = {"routing_policy": "round_robin", "engine_protocol": "sglang", "load_interval": "2", "sim": "1"}
+    specs, served, sims = stack.stack_specs(load_settings(flags, env={}), tmp_path)
+    assert [s.name for s in specs] == ["sim", "server", "envoy"]
+    assert specs[0].argv[specs[0].argv.index("--protocol") + 1] == "sglang"
+    server = specs[1].argv
+    for flag, value in [
+        ("--routing-policy", "round_robin"),
+        ("--engine-protocol", "sglang"),
+        ("--load-interval", "2.0"),
+    ]:
+        assert server[server.index(flag) + 1] == value
+    assert stack.describe(served, sims) == "model llama3-default, 1 simulated engine"

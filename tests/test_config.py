@@ -2,11 +2,22 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from extproc.config import ConfigError, MiB, Settings, load_settings, settings_to_flags
+from extproc.config import (
+    ConfigError,
+    EngineConfig,
+    MiB,
+    ServedModel,
+    Settings,
+    load_settings,
+    models_toml,
+    served_models,
+    settings_to_flags,
+)
 
 
 @pytest.fixture
@@ -170,3 +181,159 @@ def test_settings_round_trip_through_flags(model_dir: Path) -> None:
         else:
             flags[field] = value
     assert load_settings(flags, env={}) == settings
+
+
+# --- engine protocol, GetLoads interval ---------------------------------------------------------------------
+
+
+def test_engine_protocol_and_load_interval_from_every_layer(tmp_path: Path) -> None:
+    assert (Settings().engine_protocol, Settings().load_interval) == ("auto", 0.5)
+    config = _toml(tmp_path, 'engine_protocol = "sglang"\nload_interval = 2\n')
+    settings = load_settings(config_file=config, env={})
+    assert (settings.engine_protocol, settings.load_interval) == ("sglang", 2.0)
+    env = {"EXTPROC_ENGINE_PROTOCOL": "VLLM", "EXTPROC_LOAD_INTERVAL": "0.25"}
+    settings = load_settings(config_file=config, env=env)
+    assert (settings.engine_protocol, settings.load_interval) == ("vllm", 0.25)
+    settings = load_settings({"engine_protocol": "auto", "load_interval": "0"}, config_file=config, env=env)
+    assert (settings.engine_protocol, settings.load_interval) == ("auto", 0.0)
+
+
+@pytest.mark.parametrize(
+    ("field", "raw", "message"),
+    [
+        (
+            "engine_protocol",
+            "trtllm",
+            "invalid --engine-protocol 'trtllm': expected one of auto, vllm, sglang",
+        ),
+        ("load_interval", "-1", "invalid --load-interval '-1': expected seconds between 0 (off) and 3600"),
+        (
+            "load_interval",
+            "soon",
+            "invalid --load-interval 'soon': expected seconds between 0 (off) and 3600",
+        ),
+    ],
+)
+def test_bad_protocol_and_interval(field: str, raw: str, message: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_settings({field: raw}, env={})
+    assert str(err.value).startswith(message)
+
+
+# --- several models ([[models]] tables) ---------------------------------------------------------------------
+
+
+TWO_MODELS = """
+routing_policy = "least_load"
+engine_protocol = "vllm"
+sim = 3
+
+[[models]]
+name = "chat"
+model_dir = "my-model"
+engines = ["grpc://10.0.0.1:1", { url = "grpc://10.0.0.2:2", protocol = "sglang" }]
+routing_policy = "round_robin"
+
+[[models]]
+engine_protocol = "auto"
+sim = 1
+"""
+
+
+def test_models_tables_resolve_with_the_global_settings(tmp_path: Path, model_dir: Path) -> None:
+    settings = load_settings(config_file=_toml(tmp_path, TWO_MODELS), env={})
+    chat, default = served_models(settings)
+    assert chat == ServedModel(
+        name="chat",
+        model_dir=model_dir.resolve(),  # relative to the file
+        engines=(EngineConfig("grpc://10.0.0.1:1", "vllm"), EngineConfig("grpc://10.0.0.2:2", "sglang")),
+        routing_policy="round_robin",
+        engine_protocol="vllm",
+        sim=3,
+    )
+    # No name and no directory: the default model under its own name.
+    assert (default.name, default.model_dir.name) == ("llama3-default", "llama3-default")
+    assert (default.engines, default.routing_policy, default.engine_protocol, default.sim) == (
+        (),
+        "least_load",
+        "auto",
+        1,
+    )
+    assert default.sim_protocol == "vllm" and chat.sim_protocol == "vllm"
+
+
+def test_the_single_model_form_is_one_served_model(model_dir: Path) -> None:
+    flags = {"model_dir": str(model_dir), "engines": ["grpc://10.0.0.1:1"], "engine_protocol": "sglang"}
+    (only,) = served_models(load_settings(flags, env={}))
+    assert (only.name, only.engines) == ("my-model", (EngineConfig("grpc://10.0.0.1:1", "sglang"),))
+    assert only.sim_protocol == "sglang"
+
+
+def test_models_round_trip_through_the_generated_file(tmp_path: Path, model_dir: Path) -> None:
+    served = served_models(load_settings(config_file=_toml(tmp_path, TWO_MODELS), env={}))
+    written = tmp_path / "generated" / "models.toml"
+    written.parent.mkdir()
+    written.write_text(models_toml(served))
+    again = served_models(load_settings(config_file=written, env={}))
+    # Everything but `sim` (the server never simulates) survives.
+    assert [replace(m, sim=0) for m in again] == [replace(m, sim=0) for m in served]
+
+
+BAD_MODELS = [
+    ('[[models]]\nname = "a"\n[[models]]\nname = "a"\n', r"models\[0\] and models\[1\] are both named 'a'"),
+    (
+        '[[models]]\nmodel_dir = "my-model"\n[[models]]\nname = "my-model"\n',
+        r"models\[0\] and models\[1\] are both named 'my-model'",
+    ),
+    ("[[models]]\n[[models]]\n", r"both named 'llama3-default'"),
+    (
+        '[[models]]\nname = "a"\nengines = ["grpc://10.0.0.1:1"]\n'
+        '[[models]]\nname = "b"\nengines = ["grpc://10.0.0.1:1"]\n',
+        r"engine grpc://10.0.0.1:1 is given to both 'a' and 'b'",
+    ),
+    (
+        '[[models]]\nname = "a"\ncolour = 1\n',
+        r"invalid models\[0\] in .*extproc.toml: unknown key 'colour' \(known: name",
+    ),
+    (
+        '[[models]]\nengines = ["grpc://engine.svc:1"]\n',
+        r"models\[0\]\.engines in .*extproc.toml 'grpc://engine.svc:1': expected an IP",
+    ),
+    (
+        '[[models]]\nengines = [{ url = "grpc://10.0.0.1:1", protocol = "tgi" }]\n',
+        r"models\[0\]\.engines in .*extproc.toml 'grpc://10.0.0.1:1': expected one of auto, vllm, sglang",
+    ),
+    ('[[models]]\nengines = [{ address = "grpc://10.0.0.1:1" }]\n', r"expected engine tables with url"),
+    (
+        '[[models]]\nrouting_policy = "fastest"\n',
+        r"models\[0\]\.routing_policy in .*extproc.toml 'fastest': expected one of",
+    ),
+    (
+        '[[models]]\nmodel_dir = "nowhere"\n',
+        r"models\[0\]\.model_dir in .*extproc.toml '.*nowhere': no such directory",
+    ),
+    ('models = "chat"\n', r"invalid models in .*: expected \[\[models\]\] tables"),
+]
+
+
+@pytest.mark.parametrize(("text", "pattern"), BAD_MODELS)
+def test_bad_models_tables_get_one_line_errors(
+    tmp_path: Path, model_dir: Path, text: str, pattern: str
+) -> None:
+    with pytest.raises(ConfigError, match=pattern) as err:
+        load_settings(config_file=_toml(tmp_path, text), env={})
+    assert "\n" not in str(err.value)
+
+
+def test_models_tables_exclude_the_single_model_settings(tmp_path: Path) -> None:
+    config = _toml(tmp_path, '[[models]]\nname = "a"\n')
+    with pytest.raises(ConfigError, match=r"^\[\[models\]\] in the config file replaces engines \(--engine/"):
+        load_settings({"engines": ["grpc://10.0.0.1:1"]}, config_file=config, env={})
+    with pytest.raises(ConfigError, match=r"replaces model_name \(--model-name/EXTPROC_MODEL_NAME\)"):
+        load_settings(config_file=config, env={"EXTPROC_MODEL_NAME": "x"})
+    # The other settings still layer over the file.
+    assert load_settings({"port": "1234"}, config_file=config, env={}).port == 1234
+
+
+def test_models_have_no_environment_form() -> None:
+    assert load_settings(env={"EXTPROC_MODELS": "a,b"}).models == ()

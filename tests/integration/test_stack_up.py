@@ -11,6 +11,7 @@ import sys
 import textwrap
 import threading
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -213,3 +214,79 @@ def test_children_die_with_a_killed_supervisor(tmp_path: Path, free_ports: Any) 
     parent.kill()
     parent.wait()
     assert wait_gone(family, 5) == []
+
+
+# --- several models from a config file ---------------------------------------------------------------------
+
+
+def _post_json(url: str, body: dict[str, Any]) -> tuple[int, Any]:
+    request = urllib.request.Request(
+        url, data=json.dumps(body).encode(), headers={"content-type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=30) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def test_up_serves_two_models_from_a_config_file(tmp_path: Path, free_ports: Any) -> None:
+    port = free_ports.one()
+    config = tmp_path / "extproc.toml"
+    config.write_text(
+        textwrap.dedent(
+            f"""
+            port = {port}
+            admin_port = {free_ports.one()}
+            listen = "127.0.0.1:{free_ports.one()}"
+            sim_port = {free_ports.block(3)}
+            startup_timeout = {START_TIMEOUT_S}
+
+            [[models]]
+            name = "alpha"
+            sim = 2
+
+            [[models]]
+            name = "beta"
+            sim = 1
+            routing_policy = "round_robin"
+            """
+        )
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EXTPROC_")}
+    env["EXTPROC_CACHE_DIR"] = str(tmp_path / "cache")
+    env["EXTPROC_CONFIG"] = str(config)
+    log = tmp_path / "up.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "extproc", "up"], stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO
+        )
+    try:
+        announcement = "(models alpha (2 simulated engines), beta (1 simulated engine))"
+        deadline = time.monotonic() + START_TIMEOUT_S * 3
+        while announcement not in log.read_text():
+            assert proc.poll() is None, f"extproc up exited with {proc.returncode}:\n{log.read_text()}"
+            assert time.monotonic() < deadline, f"stack not serving:\n{log.read_text()}"
+            time.sleep(0.25)
+        status, body = _get_json(f"http://127.0.0.1:{port}/v1/models")
+        assert status == 200
+        assert sorted(m["id"] for m in body["data"]) == ["alpha", "beta"]
+        assert all(m["max_model_len"] > 0 for m in body["data"])
+        for model in ("alpha", "beta"):
+            status, reply = _post_json(
+                f"http://127.0.0.1:{port}/v1/chat/completions",
+                {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3},
+            )
+            assert status == 200, reply
+            assert reply["model"] == model
+        text = log.read_text()
+        # Each model's engines come from a simulator of its own.
+        assert "sim-alpha | engine 1 listening" in text and "sim-beta | engine 0 listening" in text
+        family = descendants(proc.pid)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=STOP_TIMEOUT_S) == 0, log.read_text()
+        assert wait_gone(family, 5) == [], f"left running after stop:\n{log.read_text()}"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
