@@ -98,7 +98,14 @@ class EngineCore:
 
     # --- requests -----------------------------------------------------------------------------
 
-    def submit(self, request_id: str, prompt_ids: list[int], params: GenerationParams, n: int) -> Request:
+    def submit(
+        self,
+        request_id: str,
+        prompt_ids: list[int],
+        params: GenerationParams,
+        n: int,
+        cache_limit: int | None = None,
+    ) -> Request:
         loop_time = time.monotonic()
         mailbox = Mailbox(n)
         sequences = []
@@ -114,6 +121,7 @@ class EngineCore:
                     sampler=TokenSampler(choice_params, self.spec, self.vocab),
                     mailbox=mailbox,
                     arrival=loop_time,
+                    cache_limit=cache_limit,
                 )
             )
         request = Request(request_id, sequences, mailbox)

@@ -11,37 +11,23 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
 
 import grpc
 from smg_grpc_proto.generated import common_pb2, vllm_engine_pb2, vllm_engine_pb2_grpc
 
 from load.simulator import responses
-from load.simulator.core import EngineCore, EngineStats, Request
+from load.simulator.core import EngineCore, EngineStats
+from load.simulator.generate import walk
 from load.simulator.model import ModelSpec
 from load.simulator.options import DEFAULT_OPTIONS, SimOptions
-from load.simulator.sampler import GenerationParams, Step, resolve_params
+from load.simulator.sampler import GenerationParams, requested_prompt_logprobs, resolve_params
 from load.simulator.vocab import PlausibleVocab
 
 logger = logging.getLogger(__name__)
 
-# vLLM's threshold below which a temperature means greedy sampling.
-GREEDY_EPS = 1e-5
-
 __all__ = ["EngineStats", "VllmEngine", "resolve_request"]
-
-
-def step_deltas(tokens: list[int], finish: Step | None = None) -> list[list[int]]:
-    """One delta per engine step (a token each); an abort adds the empty delta vLLM ends it with.
-
-    vLLM sends a chunk per step while its reader keeps up (it merges deltas only for a reader that
-    lags); the simulator always sends one per step, which keeps event counts predictable for tests.
-    """
-    deltas = [[token] for token in tokens]
-    if not deltas or (finish is not None and finish.finish_reason == "abort"):
-        deltas.append([])
-    return deltas
 
 
 def resolve_request(
@@ -55,7 +41,7 @@ def resolve_request(
     sampling = request.sampling_params
     params = resolve_params(sampling, core.spec, prompt_ids)
     n = sampling.n or 1
-    if n > 1 and sampling.HasField("temperature") and sampling.temperature < GREEDY_EPS:
+    if n > 1 and params.greedy:
         raise ValueError(f"n must be 1 when using greedy sampling, got {n}.")
     if not core.fits(len(prompt_ids)):
         raise ValueError(f"the prompt ({len(prompt_ids)} tokens) cannot fit in the KV cache")
@@ -63,10 +49,14 @@ def resolve_request(
 
 
 async def admit(
-    core: EngineCore, request: vllm_engine_pb2.GenerateRequest, context: grpc.aio.ServicerContext
+    core: EngineCore,
+    request: vllm_engine_pb2.GenerateRequest,
+    context: grpc.aio.ServicerContext,
+    check: Callable[[list[int]], None] | None = None,
 ) -> tuple[list[int], GenerationParams, int]:
     """Every Generate's first step, whatever the protocol: count it, fail it if a fault says so, check
-    it (INVALID_ARGUMENT when the client is at fault); returns what `resolve_request` resolved."""
+    it (INVALID_ARGUMENT when the client is at fault; `check` adds the protocol's own checks of the
+    prompt ids); returns what `resolve_request` resolved."""
     core.stats.generate_requests += 1
     core.last_receive = time.time()
     failure = core.faults.take_failure()
@@ -74,7 +64,10 @@ async def admit(
         core.stats.faults += 1
         await context.abort(*failure)
     try:
-        return resolve_request(request, core)
+        resolved = resolve_request(request, core)
+        if check is not None:
+            check(resolved[0])
+        return resolved
     except ValueError as e:
         core.stats.rejected += 1
         logger.info("Generate %s rejected: %s", request.request_id, e)
@@ -112,63 +105,20 @@ class VllmEngine(vllm_engine_pb2_grpc.VllmEngineServicer):
     ) -> AsyncIterator[vllm_engine_pb2.GenerateResponse]:
         core = self.core
         prompt_ids, params, n = await admit(core, request, context)
-        admitted = core.submit(request.request_id, prompt_ids, params, n)
+        sampling = request.sampling_params
+        # vLLM computes a prompt whose logprobs are asked for: it reads nothing from the prefix cache.
+        cache_limit = 0 if requested_prompt_logprobs(sampling) is not None else None
+        admitted = core.submit(request.request_id, prompt_ids, params, n, cache_limit)
+        messages = responses.VllmMessages(prompt_ids, sampling, core.vocab)
         cancelled = True
         try:
-            async for response in self._outputs(admitted, len(prompt_ids), n, request.stream, context):
+            async for response in walk(core, admitted, request.stream, context, messages):
                 yield response
             cancelled = False
         finally:
             # The caller went away (CancelledError at an await, GeneratorExit at a yield), an injected
             # fault ended the stream, or it finished: either way the engine stops working on it.
             core.release(admitted, cancelled=cancelled and not admitted.faulted)
-
-    async def _outputs(
-        self, admitted: Request, prompt_len: int, n: int, stream: bool, context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[vllm_engine_pb2.GenerateResponse]:
-        core = self.core
-        mailbox = admitted.mailbox
-        outputs: list[list[int]] = [[] for _ in range(n)]
-        finishes: list[responses.Finish | None] = [None] * n
-        die_after = core.faults.settings.die_after_tokens
-        sent = 0
-        while any(f is None for f in finishes):
-            await mailbox.wait()
-            for index, tokens, finish in mailbox.take():
-                cached = mailbox.cached[index]
-                if die_after is not None and sent + len(tokens) > die_after:
-                    core.stats.faults += 1
-                    admitted.faulted = True
-                    await context.abort(grpc.StatusCode.UNAVAILABLE, "engine died mid-stream (injected)")
-                sent += len(tokens)
-                deltas = step_deltas(tokens, finish)
-                if stream:
-                    for delta in deltas:
-                        yield responses.chunk(delta, prompt_len, cached, index)
-                outputs[index].extend(tokens)
-                if finish is None:
-                    continue
-                finishes[index] = responses.Finish.of(finish)
-                if stream:
-                    # The stream's complete repeats the last delta; the gateway accumulates.
-                    yield responses.complete(
-                        deltas[-1], prompt_len, finishes[index], cached_tokens=cached, index=index
-                    )
-        if not stream:
-            for index in range(n):
-                yield responses.complete(
-                    outputs[index],
-                    prompt_len,
-                    finishes[index],
-                    cached_tokens=mailbox.cached[index],
-                    index=index,
-                )
-        reasons = {f.reason for f in finishes if f is not None}
-        core.finished.update(f.reason for f in finishes if f is not None)
-        if "abort" in reasons:
-            core.stats.aborts += 1
-        else:
-            core.stats.completed += 1
 
     # --- Abort ----------------------------------------------------------------------------------
 

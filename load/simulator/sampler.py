@@ -13,6 +13,9 @@ output processor's stop strings), in vLLM's order:
    token also hit the length cap (vLLM's detokenizer overrides the engine's reason).
 
 While fewer than ``min_tokens`` tokens are out, EOS and stop tokens are never drawn (vLLM masks them).
+
+A request that asks for logprobs gets each token's entry from `logprobs.Ranking`, which makes every draw
+a sample of a ranked distribution without changing which tokens are drawn.
 """
 
 from __future__ import annotations
@@ -21,17 +24,21 @@ import hashlib
 import random
 from array import array
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from smg_grpc_proto.generated import vllm_engine_pb2
 
+from load.simulator.logprobs import PUNCTUATION_RATE, Ranking, TokenLogprob
 from load.simulator.model import ModelSpec
 from load.simulator.vocab import PlausibleVocab
 
 # Natural answer lengths (words before EOS): short enough to keep tests fast, long enough to stream.
 NATURAL_LENGTH = (8, 48)
-PUNCTUATION_RATE = 0.12
 _REDRAWS = 32
+# vLLM's threshold below which a temperature means greedy sampling.
+GREEDY_EPS = 1e-5
+# vLLM's default --max-logprobs: the most alternatives a request may ask for, per token.
+MAX_LOGPROBS = 20
 
 
 @dataclass(frozen=True)
@@ -45,6 +52,9 @@ class GenerationParams:
     stop_token_ids: frozenset[int]
     stop_strings: tuple[str, ...]
     seed: int
+    # Alternatives to rank per output token: None asks for no logprobs, 0 for the token's own only.
+    top_logprobs: int | None = None
+    greedy: bool = False  # temperature 0: the likeliest token every step
 
 
 @dataclass(frozen=True)
@@ -55,6 +65,7 @@ class Step:
     finish_reason: str | None = None
     matched_token_id: int | None = None
     matched_stop_str: str | None = None
+    logprob: TokenLogprob | None = None  # when the request asked for logprobs
 
 
 def prompt_seed(prompt_ids: Sequence[int]) -> int:
@@ -93,6 +104,9 @@ def resolve_params(
     stop_ids = set(params.stop_token_ids)
     if not params.ignore_eos:
         stop_ids.update(spec.extra_stop_ids)
+    top_logprobs = params.logprobs if params.HasField("logprobs") else None
+    check_logprobs("logprobs", "sample", top_logprobs, spec)
+    check_logprobs("prompt_logprobs", "prompt", requested_prompt_logprobs(params), spec)
     return GenerationParams(
         prompt_len=prompt_len,
         max_tokens=max_tokens,
@@ -101,7 +115,26 @@ def resolve_params(
         stop_token_ids=frozenset(stop_ids),
         stop_strings=tuple(s for s in params.stop if s),
         seed=params.seed if params.HasField("seed") else prompt_seed(prompt_ids),
+        top_logprobs=top_logprobs,
+        greedy=params.HasField("temperature") and params.temperature < GREEDY_EPS,
     )
+
+
+def requested_prompt_logprobs(params: vllm_engine_pb2.SamplingParams) -> int | None:
+    return params.prompt_logprobs if params.HasField("prompt_logprobs") else None
+
+
+def check_logprobs(name: str, kind: str, count: int | None, spec: ModelSpec) -> None:
+    """vLLM's limits: -1 means the whole vocabulary, and no more than max_logprobs (20) per token."""
+    if count is None:
+        return
+    if count < -1:
+        raise ValueError(f"{name} must be non-negative or -1, got {count}.")
+    wanted = spec.vocab_size if count == -1 else count
+    if wanted > MAX_LOGPROBS:
+        raise ValueError(
+            f"Requested {kind} logprobs of {wanted}, which is greater than max allowed: {MAX_LOGPROBS}"
+        )
 
 
 class TokenSampler:
@@ -118,22 +151,47 @@ class TokenSampler:
         self._text = ""  # the output's tail, as long as the longest stop string needs
         self._keep = max((len(stop) for stop in params.stop_strings), default=0)
         self._last_was_punctuation = True  # no punctuation as the very first token
+        self._ranking = Ranking(vocab) if params.top_logprobs is not None else None
         self.finished = False
 
     def next_step(self) -> Step:
         if self.finished:
             raise RuntimeError("the request has already finished")
+        index, punctuation = self._count, not self._last_was_punctuation
         token = self._draw()
         self._count += 1
         step = self._check_stop(token)
         self.finished = step.finish_reason is not None
+        if self._ranking is not None:
+            step = replace(step, logprob=self._logprob(token, index, punctuation))
         return step
+
+    def _at_end(self, index: int) -> bool:
+        return not self._params.ignore_eos and index >= max(self._natural_length, self._params.min_tokens)
+
+    def _masked(self, index: int) -> bool:
+        return index < self._params.min_tokens and bool(self._params.stop_token_ids)
+
+    def _logprob(self, token: int, index: int, punctuation: bool) -> TokenLogprob:
+        assert self._ranking is not None and self._params.top_logprobs is not None
+        params = self._params
+        stops = params.stop_token_ids if self._masked(index) else frozenset()
+        eos = self._eos
+        return self._ranking.step(
+            token,
+            (params.seed, index),
+            params.top_logprobs,
+            greedy=params.greedy,
+            punctuation=punctuation and bool(self._vocab.punctuation_ids),
+            excluded=lambda t: t == eos or t in stops,
+            end_token=eos if self._at_end(index) else None,
+        )
 
     def _draw(self) -> int:
         index = self._count
-        if not self._params.ignore_eos and index >= max(self._natural_length, self._params.min_tokens):
+        if self._at_end(index):
             return self._eos
-        masked = index < self._params.min_tokens and bool(self._params.stop_token_ids)
+        masked = self._masked(index)
         token = self._draw_text_token()
         for _ in range(_REDRAWS):
             if not masked or token not in self._params.stop_token_ids:

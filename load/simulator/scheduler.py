@@ -20,9 +20,10 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from load.simulator.kv_cache import Allocation, KvCache, KvEvent
+from load.simulator.logprobs import TokenLogprob
 from load.simulator.metrics import Histogram
 from load.simulator.options import SimOptions
 from load.simulator.sampler import Step, TokenSampler
@@ -30,6 +31,15 @@ from load.simulator.sampler import Step, TokenSampler
 # Windows of the load figures, as vLLM's gRPC servicer keeps them.
 THROUGHPUT_WINDOW_S = 2.0
 HIT_RATE_SAMPLES = 64
+
+
+class News(NamedTuple):
+    """What one choice produced since the handler last looked."""
+
+    index: int
+    tokens: list[int]
+    logprobs: list[TokenLogprob]  # one per token when the request asked for logprobs, else empty
+    finish: Step | None
 
 
 class Mailbox:
@@ -40,14 +50,19 @@ class Mailbox:
 
     def __init__(self, n: int) -> None:
         self.tokens: list[list[int]] = [[] for _ in range(n)]
+        self.logprobs: list[list[TokenLogprob]] = [[] for _ in range(n)]
         self.finish: list[Step | None] = [None] * n
         self.cached: list[int] = [0] * n
         self.dirty: set[int] = set()
         self._waiter: asyncio.Future[None] | None = None
 
-    def push(self, index: int, token: int | None, finish: Step | None = None) -> None:
+    def push(
+        self, index: int, token: int | None, finish: Step | None = None, logprob: TokenLogprob | None = None
+    ) -> None:
         if token is not None:
             self.tokens[index].append(token)
+        if logprob is not None:
+            self.logprobs[index].append(logprob)
         if finish is not None:
             self.finish[index] = finish
         self.dirty.add(index)
@@ -63,12 +78,15 @@ class Mailbox:
             finally:
                 self._waiter = None
 
-    def take(self) -> list[tuple[int, list[int], Step | None]]:
-        """(index, new tokens, finish) for every choice with news, by index."""
+    def take(self) -> list[News]:
+        """News of every choice that has some, by index."""
         news = []
         for index in sorted(self.dirty):
             tokens, self.tokens[index] = self.tokens[index], []
-            news.append((index, tokens, self.finish[index]))
+            logprobs = self.logprobs[index]
+            if logprobs:
+                self.logprobs[index] = []
+            news.append(News(index, tokens, logprobs, self.finish[index]))
         self.dirty.clear()
         return news
 
@@ -86,6 +104,9 @@ class Sequence:
     arrival: float
     num_computed: int = 0
     cached_tokens: int | None = None  # the prefix hit when first scheduled
+    # The most prompt tokens it may read from the prefix cache (None: no limit). Prompt logprobs need
+    # the prompt computed: vLLM skips the cache for them, SGLang reads it up to logprob_start_len.
+    cache_limit: int | None = None
     allocation: Allocation = field(default_factory=Allocation)
     finished: bool = False
     _hashes: list[int] | None = None
@@ -294,6 +315,8 @@ class Scheduler:
             hashes = sequence.chain_hashes(self.cache)
             size = options.block_size
             hit = min(self.cache.longest_hit(hashes), (len(sequence.tokens) - 1) // size)
+            if sequence.cache_limit is not None:
+                hit = min(hit, sequence.cache_limit // size)
             count = min(len(sequence.tokens) - hit * size, budget)
             need = self._blocks_for(hit * size + count) - hit
             revived = sum(1 for h in hashes[:hit] if self.cache.is_free(h))
@@ -351,15 +374,12 @@ class Scheduler:
             step = sequence.sampler.next_step()
             sequence.tokens.append(step.token_id)
             generated += 1
+            sequence.mailbox.push(sequence.index, step.token_id, logprob=step.logprob)
             if step.finish_reason is not None:
-                sequence.mailbox.push(sequence.index, step.token_id)
                 self.finish(sequence, step)
             elif not self._room_left(sequence):
                 # Only when the cache cannot hold even this one sequence: end it rather than wait forever.
-                sequence.mailbox.push(sequence.index, step.token_id)
                 self.finish(sequence, Step(step.token_id, "length"))
-            else:
-                sequence.mailbox.push(sequence.index, step.token_id)
         self.stats.steps += 1
         self.output_tokens += generated
         if self.counters is not None:

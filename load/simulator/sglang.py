@@ -5,6 +5,14 @@ names its request; stream chunks carry the new tokens with cumulative counts (`c
 total so far), and the stream's `complete` repeats the last chunk's tokens with the total; sampling fields
 are `max_new_tokens`/`min_new_tokens`; Abort takes one id and says whether it succeeded; GetServerInfo
 describes the server as `server_args`/`scheduler_info` structs; GetLoads adds an aggregate.
+
+Logprobs (`return_logprob`), as SGLang's scheduler and servicer fill them: `output_logprobs` holds each
+token's logprob and, with `top_logprobs_num` > 0, the step's likeliest tokens sorted most likely first
+(the sampled token only where it ranks); chunks carry their delta's, a stream's `complete` repeats the
+last chunk's, a non-streamed `complete` carries the whole output's. With `logprob_start_len` >= 0 the
+prompt from that position gets `input_logprobs` (its first entry without a value), on each choice's first
+chunk or its non-streamed `complete`, and the prefix cache is read no further than that position; -1 asks
+for none, a start at or past the prompt's end is refused.
 """
 
 from __future__ import annotations
@@ -23,9 +31,12 @@ from smg_grpc_proto.generated import (
     vllm_engine_pb2,
 )
 
-from load.simulator.core import EngineCore, EngineStats, Request
-from load.simulator.engine import admit, flush_cache, step_deltas
+from load.simulator.core import EngineCore, EngineStats
+from load.simulator.engine import admit, flush_cache
+from load.simulator.generate import walk
+from load.simulator.logprobs import Ranking, TokenLogprob
 from load.simulator.responses import Finish
+from load.simulator.vocab import PlausibleVocab
 
 logger = logging.getLogger(__name__)
 
@@ -45,14 +56,151 @@ def _as_vllm(request: sglang_scheduler_pb2.GenerateRequest) -> vllm_engine_pb2.G
     if source.HasField("max_new_tokens"):
         params.max_tokens = source.max_new_tokens
     # SGLang's temperature is plain: 0 means greedy, which refuses n > 1 the same way.
-    if source.temperature or source.n > 1:
-        params.temperature = source.temperature
+    params.temperature = source.temperature
+    if request.return_logprob:
+        params.logprobs = max(request.top_logprobs_num, 0)
     converted = vllm_engine_pb2.GenerateRequest(
         request_id=request.request_id, sampling_params=params, stream=request.stream
     )
     if request.HasField("tokenized"):
         converted.tokenized.input_ids.extend(request.tokenized.input_ids)
     return converted
+
+
+def input_logprob_start(request: sglang_scheduler_pb2.GenerateRequest) -> int | None:
+    """Where the prompt's logprobs start, None when the request asks for none."""
+    if not request.return_logprob or request.logprob_start_len < 0:
+        return None
+    return request.logprob_start_len
+
+
+def check_logprob_start(start: int | None, prompt_len: int) -> None:
+    if start is not None and start >= prompt_len:
+        raise ValueError(
+            f"logprob_start_len={start} is higher than the number of input tokens {prompt_len}. "
+            "Please use a smaller logprob_start_len."
+        )
+
+
+def _top(entry: TokenLogprob) -> sglang_scheduler_pb2.TopLogProbs:
+    return sglang_scheduler_pb2.TopLogProbs(
+        token_ids=[t for t, _ in entry.top], values=[v for _, v in entry.top]
+    )
+
+
+class SglangMessages:
+    """Generate's messages for one SGLang request (`generate.Messages`)."""
+
+    def __init__(
+        self,
+        request: sglang_scheduler_pb2.GenerateRequest,
+        prompt_ids: list[int],
+        start: int | None,
+        vocab: PlausibleVocab,
+    ) -> None:
+        self.request_id = request.request_id
+        self.prompt_ids = prompt_ids
+        self.logprobs = request.return_logprob
+        self.top = max(request.top_logprobs_num, 0)
+        self.start = start
+        self.vocab = vocab
+        self._input_sent: set[int] = set()  # choices whose first chunk went out
+        self._last_input: dict[int, sglang_scheduler_pb2.InputLogProbs] = {}
+        self._prompt_message: sglang_scheduler_pb2.InputLogProbs | None = None
+
+    def _output(
+        self, tokens: list[int], entries: list[TokenLogprob]
+    ) -> sglang_scheduler_pb2.OutputLogProbs | None:
+        if not self.logprobs or not tokens:
+            return None
+        return sglang_scheduler_pb2.OutputLogProbs(
+            token_logprobs=[e.logprob for e in entries],
+            token_ids=tokens,
+            top_logprobs=[_top(e) for e in entries] if self.top > 0 else [],
+        )
+
+    def _input(self) -> sglang_scheduler_pb2.InputLogProbs | None:
+        if self.start is None:
+            return None
+        if self._prompt_message is None:
+            ranking, ids = Ranking(self.vocab), self.prompt_ids
+            # The first position has no value: its logprob needs the state before it, not computed.
+            message = sglang_scheduler_pb2.InputLogProbs(token_ids=ids[self.start :])
+            message.token_logprobs.add()
+            if self.top > 0:
+                message.top_logprobs.add()
+            for position in range(self.start + 1, len(ids)):
+                entry = ranking.prompt(ids, position, self.top)
+                message.token_logprobs.add(value=entry.logprob)
+                if self.top > 0:
+                    message.top_logprobs.append(_top(entry))
+            self._prompt_message = message
+        return self._prompt_message
+
+    def chunk(
+        self, index: int, tokens: list[int], logprobs: list[TokenLogprob], total: int, cached: int
+    ) -> sglang_scheduler_pb2.GenerateResponse:
+        prompt = None
+        if index not in self._input_sent:
+            self._input_sent.add(index)
+            prompt = self._input()
+        self._last_input.pop(index, None)
+        if prompt is not None:
+            self._last_input[index] = prompt
+        return sglang_scheduler_pb2.GenerateResponse(
+            request_id=self.request_id,
+            chunk=sglang_scheduler_pb2.GenerateStreamChunk(
+                token_ids=tokens,
+                prompt_tokens=len(self.prompt_ids),
+                completion_tokens=total,
+                cached_tokens=cached,
+                index=index,
+                output_logprobs=self._output(tokens, logprobs),
+                input_logprobs=prompt,
+            ),
+        )
+
+    def stream_complete(
+        self,
+        index: int,
+        tokens: list[int],
+        logprobs: list[TokenLogprob],
+        total: int,
+        cached: int,
+        finish: Finish,
+    ) -> sglang_scheduler_pb2.GenerateResponse:
+        return self._complete(index, tokens, logprobs, total, cached, finish, self._last_input.get(index))
+
+    def final(
+        self, index: int, tokens: list[int], logprobs: list[TokenLogprob], cached: int, finish: Finish
+    ) -> sglang_scheduler_pb2.GenerateResponse:
+        return self._complete(index, tokens, logprobs, len(tokens), cached, finish, self._input())
+
+    def _complete(
+        self,
+        index: int,
+        tokens: list[int],
+        logprobs: list[TokenLogprob],
+        total: int,
+        cached: int,
+        finish: Finish,
+        prompt: sglang_scheduler_pb2.InputLogProbs | None,
+    ) -> sglang_scheduler_pb2.GenerateResponse:
+        message = sglang_scheduler_pb2.GenerateComplete(
+            output_ids=tokens,
+            finish_reason=finish.reason,
+            prompt_tokens=len(self.prompt_ids),
+            completion_tokens=total,
+            cached_tokens=cached,
+            index=index,
+            output_logprobs=self._output(tokens, logprobs),
+            input_logprobs=prompt,
+        )
+        if finish.matched_token_id is not None:
+            message.matched_token_id = finish.matched_token_id
+        elif finish.matched_stop_str is not None:
+            message.matched_stop_str = finish.matched_stop_str
+        return sglang_scheduler_pb2.GenerateResponse(request_id=self.request_id, complete=message)
 
 
 class SglangEngine(sglang_scheduler_pb2_grpc.SglangSchedulerServicer):
@@ -68,110 +216,19 @@ class SglangEngine(sglang_scheduler_pb2_grpc.SglangSchedulerServicer):
         self, request: sglang_scheduler_pb2.GenerateRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[sglang_scheduler_pb2.GenerateResponse]:
         core = self.core
-        prompt_ids, params, n = await admit(core, _as_vllm(request), context)
-        admitted = core.submit(request.request_id, prompt_ids, params, n)
+        start = input_logprob_start(request)
+        prompt_ids, params, n = await admit(
+            core, _as_vllm(request), context, check=lambda ids: check_logprob_start(start, len(ids))
+        )
+        admitted = core.submit(request.request_id, prompt_ids, params, n, cache_limit=start)
+        messages = SglangMessages(request, prompt_ids, start, core.vocab)
         cancelled = True
         try:
-            async for response in self._outputs(request, admitted, len(prompt_ids), n, context):
+            async for response in walk(core, admitted, request.stream, context, messages):
                 yield response
             cancelled = False
         finally:
             core.release(admitted, cancelled=cancelled and not admitted.faulted)
-
-    async def _outputs(
-        self,
-        request: sglang_scheduler_pb2.GenerateRequest,
-        admitted: Request,
-        prompt_len: int,
-        n: int,
-        context: grpc.aio.ServicerContext,
-    ) -> AsyncIterator[sglang_scheduler_pb2.GenerateResponse]:
-        core = self.core
-        mailbox = admitted.mailbox
-        outputs: list[list[int]] = [[] for _ in range(n)]
-        finishes: list[Finish | None] = [None] * n
-        die_after = core.faults.settings.die_after_tokens
-        sent = 0
-        while any(f is None for f in finishes):
-            await mailbox.wait()
-            for index, tokens, step in mailbox.take():
-                if die_after is not None and sent + len(tokens) > die_after:
-                    core.stats.faults += 1
-                    admitted.faulted = True
-                    await context.abort(grpc.StatusCode.UNAVAILABLE, "engine died mid-stream (injected)")
-                sent += len(tokens)
-                cached = mailbox.cached[index]
-                deltas = step_deltas(tokens, step)
-                for delta in deltas:
-                    outputs[index].extend(delta)
-                    if request.stream:
-                        yield self._chunk(
-                            request.request_id, delta, prompt_len, len(outputs[index]), cached, index
-                        )
-                if step is None:
-                    continue
-                finishes[index] = Finish.of(step)
-                if request.stream:
-                    yield self._complete(
-                        request.request_id,
-                        deltas[-1],
-                        prompt_len,
-                        len(outputs[index]),
-                        cached,
-                        index,
-                        finishes[index],
-                    )
-        if not request.stream:
-            for index in range(n):
-                ids = outputs[index]
-                yield self._complete(
-                    request.request_id,
-                    ids,
-                    prompt_len,
-                    len(ids),
-                    mailbox.cached[index],
-                    index,
-                    finishes[index],
-                )
-        reasons = [f.reason for f in finishes if f is not None]
-        core.finished.update(reasons)
-        if "abort" in reasons:
-            core.stats.aborts += 1
-        else:
-            core.stats.completed += 1
-
-    @staticmethod
-    def _chunk(
-        request_id: str, tokens: list[int], prompt_len: int, total: int, cached: int, index: int
-    ) -> sglang_scheduler_pb2.GenerateResponse:
-        return sglang_scheduler_pb2.GenerateResponse(
-            request_id=request_id,
-            chunk=sglang_scheduler_pb2.GenerateStreamChunk(
-                token_ids=tokens,
-                prompt_tokens=prompt_len,
-                completion_tokens=total,
-                cached_tokens=cached,
-                index=index,
-            ),
-        )
-
-    @staticmethod
-    def _complete(
-        request_id: str, ids: list[int], prompt_len: int, total: int, cached: int, index: int, finish: Finish
-    ) -> sglang_scheduler_pb2.GenerateResponse:
-        message = sglang_scheduler_pb2.GenerateComplete(
-            output_ids=ids,
-            finish_reason=finish.reason,
-            prompt_tokens=prompt_len,
-            completion_tokens=total,
-            cached_tokens=cached,
-            index=index,
-        )
-        if finish.matched_token_id is not None:
-            message.matched_token_id = finish.matched_token_id
-        elif finish.matched_stop_str is not None:
-            message.matched_stop_str = finish.matched_stop_str
-        return sglang_scheduler_pb2.GenerateResponse(request_id=request_id, complete=message)
 
     async def Abort(
         self, request: sglang_scheduler_pb2.AbortRequest, context: grpc.aio.ServicerContext

@@ -1,0 +1,108 @@
+"""Generate's walk, whatever the protocol: read a request's mailbox, cut injected faults, send a chunk per
+step and a `complete` per finished choice (streamed), or one `complete` per choice at the end (not
+streamed), and count how the request ended. The messages themselves come from the protocol's builder
+(`responses.VllmMessages`, `sglang.SglangMessages`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Protocol, TypeVar
+
+import grpc
+
+from load.simulator.core import EngineCore, Request
+from load.simulator.logprobs import TokenLogprob
+from load.simulator.responses import Finish
+from load.simulator.sampler import Step
+
+Message = TypeVar("Message", covariant=True)
+
+
+class Messages(Protocol[Message]):
+    """A protocol's Generate messages for one request. `total` is the choice's output length so far."""
+
+    def chunk(
+        self, index: int, tokens: list[int], logprobs: list[TokenLogprob], total: int, cached: int
+    ) -> Message: ...
+
+    def stream_complete(
+        self,
+        index: int,
+        tokens: list[int],
+        logprobs: list[TokenLogprob],
+        total: int,
+        cached: int,
+        finish: Finish,
+    ) -> Message:
+        """A stream's `complete`: repeats the choice's last chunk (its delta), with why it ended."""
+        ...
+
+    def final(
+        self, index: int, tokens: list[int], logprobs: list[TokenLogprob], cached: int, finish: Finish
+    ) -> Message:
+        """A non-streamed choice's only message: every token."""
+        ...
+
+
+def step_deltas(tokens: list[int], finish: Step | None = None) -> list[list[int]]:
+    """One delta per engine step (a token each); an abort adds the empty delta vLLM ends it with.
+
+    vLLM sends a chunk per step while its reader keeps up (it merges deltas only for a reader that
+    lags); the simulator always sends one per step, which keeps event counts predictable for tests.
+    """
+    deltas = [[token] for token in tokens]
+    if not deltas or (finish is not None and finish.finish_reason == "abort"):
+        deltas.append([])
+    return deltas
+
+
+async def walk(
+    core: EngineCore,
+    admitted: Request,
+    stream: bool,
+    context: grpc.aio.ServicerContext,
+    messages: Messages[Message],
+) -> AsyncIterator[Message]:
+    mailbox = admitted.mailbox
+    n = len(admitted.sequences)
+    outputs: list[list[int]] = [[] for _ in range(n)]
+    logprobs: list[list[TokenLogprob]] = [[] for _ in range(n)]
+    finishes: list[Finish | None] = [None] * n
+    die_after = core.faults.settings.die_after_tokens
+    sent = 0
+    while any(f is None for f in finishes):
+        await mailbox.wait()
+        for news in mailbox.take():
+            index = news.index
+            if die_after is not None and sent + len(news.tokens) > die_after:
+                core.stats.faults += 1
+                admitted.faulted = True
+                await context.abort(grpc.StatusCode.UNAVAILABLE, "engine died mid-stream (injected)")
+            sent += len(news.tokens)
+            cached = mailbox.cached[index]
+            deltas = step_deltas(news.tokens, news.finish)
+            delta_logprobs: list[TokenLogprob] = []
+            for position, delta in enumerate(deltas):
+                delta_logprobs = news.logprobs[position : position + 1] if delta else []
+                outputs[index].extend(delta)
+                logprobs[index].extend(delta_logprobs)
+                if stream:
+                    yield messages.chunk(index, delta, delta_logprobs, len(outputs[index]), cached)
+            if news.finish is None:
+                continue
+            finish = finishes[index] = Finish.of(news.finish)
+            if stream:
+                yield messages.stream_complete(
+                    index, deltas[-1], delta_logprobs, len(outputs[index]), cached, finish
+                )
+    if not stream:
+        for index, finish in enumerate(finishes):
+            assert finish is not None
+            yield messages.final(index, outputs[index], logprobs[index], mailbox.cached[index], finish)
+    reasons = [f.reason for f in finishes if f is not None]
+    core.finished.update(reasons)
+    if "abort" in reasons:
+        core.stats.aborts += 1
+    else:
+        core.stats.completed += 1
