@@ -161,9 +161,11 @@ class EnginePool:
             if e.code() == grpc.StatusCode.UNIMPLEMENTED:
                 self._report_problem(engine, f"does not implement the {engine.protocol} protocol")
                 if engine.configured is None:
-                    # A detected engine was replaced by one of the other protocol: detect again.
+                    # A detected engine was replaced by one of the other protocol: detect again, and
+                    # subscribe to its events under the new service name once it is back.
                     engine.client = None
-                    engine.registered = False
+                    if self._subscriptions is not None:
+                        await self._subscriptions.remove(engine.address)
             elif engine.healthy:
                 log.warning("engine unhealthy", model=self.model, engine=engine.address, code=e.code().name)
         if healthy and not engine.healthy:
@@ -178,6 +180,9 @@ class EnginePool:
             if self._subscriptions is not None and engine.protocol is not None:
                 method = subscribe_method(engine.protocol)
                 self._subscriptions.add(engine.address, engine.channel, method=method)
+        if not healthy:
+            # Whatever comes back (a restart, another build) is registered afresh.
+            engine.registered = False
         engine.healthy = healthy
         self.gateway.set_health(self.model, engine.address, healthy)
 

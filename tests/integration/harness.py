@@ -14,17 +14,23 @@ import subprocess
 import threading
 import time
 import urllib.request
-from collections.abc import Coroutine, Iterator, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypeVar
+
+import grpc
+from smg_grpc_proto.generated import sglang_scheduler_pb2 as sglang_pb
+from smg_grpc_proto.generated import sglang_scheduler_pb2_grpc as sglang_grpc
+from smg_grpc_proto.generated import vllm_engine_pb2 as vllm_pb
+from smg_grpc_proto.generated import vllm_engine_pb2_grpc as vllm_grpc
 
 from extproc import server
 from extproc.config import EngineConfig, ModelConfig, Settings
 from extproc.envoy_bootstrap import EnvoyOptions, envoy_binary, render_bootstrap
 from extproc.models import default_model_dir
 from load.simulator import SimCluster, SimOptions, start_engines
-from load.simulator.cluster import STOP_GRACE_S
+from load.simulator.cluster import STOP_GRACE_S, SimEngine
 
 SimProtocol = Literal["vllm", "sglang"]
 
@@ -78,6 +84,49 @@ class Stack:
     def generate_requests(self) -> int:
         """How many Generate calls reached any engine of any model so far."""
         return sum(e.stats.generate_requests for c in self.clusters.values() for e in c.engines)
+
+
+class DirectCalls:
+    """Generate calls made straight to an engine, bypassing the gateway; cancelled on close."""
+
+    def __init__(self, engine: SimEngine) -> None:
+        self.engine = engine
+        self.channel = grpc.aio.insecure_channel(engine.address)
+        self.calls: list[Any] = []
+
+    def start(self, n: int, *, prompt_len: int = 40, max_tokens: int = 10_000) -> None:
+        for i in range(n):
+            ids = [128000, *range(2000 + i * 100, 2000 + i * 100 + prompt_len - 1)]
+            rid = f"direct-{len(self.calls)}"
+            if self.engine.protocol == "vllm":
+                request: Any = vllm_pb.GenerateRequest(
+                    request_id=rid,
+                    tokenized=vllm_pb.TokenizedInput(input_ids=ids),
+                    sampling_params=vllm_pb.SamplingParams(max_tokens=max_tokens, ignore_eos=True),
+                    stream=True,
+                )
+                self.calls.append(vllm_grpc.VllmEngineStub(self.channel).Generate(request))
+            else:
+                request = sglang_pb.GenerateRequest(
+                    request_id=rid,
+                    tokenized=sglang_pb.TokenizedInput(input_ids=ids),
+                    sampling_params=sglang_pb.SamplingParams(max_new_tokens=max_tokens, ignore_eos=True),
+                    stream=True,
+                )
+                self.calls.append(sglang_grpc.SglangSchedulerStub(self.channel).Generate(request))
+
+    async def close(self) -> None:
+        for call in self.calls:
+            call.cancel()
+        await self.channel.close()
+
+
+async def until(predicate: Callable[[], bool], within_s: float = 10.0) -> None:
+    """Wait (on the running loop) until `predicate()` holds; fail after `within_s`."""
+    deadline = time.monotonic() + within_s
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.02)
 
 
 def wait_ready(admin_url: str, proc: subprocess.Popen[bytes], timeout: float = 30.0) -> None:

@@ -5,26 +5,18 @@ gateway did not cause (another gateway's traffic, simulated by calling the engin
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import grpc
 import openai
 import pytest
-from smg_grpc_proto.generated import sglang_scheduler_pb2 as sglang_pb
-from smg_grpc_proto.generated import sglang_scheduler_pb2_grpc as sglang_grpc
-from smg_grpc_proto.generated import vllm_engine_pb2 as vllm_pb
-from smg_grpc_proto.generated import vllm_engine_pb2_grpc as vllm_grpc
 
 from extproc import _native
 from extproc.models import default_model_dir
 from extproc.pool import EnginePool
 from load.simulator import SimOptions, start_engines
-from load.simulator.cluster import SimEngine
 from tests.conftest import FreePorts
-from tests.integration.harness import local_stack
+from tests.integration.harness import DirectCalls, local_stack, until
 
 MODEL = "m"
 MAX_NUM_SEQS = 8
@@ -45,48 +37,6 @@ class RecordingGateway:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._gateway, name)
-
-
-class DirectCalls:
-    """Generate calls made straight to an engine, bypassing the gateway; cancelled on close."""
-
-    def __init__(self, engine: SimEngine) -> None:
-        self.engine = engine
-        self.channel = grpc.aio.insecure_channel(engine.address)
-        self.calls: list[Any] = []
-
-    def start(self, n: int, *, prompt_len: int = 40, max_tokens: int = 10_000) -> None:
-        for i in range(n):
-            ids = [128000, *range(2000 + i * 100, 2000 + i * 100 + prompt_len - 1)]
-            rid = f"direct-{len(self.calls)}"
-            if self.engine.protocol == "vllm":
-                request: Any = vllm_pb.GenerateRequest(
-                    request_id=rid,
-                    tokenized=vllm_pb.TokenizedInput(input_ids=ids),
-                    sampling_params=vllm_pb.SamplingParams(max_tokens=max_tokens, ignore_eos=True),
-                    stream=True,
-                )
-                self.calls.append(vllm_grpc.VllmEngineStub(self.channel).Generate(request))
-            else:
-                request = sglang_pb.GenerateRequest(
-                    request_id=rid,
-                    tokenized=sglang_pb.TokenizedInput(input_ids=ids),
-                    sampling_params=sglang_pb.SamplingParams(max_new_tokens=max_tokens, ignore_eos=True),
-                    stream=True,
-                )
-                self.calls.append(sglang_grpc.SglangSchedulerStub(self.channel).Generate(request))
-
-    async def close(self) -> None:
-        for call in self.calls:
-            call.cancel()
-        await self.channel.close()
-
-
-async def until(predicate: Callable[[], bool], within_s: float = 10.0) -> None:
-    deadline = time.monotonic() + within_s
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.02)
 
 
 @pytest.mark.parametrize("protocol", ["vllm", "sglang"])

@@ -1,0 +1,72 @@
+"""How a GetLoadsResponse of either protocol becomes the one load the router gets."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from smg_grpc_proto.generated import sglang_scheduler_pb2 as sglang_pb
+from smg_grpc_proto.generated import vllm_engine_pb2 as vllm_pb
+
+from extproc.engine_client import EngineLoad, load_from_reply, subscribe_method
+
+
+@pytest.mark.parametrize("pb", [vllm_pb, sglang_pb], ids=["vllm", "sglang"])
+def test_ranks_add_up_and_kv_usage_is_the_share_of_all_kv_tokens(pb: Any) -> None:
+    reply = pb.GetLoadsResponse(
+        dp_rank_count=2,
+        loads=[
+            pb.SchedulerLoad(
+                dp_rank=0,
+                num_running_reqs=3,
+                num_waiting_reqs=1,
+                token_usage=0.5,
+                max_total_num_tokens=1000,
+                max_running_requests=8,
+            ),
+            pb.SchedulerLoad(
+                dp_rank=1,
+                num_running_reqs=2,
+                num_waiting_reqs=4,
+                token_usage=0.2,
+                max_total_num_tokens=3000,
+                max_running_requests=8,
+            ),
+        ],
+    )
+    # (0.5 * 1000 + 0.2 * 3000) / 4000 = 0.275
+    assert load_from_reply(reply) == EngineLoad(
+        running=5, waiting=5, kv_usage=pytest.approx(0.275), max_running=16
+    )
+
+
+def test_unknown_capacities_average_the_ranks_usage() -> None:
+    reply = vllm_pb.GetLoadsResponse(
+        loads=[vllm_pb.SchedulerLoad(token_usage=0.25), vllm_pb.SchedulerLoad(token_usage=0.75)]
+    )
+    assert load_from_reply(reply) == EngineLoad(0, 0, 0.5, 0)
+
+
+def test_missing_fields_read_zero_and_usage_stays_a_fraction() -> None:
+    assert load_from_reply(vllm_pb.GetLoadsResponse()) == EngineLoad(0, 0, 0.0, 0)
+    assert load_from_reply(sglang_pb.GetLoadsResponse()) == EngineLoad(0, 0, 0.0, 0)
+    odd = vllm_pb.GetLoadsResponse(
+        loads=[vllm_pb.SchedulerLoad(num_running_reqs=-2, token_usage=float("nan"))]
+    )
+    assert load_from_reply(odd) == EngineLoad(0, 0, 0.0, 0)
+    over = vllm_pb.GetLoadsResponse(loads=[vllm_pb.SchedulerLoad(token_usage=1.5)])
+    assert load_from_reply(over).kv_usage == 1.0
+
+
+def test_sglang_aggregate_is_used_only_without_per_rank_loads() -> None:
+    aggregate = sglang_pb.AggregateMetrics(total_running_reqs=7, total_waiting_reqs=2, avg_token_usage=0.4)
+    assert load_from_reply(sglang_pb.GetLoadsResponse(aggregate=aggregate)) == EngineLoad(7, 2, 0.4, 0)
+    both = sglang_pb.GetLoadsResponse(
+        aggregate=aggregate, loads=[sglang_pb.SchedulerLoad(num_running_reqs=1, max_running_requests=4)]
+    )
+    assert load_from_reply(both) == EngineLoad(1, 0, 0.0, 4)
+
+
+def test_kv_events_are_subscribed_under_each_service_name() -> None:
+    assert subscribe_method("vllm") == "/vllm.grpc.engine.VllmEngine/SubscribeKvEvents"
+    assert subscribe_method("sglang") == "/sglang.grpc.scheduler.SglangScheduler/SubscribeKvEvents"
