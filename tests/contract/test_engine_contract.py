@@ -175,10 +175,127 @@ async def test_n_choices(stub: pb_grpc.VllmEngineStub, prompts: Prompts) -> None
     assert "greedy" in (failure.value.details() or "")
 
 
+async def test_n_choices_not_streamed(stub: pb_grpc.VllmEngineStub, prompts: Prompts) -> None:
+    prompt = prompts.fresh(20)
+    messages = await generate(stub, request(prompt, n=3, seed=3, max_tokens=4, ignore_eos=True, logprobs=2))
+    # One complete per choice, in index order, each with its own tokens and their logprobs.
+    assert [m.WhichOneof("response") for m in messages] == ["complete"] * 3
+    completes = [m.complete for m in messages]
+    assert [c.index for c in completes] == [0, 1, 2]
+    assert len({tuple(c.output_ids) for c in completes}) == 3
+    for done in completes:
+        assert done.completion_tokens == 4 and done.prompt_tokens == len(prompt)
+        assert list(done.output_logprobs.token_ids) == list(done.output_ids)
+
+
 async def test_prompt_longer_than_context_is_rejected(stub: pb_grpc.VllmEngineStub, prompts: Prompts) -> None:
     with pytest.raises(grpc.aio.AioRpcError) as failure:
         await generate(stub, request(prompts.fresh(MAX_MODEL_LEN + 1), max_tokens=1))
     assert failure.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+# --- logprobs ----------------------------------------------------------------------------------------
+
+
+def check_top_list(token: int, value: float, top: pb.TopLogProbs, k: int) -> None:
+    """vLLM's top list: the token first with its own logprob, then the likeliest other tokens, k in all."""
+    listed = list(zip(top.token_ids, top.values, strict=True))
+    assert len(listed) == k and listed[0] == (token, value)
+    others = [v for _, v in listed[1:]]
+    assert others == sorted(others, reverse=True)
+    assert len({t for t, _ in listed}) == k and all(v <= 0 for _, v in listed)
+
+
+async def test_output_logprobs(stub: pb_grpc.VllmEngineStub, prompts: Prompts) -> None:
+    prompt = prompts.fresh(30)
+    sampling = {"max_tokens": 6, "ignore_eos": True, "seed": 11, "logprobs": 3}
+    done = await final(stub, request(prompt, **sampling))
+    out = done.output_logprobs
+    assert list(out.token_ids) == list(done.output_ids) and len(out.token_logprobs) == 6
+    assert len(out.top_logprobs) == 6 and not done.HasField("input_logprobs")
+    for token, value, top in zip(out.token_ids, out.token_logprobs, out.top_logprobs, strict=True):
+        check_top_list(token, value, top, 3)
+    # Streamed: each chunk its delta's logprobs, the complete repeating the last chunk's.
+    *chunks, last = await generate(stub, request(prompt, stream=True, **sampling))
+    assert [len(m.chunk.output_logprobs.token_ids) for m in chunks] == [1] * 6
+    assert [t for m in chunks for t in m.chunk.output_logprobs.token_ids] == list(out.token_ids)
+    streamed = [v for m in chunks for v in m.chunk.output_logprobs.token_logprobs]
+    assert streamed == pytest.approx(list(out.token_logprobs), abs=1e-4)
+    assert last.complete.output_logprobs == chunks[-1].chunk.output_logprobs
+
+
+async def test_greedy_logprobs_lead_with_the_likeliest(
+    stub: pb_grpc.VllmEngineStub, prompts: Prompts
+) -> None:
+    done = await final(
+        stub, request(prompts.fresh(30), max_tokens=4, ignore_eos=True, temperature=0, logprobs=2)
+    )
+    for value, top in zip(
+        done.output_logprobs.token_logprobs, done.output_logprobs.top_logprobs, strict=True
+    ):
+        assert top.values[0] == value >= top.values[1]
+
+
+async def test_zero_logprobs_carry_no_top_lists(stub: pb_grpc.VllmEngineStub, prompts: Prompts) -> None:
+    done = await final(stub, request(prompts.fresh(30), max_tokens=3, ignore_eos=True, logprobs=0))
+    assert len(done.output_logprobs.token_logprobs) == 3 and not done.output_logprobs.top_logprobs
+
+
+@pytest.mark.parametrize(
+    ("field", "count", "message"),
+    [
+        ("logprobs", 21, "Requested sample logprobs of 21, which is greater than max allowed: 20"),
+        ("logprobs", -1, "Requested sample logprobs of 128256, which is greater than max allowed: 20"),
+        ("logprobs", -2, "logprobs must be non-negative or -1, got -2."),
+        ("prompt_logprobs", 21, "Requested prompt logprobs of 21, which is greater than max allowed: 20"),
+    ],
+)
+async def test_logprob_counts_beyond_the_limit_are_refused(
+    stub: pb_grpc.VllmEngineStub, prompts: Prompts, field: str, count: int, message: str
+) -> None:
+    with pytest.raises(grpc.aio.AioRpcError) as failure:
+        await generate(stub, request(prompts.fresh(10), max_tokens=1, **{field: count}))
+    assert failure.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert message in (failure.value.details() or "")
+
+
+async def test_prompt_logprobs(stub: pb_grpc.VllmEngineStub, prompts: Prompts) -> None:
+    prompt = prompts.fresh(300)
+    await final(stub, request(prompt, max_tokens=1))
+    # A cached prompt is computed anew for its logprobs: no cached tokens, every position scored.
+    done = await final(stub, request(prompt, max_tokens=2, ignore_eos=True, prompt_logprobs=2))
+    assert done.cached_tokens == 0
+    given = done.input_logprobs
+    assert list(given.token_ids) == prompt and len(given.token_logprobs) == len(given.top_logprobs) == 300
+    assert not given.token_logprobs[0].HasField("value") and not given.top_logprobs[0].token_ids
+    for token, entry, top in zip(prompt[1:], given.token_logprobs[1:], given.top_logprobs[1:], strict=True):
+        check_top_list(token, entry.value, top, 2)
+    assert not done.HasField("output_logprobs")
+    zero = await final(stub, request(prompt, max_tokens=1, prompt_logprobs=0))
+    assert len(zero.input_logprobs.token_logprobs) == 300 and not zero.input_logprobs.top_logprobs
+
+
+async def test_prompt_logprobs_stream_once(stub: pb_grpc.VllmEngineStub, prompts: Prompts) -> None:
+    prompt = prompts.fresh(12)
+    sampling = {"ignore_eos": True, "prompt_logprobs": 1, "seed": 2}
+    messages = await generate(stub, request(prompt, stream=True, max_tokens=3, **sampling))
+    carrying = [
+        i for i, m in enumerate(messages) if getattr(m, m.WhichOneof("response")).HasField("input_logprobs")
+    ]
+    assert carrying == [0]  # the first chunk only
+    assert len(messages[0].chunk.input_logprobs.token_ids) == 12
+    # A one-token answer's complete repeats its only chunk, prompt logprobs included.
+    first, done = await generate(stub, request(prompt, stream=True, max_tokens=1, **sampling))
+    assert done.complete.input_logprobs == first.chunk.input_logprobs
+    # n > 1: the request's first chunk carries them, whichever choice it is; a non-streamed request
+    # repeats them on every choice's complete.
+    messages = await generate(stub, request(prompt, stream=True, max_tokens=2, n=2, **sampling))
+    assert (
+        sum(m.WhichOneof("response") == "chunk" and m.chunk.HasField("input_logprobs") for m in messages) == 1
+    )
+    assert messages[0].chunk.HasField("input_logprobs")
+    completes = await generate(stub, request(prompt, max_tokens=2, n=2, **sampling))
+    assert [len(m.complete.input_logprobs.token_ids) for m in completes] == [12, 12]
 
 
 # --- prefix caching --------------------------------------------------------------------------------
@@ -222,11 +339,14 @@ async def test_flush_cache_forgets_prefixes(stub: pb_grpc.VllmEngineStub, prompt
 
 async def test_abort_ends_stream_with_abort(stub: pb_grpc.VllmEngineStub, prompts: Prompts) -> None:
     call = stub.Generate(
-        request(prompts.fresh(10), stream=True, request_id="victim", max_tokens=1500, ignore_eos=True),
+        request(
+            prompts.fresh(10), stream=True, request_id="victim", max_tokens=1500, ignore_eos=True, logprobs=1
+        ),
         timeout=60,
     )
     received = [await call.read() for _ in range(3)]
     assert all(m.WhichOneof("response") == "chunk" for m in received)
+    assert all(len(m.chunk.output_logprobs.token_ids) == 1 for m in received)
     await stub.Abort(pb.AbortRequest(request_ids=["victim", "never-seen"]))
     rest = []
     while (message := await call.read()) is not grpc.aio.EOF:
@@ -235,6 +355,8 @@ async def test_abort_ends_stream_with_abort(stub: pb_grpc.VllmEngineStub, prompt
     *chunks, last = rest
     assert chunks and not chunks[-1].chunk.token_ids and chunks[-1].chunk.completion_tokens == 0
     assert last.complete.finish_reason == "abort" and not last.complete.output_ids
+    # No tokens, no logprobs: neither the empty delta nor the complete carries any.
+    assert not chunks[-1].chunk.HasField("output_logprobs") and not last.complete.HasField("output_logprobs")
     assert len(received) + len(chunks) < 1500
     assert await call.code() == grpc.StatusCode.OK
 
