@@ -78,6 +78,8 @@ class EngineLoad:
     kv_usage: float
     # How many requests the engine runs at once (its admission window); 0 when unknown.
     max_running: int
+    # Prompt tokens of waiting requests not served from the prefix cache: the prefill work queued.
+    waiting_uncached_tokens: int = 0
 
 
 def _pb(protocol: Protocol) -> Any:
@@ -116,9 +118,10 @@ def load_from_reply(reply: Any) -> EngineLoad:
     """One load from a GetLoadsResponse of either protocol.
 
     Both list a `SchedulerLoad` per data-parallel rank with the same field names: requests running and
-    waiting add up over ranks, as does the admission window; KV usage is the share of all ranks' KV
-    tokens in use (the ranks' mean when their capacities are unknown). SGLang adds an `aggregate`, used
-    only when it sends no per-rank loads. Fields an engine leaves unset read 0.
+    waiting add up over ranks, as do the admission window and the queued uncached prompt tokens; KV
+    usage is the share of all ranks' KV tokens in use (the ranks' mean when their capacities are
+    unknown). SGLang adds an `aggregate`, used only when it sends no per-rank loads. Fields an engine
+    leaves unset read 0.
     """
     ranks = list(reply.loads)
     if not ranks:
@@ -141,6 +144,7 @@ def load_from_reply(reply: Any) -> EngineLoad:
         waiting=sum(max(r.num_waiting_reqs, 0) for r in ranks),
         kv_usage=usage,
         max_running=sum(max(r.max_running_requests, 0) for r in ranks),
+        waiting_uncached_tokens=sum(max(r.num_waiting_uncached_tokens, 0) for r in ranks),
     )
 
 

@@ -222,7 +222,13 @@ class EnginePool:
                 log.warning("engine has no GetLoads; routing uses in-flight counts", engine=engine.address)
             return  # the health check decides whether the engine is still usable
         self.gateway.report_load(
-            self.model, engine.address, load.running, load.waiting, load.kv_usage, load.max_running
+            self.model,
+            engine.address,
+            load.running,
+            load.waiting,
+            load.kv_usage,
+            load.max_running,
+            waiting_uncached_tokens=load.waiting_uncached_tokens,
         )
 
     async def close(self) -> None:

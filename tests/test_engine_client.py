@@ -23,6 +23,7 @@ def test_ranks_add_up_and_kv_usage_is_the_share_of_all_kv_tokens(pb: Any) -> Non
                 token_usage=0.5,
                 max_total_num_tokens=1000,
                 max_running_requests=8,
+                num_waiting_uncached_tokens=100,
             ),
             pb.SchedulerLoad(
                 dp_rank=1,
@@ -31,12 +32,13 @@ def test_ranks_add_up_and_kv_usage_is_the_share_of_all_kv_tokens(pb: Any) -> Non
                 token_usage=0.2,
                 max_total_num_tokens=3000,
                 max_running_requests=8,
+                num_waiting_uncached_tokens=400,
             ),
         ],
     )
     # (0.5 * 1000 + 0.2 * 3000) / 4000 = 0.275
     assert load_from_reply(reply) == EngineLoad(
-        running=5, waiting=5, kv_usage=pytest.approx(0.275), max_running=16
+        running=5, waiting=5, kv_usage=pytest.approx(0.275), max_running=16, waiting_uncached_tokens=500
     )
 
 

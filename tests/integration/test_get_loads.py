@@ -27,13 +27,20 @@ class RecordingGateway:
 
     def __init__(self, gateway: _native.Gateway) -> None:
         self._gateway = gateway
-        self.reports: dict[str, tuple[int, int, float, int]] = {}
+        self.reports: dict[str, tuple[int, int, float, int, int]] = {}
 
     def report_load(
-        self, name: str, address: str, running: int, waiting: int, kv: float, window: int
+        self,
+        name: str,
+        address: str,
+        running: int,
+        waiting: int,
+        kv: float,
+        window: int,
+        waiting_uncached_tokens: int = 0,
     ) -> bool:
-        self.reports[address] = (running, waiting, kv, window)
-        return self._gateway.report_load(name, address, running, waiting, kv, window)
+        self.reports[address] = (running, waiting, kv, window, waiting_uncached_tokens)
+        return self._gateway.report_load(name, address, running, waiting, kv, window, waiting_uncached_tokens)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._gateway, name)
@@ -65,9 +72,10 @@ async def test_each_protocols_get_loads_reaches_the_router(protocol: str) -> Non
         await pool.start(wait_s=10)
         await until(lambda: recording.reports.get(queued.address, (0, 0))[1] == 3)
         await until(lambda: recording.reports.get(busy.address, (0,))[0] == 1)
-        assert recording.reports[queued.address] == (0, 3, 0.0, MAX_NUM_SEQS)
-        running, waiting, kv_usage, window = recording.reports[busy.address]
-        assert (running, waiting, window) == (1, 0, MAX_NUM_SEQS)
+        # Three waiting 40-token prompts, none cached: all their tokens are prefill work queued.
+        assert recording.reports[queued.address] == (0, 3, 0.0, MAX_NUM_SEQS, 3 * 40)
+        running, waiting, kv_usage, window, queued_tokens = recording.reports[busy.address]
+        assert (running, waiting, window, queued_tokens) == (1, 0, MAX_NUM_SEQS, 0)
         # The engine's own KV usage: the blocks of its one sequence out of its cache.
         assert kv_usage == pytest.approx(busy.core.scheduler.cache.usage, abs=0.01) and kv_usage > 0
     finally:
