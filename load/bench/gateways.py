@@ -15,11 +15,13 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from extproc.models import cache_root
 from load.bench.procs import Child, StartError, free_port, spawn, wait_for
+from load.simulator.command import simulator_argv
+from load.simulator.options import SimOptions
 
 SMG_VERSION = "1.13.0"
 ROOT = Path(__file__).resolve().parents[2]
@@ -44,38 +46,21 @@ class Engines:
 
 # Fast mode: every simulated duration zero, and room for 8 clients' 30k-token prompts in each engine's
 # KV cache and step budget (no chunked prefill, no preemption), so the engines cost as little as they can
-# and the gateway is what is measured. Flags the simulator does not have (it grows) are left out.
-FAST_ENGINE_FLAGS = {
-    "--ttft-ms": "0",
-    "--itl-ms": "0",
-    "--prefill-ms-per-token": "0",
-    "--decode-ms-per-seq": "0",
-    "--time-scale": "0",
-    "--num-blocks": "32768",
-    "--max-num-batched-tokens": "262144",
-}
-
-
-def _simulator_flags() -> set[str]:
-    help_text = subprocess.run(
-        [sys.executable, "-m", "load.simulator", "--help"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-        cwd=ROOT,
-    ).stdout
-    return set(re.findall(r"--[a-z][a-z-]+", help_text))
+# and the gateway is what is measured.
+FAST_ENGINES = SimOptions(
+    ttft_ms=0,
+    itl_ms=0,
+    prefill_ms_per_token=0,
+    decode_ms_per_seq=0,
+    time_scale=0,
+    num_blocks=32768,
+    max_num_batched_tokens=262144,
+)
 
 
 def start_engines(count: int, log_dir: Path, max_model_len: int) -> Engines:
     """The simulator in its own process, in fast mode: near-zero engine time, so gateways are measured."""
-    argv = [sys.executable, "-m", "load.simulator", "--port", "0", "--engines", str(count)]
-    argv += ["--max-model-len", str(max_model_len)]
-    known = _simulator_flags()
-    for flag, value in FAST_ENGINE_FLAGS.items():
-        if flag in known:
-            argv += [flag, value]
+    argv = simulator_argv(replace(FAST_ENGINES, max_model_len=max_model_len), engines=count)
     child = spawn("engines", argv, log_dir)
     addresses: list[str] = []
 
@@ -133,9 +118,16 @@ def _wait_chat(gateway: Gateway, model: str, timeout_s: float) -> None:
 
 
 def start_ours(
-    engines: list[str], model: str, log_dir: Path, *, envoy_concurrency: int, timeout_s: float = 60.0
+    engines: list[str],
+    model: str,
+    log_dir: Path,
+    *,
+    envoy_concurrency: int,
+    routing_policy: str | None = None,
+    timeout_s: float = 60.0,
 ) -> Gateway:
-    """`extproc serve` and Envoy in front of it, as separate processes, as an operator would run them."""
+    """`extproc serve` and Envoy in front of it, as separate processes, as an operator would run them;
+    `routing_policy` goes to extproc through its documented setting (EXTPROC_ROUTING_POLICY)."""
     from extproc.envoy_bootstrap import EnvoyOptions, envoy_binary, render_bootstrap
 
     extproc_port, port, admin_port = free_port(), free_port(), free_port()
@@ -143,7 +135,8 @@ def start_ours(
     for address in engines:
         argv += ["--engine", f"grpc://{address}"]
     argv += ["--log-level", "warning"]
-    server = spawn("extproc", argv, log_dir)
+    env = {"EXTPROC_ROUTING_POLICY": routing_policy} if routing_policy is not None else None
+    server = spawn("extproc", argv, log_dir, env=env)
     options = EnvoyOptions(
         listen_port=port, admin_port=admin_port, extproc_target=f"127.0.0.1:{extproc_port}"
     )

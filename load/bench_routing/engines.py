@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import asyncio
 import re
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from load.bench.procs import Child, spawn, wait_for
+from load.simulator.command import simulator_argv
+from load.simulator.options import SimOptions
 
 _LISTENING = re.compile(r"engine (\d+) listening on (\S+) \(metrics on port (\d+)\)")
 _SAMPLE = re.compile(r"^(vllm:[a-z_]+)\{[^}]*\} (\S+)$", re.M)
@@ -48,22 +49,20 @@ class EngineConfig:
     # own_cpu_share says so), and a 50 s trace still carries ~420 requests.
     time_scale: float = 1.0
 
+    def options(self) -> SimOptions:
+        return SimOptions(
+            block_size=self.block_size,
+            num_blocks=self.num_blocks,
+            ttft_ms=self.ttft_ms,
+            prefill_ms_per_token=self.prefill_ms_per_token,
+            itl_ms=self.itl_ms,
+            decode_ms_per_seq=self.decode_ms_per_seq,
+            max_num_batched_tokens=self.max_num_batched_tokens,
+            time_scale=self.time_scale,
+        )
+
     def argv(self) -> list[str]:
-        flags = {
-            "--engines": self.engines,
-            "--block-size": self.block_size,
-            "--num-blocks": self.num_blocks,
-            "--ttft-ms": self.ttft_ms,
-            "--prefill-ms-per-token": self.prefill_ms_per_token,
-            "--itl-ms": self.itl_ms,
-            "--decode-ms-per-seq": self.decode_ms_per_seq,
-            "--max-num-batched-tokens": self.max_num_batched_tokens,
-            "--time-scale": self.time_scale,
-        }
-        argv = [sys.executable, "-m", "load.simulator", "--port", "0", "--metrics-port", "0"]
-        for flag, value in flags.items():
-            argv += [flag, str(value)]
-        return argv
+        return simulator_argv(self.options(), engines=self.engines, metrics_port=0)
 
     def prefill_s(self, uncached_tokens: float) -> float:
         """Seconds of one prefill step over `uncached_tokens`, scaled."""

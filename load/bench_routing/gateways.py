@@ -1,18 +1,17 @@
 """The gateways under test, each started fresh per run on that run's engines.
 
 Ours is `load.bench.gateways.start_ours` (Envoy + `extproc serve`, as an operator runs them) with the
-policy given through its documented setting, `EXTPROC_ROUTING_POLICY`. SMG runs with `--policy
-cache_aware`: for gRPC workers it subscribes to every engine's `SubscribeKvEvents` on its own (its log
-says "KV event stream connected" per worker and its metrics count the batches), so its cache-aware
-policy routes on the same KV events as ours.
+policy as its `routing_policy` (extproc's documented setting, `EXTPROC_ROUTING_POLICY`). SMG runs with
+`--policy cache_aware`: for gRPC workers it subscribes to every engine's `SubscribeKvEvents` on its own
+(its log says "KV event stream connected" per worker and its metrics count the batches), so its
+cache-aware policy routes on the same KV events as ours.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,24 +38,12 @@ class Started:
     metrics_port: int | None = None
 
 
-@contextlib.contextmanager
-def _env(name: str, value: str) -> Iterator[None]:
-    old = os.environ.get(name)
-    os.environ[name] = value
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = old
-
-
 def start_ours(policy: str, engines: list[str], model: str, log_dir: Path, envoy_concurrency: int) -> Started:
     if policy not in POLICIES:
         raise ValueError(f"unknown policy {policy!r}")
-    with _env("EXTPROC_ROUTING_POLICY", policy):
-        gateway = bench_gateways.start_ours(engines, model, log_dir, envoy_concurrency=envoy_concurrency)
+    gateway = bench_gateways.start_ours(
+        engines, model, log_dir, envoy_concurrency=envoy_concurrency, routing_policy=policy
+    )
     return Started(gateway)
 
 

@@ -103,12 +103,10 @@ def run_trace(spec: RunSpec, ctx: Context, trace: Trace, warmup_s: float) -> dic
         if probe is not None:
             index = _probe_result(probe)
         engines.stop()
-    records, cached, watch, smg_metrics, wall_s = measured
-    summary = summarize(records, cached, warmup_s, trace.duration_s)
+    records, watch, smg_metrics, wall_s = measured
+    summary = summarize(records, warmup_s, trace.duration_s)
     summary["by_kind"] = {
-        kind: summarize(
-            [r for r in records if r.kind == kind], cached, warmup_s, trace.duration_s, brief=True
-        )
+        kind: summarize([r for r in records if r.kind == kind], warmup_s, trace.duration_s, brief=True)
         for kind in sorted({r.kind for r in records})
     }
     out: dict[str, Any] = {
@@ -128,7 +126,7 @@ def run_trace(spec: RunSpec, ctx: Context, trace: Trace, warmup_s: float) -> dic
 
 async def _send(
     spec: RunSpec, started: gateways.Started, ctx: Context, ports: list[int], trace: Trace
-) -> tuple[list[Record], dict[int, int], dict[str, Any], dict[str, float] | None, float]:
+) -> tuple[list[Record], dict[str, Any], dict[str, float] | None, float]:
     target = RoutingTarget(started.gateway.base_url, ctx.model)
     try:
         prepared = [target.prepare(s) for s in trace.specs]
@@ -138,8 +136,7 @@ async def _send(
             result = await open_loop(target, prepared, trace.arrivals, progress=progress)
         wall_s = time.monotonic() - begun
         smg = await smg_index_metrics(started.metrics_port) if started.metrics_port else None
-        cached = {id(r): c for r in result.records if (c := target.cached_tokens(r)) is not None}
-        return result.records, cached, watch.report(), smg, wall_s
+        return result.records, watch.report(), smg, wall_s
     finally:
         target.close()
 
@@ -171,7 +168,6 @@ def _ms(values: Sequence[float]) -> dict[str, float]:
 
 def summarize(
     records: Sequence[Record],
-    cached: dict[int, int],
     warmup_s: float,
     end_s: float,
     *,
@@ -183,7 +179,7 @@ def summarize(
     window = [r for r in records if r.start >= warmup_s]
     ok = [r for r in window if r.ok]
     prompt = sum(r.prompt_tokens or 0 for r in ok)
-    hit = sum(cached.get(id(r), 0) for r in ok)
+    hit = sum(r.cached_tokens or 0 for r in ok)
     out: dict[str, Any] = {
         "requests": len(window),
         "ok": len(ok),

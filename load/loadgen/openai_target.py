@@ -3,7 +3,7 @@
 Requests are rendered to bytes before a run (`prepare`), so a run spends its client CPU on the wire and the
 parsing only. Streams are read event by event as they arrive: the first event that carries generated text
 gives the TTFT, each later one an inter-token gap; the usage chunk (requested with `include_usage`) gives
-token counts, as does the usage object of a plain answer.
+token counts and the prompt's cached tokens, as does the usage object of a plain answer.
 """
 
 from __future__ import annotations
@@ -193,3 +193,6 @@ def _usage(record: Record, usage: dict[str, Any] | None) -> None:
     if usage:
         record.prompt_tokens = usage.get("prompt_tokens")
         record.output_tokens = usage.get("completion_tokens")
+        cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+        if isinstance(cached, int):
+            record.cached_tokens = cached

@@ -28,6 +28,8 @@ class Record:
     error: str | None = None
     prompt_tokens: int | None = None
     output_tokens: int | None = None
+    # The prompt's prefix-cache hit the server reported (usage.prompt_tokens_details.cached_tokens).
+    cached_tokens: int | None = None
 
     @property
     def ok(self) -> bool:

@@ -131,7 +131,8 @@ def test_cli_writes_results_json(stack: Stack, tmp_path: Path) -> None:
 
 async def test_http_client_parses_responses_split_at_every_byte(vocab: Vocab) -> None:
     events = [b'data: {"choices":[{"delta":{"content":"%s"}}]}\n\n' % w for w in (b"a", b"b", b"c")]
-    events.append(b'data: {"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":3}}\n\n')
+    usage = b'{"prompt_tokens":3,"completion_tokens":3,"prompt_tokens_details":{"cached_tokens":2}}'
+    events.append(b'data: {"choices":[],"usage":%s}\n\n' % usage)
     events.append(b"data: [DONE]\n\n")
     chunked = b"".join(b"%x\r\n%s\r\n" % (len(e), e) for e in events) + b"0\r\n\r\n"
     streamed = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + chunked
@@ -161,9 +162,10 @@ async def test_http_client_parses_responses_split_at_every_byte(vocab: Vocab) ->
         target.close()
         server.close()
     assert first.ok, first.error
-    assert (first.output_tokens, len(first.itl)) == (3, 2)
+    assert (first.output_tokens, len(first.itl), first.cached_tokens) == (3, 2, 2)
     assert first.ttft is not None and first.ttft <= first.latency
     assert second.ok and (second.prompt_tokens, second.output_tokens) == (5, 2)
+    assert second.cached_tokens is None  # the server reported no cache details
     assert connections == 1  # the connection was kept alive for the second request
 
 
