@@ -166,8 +166,8 @@ class EnginePool:
                     engine.client = None
                     if self._subscriptions is not None:
                         await self._subscriptions.remove(engine.address)
-            elif engine.healthy:
-                log.warning("engine unhealthy", model=self.model, engine=engine.address, code=e.code().name)
+            else:
+                self._report_problem(engine, f"health check failed: {e.code().name}")
         if healthy and not engine.healthy:
             log.info(
                 "engine ready",

@@ -156,3 +156,28 @@ async def test_an_engine_restarted_with_the_other_protocol_is_detected_again(
         await pool.close()
         if second is not None:
             await second.stop(grace=0)
+
+
+async def test_an_unreachable_engine_is_logged_once_until_it_comes_back(
+    gateway: _native.Gateway, logs: list[dict[str, object]]
+) -> None:
+    port = FreePorts().one()
+    pool = EnginePool.create(gateway, MODEL, [f"grpc://127.0.0.1:{port}"], load_interval_s=0)
+    cluster = None
+    try:
+        await pool.start(wait_s=0)
+        await pool.check_all()
+        reasons = [str(e["reason"]) for e in logs if e["event"] == "engine not usable"]
+        assert reasons == ["health check failed: UNAVAILABLE"]
+        cluster = await start_engines(default_model_dir(), count=1, base_port=port, protocol="sglang")
+        for _ in range(50):  # the channel reconnects after its backoff
+            await pool.check_all()
+            if pool.engines[0].healthy:
+                break
+            await asyncio.sleep(0.2)
+        assert pool.engines[0].healthy and pool.engines[0].protocol == "sglang"
+        assert any(e["event"] == "engine ready" for e in logs)
+    finally:
+        await pool.close()
+        if cluster is not None:
+            await cluster.stop(grace=0)
