@@ -27,6 +27,14 @@ SERVICES: dict[Protocol, str] = {
 }
 
 
+def configured_protocol(setting: str) -> Protocol | None:
+    """A protocol setting as the protocol it names; None for "auto" (detect it)."""
+    for protocol in PROTOCOLS:
+        if setting == protocol:
+            return protocol
+    return None
+
+
 class NoKnownProtocol(Exception):
     """The engine answered, but implements neither protocol's HealthCheck."""
 

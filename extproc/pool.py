@@ -21,7 +21,14 @@ import structlog
 
 from extproc import _native
 from extproc.config import EngineConfig
-from extproc.engine_client import EngineClient, NoKnownProtocol, Protocol, detect_protocol, subscribe_method
+from extproc.engine_client import (
+    EngineClient,
+    NoKnownProtocol,
+    Protocol,
+    configured_protocol,
+    detect_protocol,
+    subscribe_method,
+)
 from extproc.kv_events import KvEventSubscriptions
 
 log = structlog.get_logger("extproc.pool")
@@ -91,9 +98,7 @@ class EnginePool:
             config = item if isinstance(item, EngineConfig) else EngineConfig(item)
             address = engine_address(config.url)
             channel = grpc.aio.insecure_channel(address)
-            configured: Protocol | None = None
-            if config.protocol in ("vllm", "sglang"):
-                configured = "vllm" if config.protocol == "vllm" else "sglang"
+            configured = configured_protocol(config.protocol)
             engine = Engine(address, channel, configured)
             if configured is not None:
                 engine.client = EngineClient(channel, configured)
