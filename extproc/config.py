@@ -3,6 +3,10 @@
 Every layer hands in raw values (TOML types, environment strings, flag strings); one parser per field turns
 them into typed values, so a bad value gets the same one-line error wherever it came from, naming its source:
     invalid --port 'abc': expected an integer 1-65535
+
+One model is configured with model_dir/model_name/engines; several with `[[models]]` tables in the file
+(`ModelConfig`), which only a file can hold. `served_models()` resolves either form into the models to
+serve, global settings filled in.
 """
 
 from __future__ import annotations
