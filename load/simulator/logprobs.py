@@ -89,10 +89,11 @@ class Ranking:
         """Distinct tokens for the ranks, in rank order, none of which `excluded` refuses."""
         words, marks = self.vocab.word_ids, self.vocab.punctuation_ids
         seen: set[int] = set()
+        base = mix(*key)  # hashed once; each slot adds one round
         slot = 0
         # Bounded: a vocabulary where every token is excluded yields nothing rather than spinning.
         while slot < 64 * RANKS + len(seen) * 4:
-            h = mix(*key, slot)
+            h = mix(base, slot)
             slot += 1
             if punctuation and marks and (h & 0xFFFF) < PUNCTUATION_RATE * 0x10000:
                 token = marks[(h >> 16) % len(marks)]
