@@ -1,7 +1,14 @@
-//! The engine protocols the gateway speaks (vLLM `VllmEngine`, SGLang `SglangScheduler`).
+//! The engine protocols the gateway speaks (vLLM `VllmEngine`, SGLang `SglangScheduler`), behind one
+//! neutral form: the stream code hands over prompt ids and sampling parameters and gets back `Output`s
+//! (choice index, new token ids, their logprobs, counts, finish reason), whatever the engine.
+
+mod sglang;
+mod vllm;
 
 use std::fmt;
 use std::str::FromStr;
+
+use crate::openai::request::Sampling;
 
 /// Which gRPC service an engine endpoint serves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default, Hash)]
@@ -18,6 +25,91 @@ impl Protocol {
             Protocol::Sglang => "sglang",
         }
     }
+}
+
+/// One generation to ask of an engine.
+pub struct GenerateCall<'a> {
+    pub request_id: &'a str,
+    pub input_ids: Vec<u32>,
+    pub sampling: &'a Sampling,
+    pub include_stop_str_in_output: bool,
+    pub stream: bool,
+}
+
+/// One sampled token's logprob and the top alternatives the engine reported at its position.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenLogprob {
+    pub id: u32,
+    pub logprob: f32,
+    pub top: Vec<(u32, f32)>,
+}
+
+/// One engine message, in neutral terms.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Output {
+    /// Which of the `n` choices it belongs to.
+    pub index: u32,
+    /// New tokens of that choice (a streamed end repeats nothing: its tokens were already sent).
+    pub token_ids: Vec<u32>,
+    /// Logprobs of `token_ids`, when asked for.
+    pub logprobs: Vec<TokenLogprob>,
+    pub prompt_tokens: u32,
+    pub cached_tokens: u32,
+    /// Set on the choice's last message.
+    pub finish_reason: Option<String>,
+}
+
+impl Protocol {
+    /// The gRPC method path of `Generate`.
+    pub fn generate_path(self) -> &'static str {
+        match self {
+            Protocol::Vllm => crate::pb::vllm::GENERATE_PATH,
+            Protocol::Sglang => crate::pb::sglang::GENERATE_PATH,
+        }
+    }
+
+    /// The serialized `GenerateRequest` (not yet gRPC-framed).
+    pub fn encode_generate(self, call: GenerateCall<'_>) -> Vec<u8> {
+        match self {
+            Protocol::Vllm => vllm::encode_generate(call),
+            Protocol::Sglang => sglang::encode_generate(call),
+        }
+    }
+
+    /// One serialized `GenerateResponse`; `None` for a message with no output. In a stream, the final
+    /// message repeats the last delta, so its tokens are dropped; a non-streamed one carries them all.
+    pub fn decode_response(self, message: &[u8], stream: bool) -> Result<Option<Output>, String> {
+        match self {
+            Protocol::Vllm => vllm::decode_response(message, stream),
+            Protocol::Sglang => sglang::decode_response(message, stream),
+        }
+    }
+
+    /// The gRPC method path and serialized request of `Abort` for one request.
+    pub fn abort(self, request_id: &str) -> (&'static str, Vec<u8>) {
+        match self {
+            Protocol::Vllm => (crate::pb::vllm::ABORT_PATH, vllm::encode_abort(request_id)),
+            Protocol::Sglang => (crate::pb::sglang::ABORT_PATH, sglang::encode_abort(request_id)),
+        }
+    }
+}
+
+/// Logprobs as both protos carry them: parallel lists, one entry per output position.
+fn logprobs_of(lp: Option<crate::pb::logprobs::OutputLogProbs>) -> Vec<TokenLogprob> {
+    let Some(lp) = lp else { return Vec::new() };
+    let mut top = lp.top_logprobs.into_iter();
+    lp.token_ids
+        .into_iter()
+        .zip(lp.token_logprobs)
+        .map(|(id, logprob)| TokenLogprob {
+            id,
+            logprob,
+            top: top
+                .next()
+                .map(|t| t.token_ids.into_iter().zip(t.values).collect())
+                .unwrap_or_default(),
+        })
+        .collect()
 }
 
 impl fmt::Display for Protocol {
@@ -52,3 +144,6 @@ mod tests {
         assert!("".parse::<Protocol>().is_err());
     }
 }
+
+#[cfg(test)]
+mod protocol_tests;

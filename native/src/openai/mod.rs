@@ -1,6 +1,7 @@
 //! The OpenAI HTTP surface: request parsing and validation, response and SSE building.
 
 pub mod fields;
+pub mod logprobs;
 pub mod request;
 pub mod response;
 pub mod tokenize;

@@ -23,7 +23,18 @@ pub struct Sampling {
     pub ignore_eos: bool,
     pub skip_special_tokens: bool,
     pub logit_bias: Vec<(i32, f32)>,
+    /// Choices to generate (the engine samples them all from one prompt).
+    pub n: u32,
+    /// Logprobs per output token with this many top alternatives; `None` for no logprobs.
+    pub logprobs: Option<u32>,
 }
+
+/// The most top alternatives per token a client may ask for (vLLM's default `max_logprobs`).
+pub const MAX_TOP_LOGPROBS: i64 = 20;
+/// The most choices per request (OpenAI's limit).
+pub const MAX_N: i64 = 128;
+/// vLLM's threshold below which a temperature means greedy sampling.
+const GREEDY_TEMPERATURE: f32 = 1e-5;
 
 /// Which API the request came in on; it shapes the response objects.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -95,17 +106,24 @@ fn parse_common(obj: &Object, api: Api, input: PromptInput) -> Result<Generation
             .unwrap_or(false),
         None => false,
     };
-    if let Some(n) = opt_int(obj, "n", 1, 128)? {
-        if n != 1 {
-            return Err(ApiError::invalid_param("n", "n > 1 is not supported yet"));
-        }
+    let mut sampling = parse_sampling(obj)?;
+    sampling.n = opt_int(obj, "n", 1, MAX_N)?.unwrap_or(1) as u32;
+    if sampling.n > 1 && sampling.temperature.is_some_and(|t| t < GREEDY_TEMPERATURE) {
+        return Err(ApiError::invalid_param(
+            "n",
+            format!(
+                "n must be 1 when using greedy sampling (temperature 0), got {}",
+                sampling.n
+            ),
+        ));
     }
-    let wants_logprobs = match api {
-        Api::Chat => opt_bool(obj, "logprobs")?.unwrap_or(false),
-        Api::Completion => opt_int(obj, "logprobs", 0, 20)?.is_some(),
-    };
-    if wants_logprobs {
-        return Err(ApiError::invalid_param("logprobs", "logprobs are not supported yet"));
+    sampling.logprobs = parse_logprobs(obj, api)?;
+    let echo = api == Api::Completion && opt_bool(obj, "echo")?.unwrap_or(false);
+    if echo && sampling.logprobs.is_some() {
+        return Err(ApiError::invalid_param(
+            "echo",
+            "echo with logprobs (prompt logprobs) is not supported",
+        ));
     }
     Ok(GenerationRequest {
         api,
@@ -113,11 +131,30 @@ fn parse_common(obj: &Object, api: Api, input: PromptInput) -> Result<Generation
         input,
         stream,
         include_usage,
-        echo: api == Api::Completion && opt_bool(obj, "echo")?.unwrap_or(false),
+        echo,
         include_stop_str_in_output: opt_bool(obj, "include_stop_str_in_output")?.unwrap_or(false),
         user: opt_str(obj, "user")?.map(str::to_string),
-        sampling: parse_sampling(obj)?,
+        sampling,
     })
+}
+
+/// Chat: `logprobs: bool` and `top_logprobs: 0..=20`; completions: `logprobs: 0..=20`.
+fn parse_logprobs(obj: &Object, api: Api) -> Result<Option<u32>, ApiError> {
+    match api {
+        Api::Chat => {
+            let wanted = opt_bool(obj, "logprobs")?.unwrap_or(false);
+            let top = opt_int(obj, "top_logprobs", 0, MAX_TOP_LOGPROBS)?;
+            match (wanted, top) {
+                (false, Some(_)) => Err(ApiError::invalid_param(
+                    "top_logprobs",
+                    "when using 'top_logprobs', 'logprobs' must be set to true",
+                )),
+                (false, None) => Ok(None),
+                (true, top) => Ok(Some(top.unwrap_or(0) as u32)),
+            }
+        }
+        Api::Completion => Ok(opt_int(obj, "logprobs", 0, MAX_TOP_LOGPROBS)?.map(|k| k as u32)),
+    }
 }
 
 pub fn parse_chat_request(body: &[u8]) -> Result<GenerationRequest, ApiError> {
@@ -230,19 +267,26 @@ fn parse_sampling(obj: &Object) -> Result<Sampling, ApiError> {
         ignore_eos: opt_bool(obj, "ignore_eos")?.unwrap_or(false),
         skip_special_tokens: opt_bool(obj, "skip_special_tokens")?.unwrap_or(true),
         logit_bias: parse_logit_bias(obj)?,
+        n: 1,
+        logprobs: None,
     })
 }
 
 /// `{"token id": bias}` with biases in [-100, 100], as OpenAI defines it.
 fn parse_logit_bias(obj: &Object) -> Result<Vec<(i32, f32)>, ApiError> {
-    let Some(map) = opt_object(obj, "logit_bias")? else { return Ok(Vec::new()) };
+    let Some(map) = opt_object(obj, "logit_bias")? else {
+        return Ok(Vec::new());
+    };
     map.iter()
         .map(|(key, value)| {
             let id = key.parse::<i32>().ok().filter(|&id| id >= 0).ok_or_else(|| {
                 ApiError::invalid_param("logit_bias", format!("logit_bias keys must be token ids, got '{key}'"))
             })?;
             let bias = value.as_f64().filter(|b| (-100.0..=100.0).contains(b)).ok_or_else(|| {
-                ApiError::invalid_param("logit_bias", format!("logit_bias for token {id} must be between -100 and 100"))
+                ApiError::invalid_param(
+                    "logit_bias",
+                    format!("logit_bias for token {id} must be between -100 and 100"),
+                )
             })?;
             Ok((id, bias as f32))
         })
@@ -406,6 +450,42 @@ mod tests {
                 .unwrap()
                 .echo
         );
+    }
+
+    #[test]
+    fn n_and_logprobs_are_read_and_checked() {
+        let chat = |extra: &str| {
+            parse_chat_request(
+                format!(r#"{{"model":"m","messages":[{{"role":"user","content":"x"}}]{extra}}}"#).as_bytes(),
+            )
+        };
+        let completion =
+            |extra: &str| parse_completion_request(format!(r#"{{"model":"m","prompt":"x"{extra}}}"#).as_bytes());
+        let r = chat(r#","n":3,"logprobs":true,"top_logprobs":5"#).unwrap();
+        assert_eq!((r.sampling.n, r.sampling.logprobs), (3, Some(5)));
+        let r = chat(r#","logprobs":true"#).unwrap();
+        assert_eq!((r.sampling.n, r.sampling.logprobs), (1, Some(0)));
+        assert_eq!(chat(r#","logprobs":false"#).unwrap().sampling.logprobs, None);
+        assert_eq!(completion(r#","logprobs":0"#).unwrap().sampling.logprobs, Some(0));
+        assert_eq!(
+            completion(r#","logprobs":20,"n":2"#).unwrap().sampling.logprobs,
+            Some(20)
+        );
+        let cases = [
+            (chat(r#","top_logprobs":2"#), "top_logprobs"),
+            (chat(r#","logprobs":false,"top_logprobs":0"#), "top_logprobs"),
+            (chat(r#","logprobs":true,"top_logprobs":21"#), "top_logprobs"),
+            (chat(r#","logprobs":3"#), "logprobs"),
+            (chat(r#","n":0"#), "n"),
+            (chat(r#","n":129"#), "n"),
+            (chat(r#","n":2,"temperature":0"#), "n"),
+            (completion(r#","logprobs":21"#), "logprobs"),
+            (completion(r#","logprobs":true"#), "logprobs"),
+            (completion(r#","logprobs":1,"echo":true"#), "echo"),
+        ];
+        for (result, param) in cases {
+            assert_eq!(result.unwrap_err().param.as_deref(), Some(param));
+        }
     }
 
     #[test]

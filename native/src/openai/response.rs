@@ -55,18 +55,24 @@ impl Usage {
 
 pub const SSE_DONE: &[u8] = b"data: [DONE]\n\n";
 
-/// The whole non-streamed answer.
-pub fn completion_json(meta: &ResponseMeta, text: &str, finish_reason: &str, usage: Usage) -> Vec<u8> {
-    let choice = match meta.api {
+/// One choice of a non-streamed answer; `logprobs` is `null` unless asked for.
+pub fn choice_value(meta: &ResponseMeta, index: u32, text: &str, finish_reason: &str, logprobs: Value) -> Value {
+    match meta.api {
         Api::Chat => json!({
-            "index": 0,
+            "index": index,
             "message": {"role": "assistant", "content": text},
-            "logprobs": null,
+            "logprobs": logprobs,
             "finish_reason": finish_reason,
         }),
-        Api::Completion => json!({"index": 0, "text": text, "logprobs": null, "finish_reason": finish_reason}),
-    };
-    let mut body = meta.envelope(false, json!([choice]));
+        Api::Completion => {
+            json!({"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason})
+        }
+    }
+}
+
+/// The whole non-streamed answer: its choices (in index order) and usage over all of them.
+pub fn completion_json(meta: &ResponseMeta, choices: Vec<Value>, usage: Usage) -> Vec<u8> {
+    let mut body = meta.envelope(false, Value::Array(choices));
     body["usage"] = usage.to_value();
     serde_json::to_vec(&body).expect("response JSON serializes")
 }
@@ -77,38 +83,50 @@ fn event(value: &Value, out: &mut Vec<u8>) {
     out.extend_from_slice(b"\n\n");
 }
 
-fn chunk(meta: &ResponseMeta, text: Option<&str>, role: bool, finish_reason: Option<&str>, out: &mut Vec<u8>) {
+/// What one streamed chunk says about one choice.
+#[derive(Debug, Default)]
+pub struct Delta<'a> {
+    pub text: Option<&'a str>,
+    /// Chat: the first chunk of a choice names the assistant role.
+    pub role: bool,
+    pub finish_reason: Option<&'a str>,
+    /// `null` unless logprobs were asked for.
+    pub logprobs: Value,
+}
+
+/// One streamed chunk carrying one choice (as vLLM streams `n` choices: one per event).
+pub fn chunk_event(meta: &ResponseMeta, index: u32, delta: Delta<'_>, out: &mut Vec<u8>) {
     let choice = match meta.api {
         Api::Chat => {
-            let mut delta = serde_json::Map::new();
-            if role {
-                delta.insert("role".into(), "assistant".into());
+            let mut content = serde_json::Map::new();
+            if delta.role {
+                content.insert("role".into(), "assistant".into());
             }
-            if let Some(text) = text {
-                delta.insert("content".into(), text.into());
+            if let Some(text) = delta.text {
+                content.insert("content".into(), text.into());
             }
-            json!({"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish_reason})
+            json!({"index": index, "delta": content, "logprobs": delta.logprobs, "finish_reason": delta.finish_reason})
         }
-        Api::Completion => {
-            json!({"index": 0, "text": text.unwrap_or(""), "logprobs": null, "finish_reason": finish_reason})
-        }
+        Api::Completion => json!({
+            "index": index,
+            "text": delta.text.unwrap_or(""),
+            "logprobs": delta.logprobs,
+            "finish_reason": delta.finish_reason,
+        }),
     };
     event(&meta.envelope(true, json!([choice])), out);
 }
 
-/// Chat streams open with the assistant role (completions have no such event).
-pub fn start_event(meta: &ResponseMeta, out: &mut Vec<u8>) {
+/// Chat streams open each choice with the assistant role (completions have no such event).
+pub fn start_event(meta: &ResponseMeta, index: u32, out: &mut Vec<u8>) {
     if meta.api == Api::Chat {
-        chunk(meta, Some(""), true, None, out);
+        let delta = Delta {
+            text: Some(""),
+            role: true,
+            ..Delta::default()
+        };
+        chunk_event(meta, index, delta, out);
     }
-}
-
-pub fn text_event(meta: &ResponseMeta, text: &str, out: &mut Vec<u8>) {
-    chunk(meta, Some(text), false, None, out);
-}
-
-pub fn finish_event(meta: &ResponseMeta, finish_reason: &str, out: &mut Vec<u8>) {
-    chunk(meta, None, false, Some(finish_reason), out);
 }
 
 /// The final usage-only chunk (`stream_options.include_usage`).
@@ -149,7 +167,9 @@ mod tests {
             completion_tokens: 2,
             cached_tokens: 1,
         };
-        let v: Value = serde_json::from_slice(&completion_json(&meta(Api::Chat), "hi", "stop", usage)).unwrap();
+        let m = meta(Api::Chat);
+        let choices = vec![choice_value(&m, 0, "hi", "stop", Value::Null)];
+        let v: Value = serde_json::from_slice(&completion_json(&m, choices, usage)).unwrap();
         assert_eq!(v["object"], "chat.completion");
         assert_eq!(v["choices"][0]["message"]["content"], "hi");
         assert_eq!(v["usage"]["total_tokens"], 5);
@@ -158,13 +178,9 @@ mod tests {
 
     #[test]
     fn text_completion_has_openai_shape() {
-        let v: Value = serde_json::from_slice(&completion_json(
-            &meta(Api::Completion),
-            "hi",
-            "length",
-            Usage::default(),
-        ))
-        .unwrap();
+        let m = meta(Api::Completion);
+        let choices = vec![choice_value(&m, 0, "hi", "length", Value::Null)];
+        let v: Value = serde_json::from_slice(&completion_json(&m, choices, Usage::default())).unwrap();
         assert_eq!(v["object"], "text_completion");
         assert_eq!(v["choices"][0]["text"], "hi");
         assert_eq!(v["choices"][0]["finish_reason"], "length");
@@ -173,18 +189,26 @@ mod tests {
     #[test]
     fn chat_events_carry_deltas() {
         let mut out = Vec::new();
-        start_event(&meta(Api::Chat), &mut out);
-        assert_eq!(
-            parse_event(&out)["choices"][0]["delta"],
-            json!({"role": "assistant", "content": ""})
-        );
+        start_event(&meta(Api::Chat), 2, &mut out);
+        let v = parse_event(&out);
+        assert_eq!(v["choices"][0]["delta"], json!({"role": "assistant", "content": ""}));
+        assert_eq!(v["choices"][0]["index"], 2);
         out.clear();
-        text_event(&meta(Api::Chat), "a", &mut out);
+        let text = Delta {
+            text: Some("a"),
+            ..Delta::default()
+        };
+        chunk_event(&meta(Api::Chat), 1, text, &mut out);
         let v = parse_event(&out);
         assert_eq!(v["choices"][0]["delta"], json!({"content": "a"}));
+        assert_eq!(v["choices"][0]["index"], 1);
         assert!(v["choices"][0]["finish_reason"].is_null());
         out.clear();
-        finish_event(&meta(Api::Chat), "stop", &mut out);
+        let end = Delta {
+            finish_reason: Some("stop"),
+            ..Delta::default()
+        };
+        chunk_event(&meta(Api::Chat), 0, end, &mut out);
         let v = parse_event(&out);
         assert_eq!(v["choices"][0]["delta"], json!({}));
         assert_eq!(v["choices"][0]["finish_reason"], "stop");
@@ -193,9 +217,13 @@ mod tests {
     #[test]
     fn completion_events_carry_text() {
         let mut out = Vec::new();
-        start_event(&meta(Api::Completion), &mut out);
+        start_event(&meta(Api::Completion), 0, &mut out);
         assert!(out.is_empty());
-        text_event(&meta(Api::Completion), "a", &mut out);
+        let text = Delta {
+            text: Some("a"),
+            ..Delta::default()
+        };
+        chunk_event(&meta(Api::Completion), 0, text, &mut out);
         let v = parse_event(&out);
         assert_eq!(v["object"], "text_completion");
         assert_eq!(v["choices"][0]["text"], "a");

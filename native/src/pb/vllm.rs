@@ -2,6 +2,8 @@
 
 use std::collections::BTreeMap;
 
+pub use super::logprobs::{OutputLogProbs, TopLogProbs};
+
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct SamplingParams {
     #[prost(float, optional, tag = "1")]
@@ -34,6 +36,9 @@ pub struct SamplingParams {
     pub ignore_eos: bool,
     #[prost(uint32, tag = "15")]
     pub n: u32,
+    /// Top alternatives per output token (the sampled token's own logprob always comes); unset for none.
+    #[prost(int32, optional, tag = "22")]
+    pub logprobs: Option<i32>,
     #[prost(int32, optional, tag = "24")]
     pub seed: Option<i32>,
     #[prost(bool, tag = "25")]
@@ -72,6 +77,8 @@ pub struct GenerateStreamChunk {
     pub completion_tokens: u32,
     #[prost(uint32, tag = "4")]
     pub cached_tokens: u32,
+    #[prost(message, optional, tag = "5")]
+    pub output_logprobs: Option<OutputLogProbs>,
     #[prost(uint32, tag = "7")]
     pub index: u32,
 }
@@ -88,6 +95,8 @@ pub struct GenerateComplete {
     pub completion_tokens: u32,
     #[prost(uint32, tag = "5")]
     pub cached_tokens: u32,
+    #[prost(message, optional, tag = "6")]
+    pub output_logprobs: Option<OutputLogProbs>,
     #[prost(uint32, tag = "8")]
     pub index: u32,
     #[prost(oneof = "generate_complete::MatchedStop", tags = "10, 11")]
@@ -120,5 +129,13 @@ pub mod generate_response {
     }
 }
 
-/// The gRPC method path of `Generate` on a vLLM engine.
+/// vLLM aborts a list of requests.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct AbortRequest {
+    #[prost(string, repeated, tag = "1")]
+    pub request_ids: Vec<String>,
+}
+
+/// The gRPC method paths on a vLLM engine.
 pub const GENERATE_PATH: &str = "/vllm.grpc.engine.VllmEngine/Generate";
+pub const ABORT_PATH: &str = "/vllm.grpc.engine.VllmEngine/Abort";

@@ -201,9 +201,11 @@ impl PyStream {
         PyList::new(py, replies.iter().map(|r| PyBytes::new(py, r)))
     }
 
-    /// `(endpoint, engine_request_id)` of an engine call still running, to abort when the stream ends.
-    fn pending_abort(&self) -> Option<(String, String)> {
-        self.inner.lock().expect("stream lock").pending_abort()
+    /// `(endpoint, engine_request_id, protocol)` of an engine call still running, to abort when the
+    /// stream ends.
+    fn pending_abort(&self) -> Option<(String, String, &'static str)> {
+        let pending = self.inner.lock().expect("stream lock").pending_abort()?;
+        Some((pending.endpoint, pending.request_id, pending.protocol.as_str()))
     }
 
     #[getter]

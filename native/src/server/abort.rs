@@ -1,5 +1,5 @@
-//! Telling an engine to stop a request whose client went away: the vLLM `Abort` RPC, sent from the
-//! runtime without waiting for it, over one lazily connected channel per engine endpoint.
+//! Telling an engine to stop a request whose client went away: the engine protocol's `Abort` RPC, sent
+//! from the runtime without waiting for it, over one lazily connected channel per engine endpoint.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -7,7 +7,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use http::uri::PathAndQuery;
-use prost::Message;
 use tokio::runtime::Handle;
 use tokio::sync::Notify;
 use tonic::transport::{Channel, Endpoint};
@@ -15,18 +14,11 @@ use tonic::Status;
 
 use super::codec::RawCodec;
 use super::stats::{Counters, Telemetry};
+use crate::engine::Protocol;
 
-pub const ABORT_PATH: &str = "/vllm.grpc.engine.VllmEngine/Abort";
 pub const ABORT_TIMEOUT: Duration = Duration::from_secs(2);
 /// Endpoints come and go with the pool; past this many cached channels, start over.
 const MAX_CHANNELS: usize = 1024;
-
-/// vLLM's `AbortRequest` (vllm_engine.proto).
-#[derive(Clone, PartialEq, prost::Message)]
-pub struct AbortRequest {
-    #[prost(string, repeated, tag = "1")]
-    pub request_ids: Vec<String>,
-}
 
 pub struct Aborter {
     runtime: Handle,
@@ -47,21 +39,18 @@ impl Aborter {
         })
     }
 
-    /// Send `Abort` for `request_id` to the engine at `endpoint` ("host:port"); returns at once.
-    pub fn abort(self: &Arc<Self>, endpoint: &str, request_id: &str) {
+    /// Send `Abort` for `request_id` to the `protocol` engine at `endpoint` ("host:port"); returns at once.
+    pub fn abort(self: &Arc<Self>, endpoint: &str, protocol: Protocol, request_id: &str) {
         let this = self.clone();
         let endpoint = endpoint.to_string();
-        let body = AbortRequest {
-            request_ids: vec![request_id.to_string()],
-        }
-        .encode_to_vec();
+        let (path, body) = protocol.abort(request_id);
         self.in_flight.fetch_add(1, Ordering::AcqRel);
         // Spawning on a runtime that is shutting down drops the task, and with it the guard.
         let guard = InFlight(self.clone());
         self.runtime.spawn(async move {
             let _guard = guard;
             let sent = match this.channel(&endpoint) {
-                Ok(channel) => tokio::time::timeout(ABORT_TIMEOUT, call(channel, body))
+                Ok(channel) => tokio::time::timeout(ABORT_TIMEOUT, call(channel, path, body))
                     .await
                     .unwrap_or_else(|_| Err(Status::deadline_exceeded("abort timed out"))),
                 Err(e) => Err(e),
@@ -117,7 +106,7 @@ impl Drop for InFlight {
     }
 }
 
-async fn call(channel: Channel, body: Vec<u8>) -> Result<(), Status> {
+async fn call(channel: Channel, path: &'static str, body: Vec<u8>) -> Result<(), Status> {
     let mut client = tonic::client::Grpc::new(channel);
     client
         .ready()
@@ -126,7 +115,7 @@ async fn call(channel: Channel, body: Vec<u8>) -> Result<(), Status> {
     let mut request = tonic::Request::new(body);
     request.set_timeout(ABORT_TIMEOUT);
     client
-        .unary(request, PathAndQuery::from_static(ABORT_PATH), RawCodec)
+        .unary(request, PathAndQuery::from_static(path), RawCodec)
         .await
         .map(|_| ())
 }

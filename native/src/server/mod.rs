@@ -23,7 +23,7 @@ use tokio_stream::wrappers::UnixListenerStream;
 use tonic::transport::server::TcpIncoming;
 use tonic::transport::Server;
 
-pub use abort::{AbortRequest, ABORT_PATH, ABORT_TIMEOUT};
+pub use abort::ABORT_TIMEOUT;
 pub use codec::RawCodec;
 pub use listen::ListenAddr;
 pub use service::{MAX_MESSAGE_BYTES, PROCESS_PATH};

@@ -156,8 +156,8 @@ impl Stream for ProcessStream {
 impl Drop for ProcessStream {
     fn drop(&mut self) {
         let pending = self.machine.pending_abort();
-        if let Some((endpoint, request_id)) = &pending {
-            self.shared.aborter.abort(endpoint, request_id);
+        if let Some(p) = &pending {
+            self.shared.aborter.abort(&p.endpoint, p.protocol, &p.request_id);
         }
         self.shared.telemetry.record(|| Finished {
             summary: self.machine.summary(),

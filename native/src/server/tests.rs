@@ -16,11 +16,13 @@ use tonic::{Code, Status, Streaming};
 use tower_service::Service;
 
 use super::*;
+use crate::engine::Protocol;
 use crate::gateway::Limits;
 use crate::pb::ext_proc::{
     processing_request::Request, processing_response::Response, HeaderMap, HeaderValue, HttpBody, HttpHeaders,
     ProcessingRequest, ProcessingResponse,
 };
+use crate::pb::{sglang, vllm};
 
 fn gateway() -> Arc<Gateway> {
     Arc::new(Gateway::new(Limits {
@@ -321,7 +323,7 @@ fn stop_returns_at_once_without_streams() {
     assert!(!server.is_running());
 }
 
-/// An engine that only answers `Abort`, remembering the request ids.
+/// An engine that only answers `Abort` (of either protocol), remembering "protocol:request id".
 #[derive(Clone, Default)]
 struct AbortEngine {
     aborted: Arc<Mutex<Vec<String>>>,
@@ -339,16 +341,18 @@ impl Service<http::Request<Body>> for AbortEngine {
     fn call(&mut self, request: http::Request<Body>) -> Self::Future {
         let aborted = self.aborted.clone();
         Box::pin(async move {
-            if request.uri().path() != ABORT_PATH {
-                return Ok(Status::unimplemented("").into_http());
-            }
-            let handler = AbortHandler(aborted);
+            let protocol = match request.uri().path() {
+                vllm::ABORT_PATH => Protocol::Vllm,
+                sglang::ABORT_PATH => Protocol::Sglang,
+                _ => return Ok(Status::unimplemented("").into_http()),
+            };
+            let handler = AbortHandler(aborted, protocol);
             Ok(tonic::server::Grpc::new(RawCodec).unary(handler, request).await)
         })
     }
 }
 
-struct AbortHandler(Arc<Mutex<Vec<String>>>);
+struct AbortHandler(Arc<Mutex<Vec<String>>>, Protocol);
 
 impl Service<tonic::Request<Bytes>> for AbortHandler {
     type Response = tonic::Response<Vec<u8>>;
@@ -360,8 +364,16 @@ impl Service<tonic::Request<Bytes>> for AbortHandler {
     }
 
     fn call(&mut self, request: tonic::Request<Bytes>) -> Self::Future {
-        let ids = AbortRequest::decode(request.into_inner()).unwrap().request_ids;
-        self.0.lock().unwrap().extend(ids);
+        let body = request.into_inner();
+        let ids = match self.1 {
+            Protocol::Vllm => vllm::AbortRequest::decode(body).unwrap().request_ids,
+            Protocol::Sglang => vec![sglang::AbortRequest::decode(body).unwrap().request_id],
+        };
+        let protocol = self.1;
+        self.0
+            .lock()
+            .unwrap()
+            .extend(ids.into_iter().map(|id| format!("{protocol}:{id}")));
         std::future::ready(Ok(tonic::Response::new(Vec::new())))
     }
 }
@@ -383,13 +395,13 @@ fn aborts_reach_the_engine_and_failures_are_counted() {
 
     let telemetry = Arc::new(Telemetry::new(0));
     let aborter = Aborter::new(rt.handle().clone(), telemetry.clone());
-    aborter.abort(&endpoint, "req-7");
-    aborter.abort(&endpoint, "req-8");
-    aborter.abort(&closed, "req-9");
+    aborter.abort(&endpoint, Protocol::Vllm, "req-7");
+    aborter.abort(&endpoint, Protocol::Sglang, "req-8");
+    aborter.abort(&closed, Protocol::Vllm, "req-9");
     rt.block_on(aborter.wait_idle(Duration::from_secs(5)));
     let mut seen = engine.aborted.lock().unwrap().clone();
     seen.sort();
-    assert_eq!(seen, ["req-7", "req-8"]);
+    assert_eq!(seen, ["sglang:req-8", "vllm:req-7"]);
     assert_eq!(counter(&telemetry, "aborts_sent"), 2);
     assert_eq!(counter(&telemetry, "aborts_failed"), 1);
 }

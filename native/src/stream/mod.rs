@@ -9,11 +9,14 @@
 mod replies;
 mod request;
 mod response;
+#[cfg(test)]
+mod response_tests;
 
 use std::sync::Arc;
 
 use prost::Message;
 
+use crate::engine::{GenerateCall, Protocol};
 use crate::error::ApiError;
 use crate::gateway::{unix_now, Gateway, ServedModel};
 use crate::grpc_frame;
@@ -25,9 +28,7 @@ use crate::openai::tokenize::{
 use crate::pb::ext_proc::{
     processing_request::Request, HeaderMap, HttpBody, HttpHeaders, ProcessingRequest, ProcessingResponse,
 };
-use crate::pb::vllm::GENERATE_PATH;
 use crate::routing::InFlight;
-use crate::stop::StopMatcher;
 use response::{ResponseShape, ResponseTranslator};
 
 pub use replies::{DESTINATION_HEADER, MAX_BODY_CHUNK};
@@ -56,9 +57,18 @@ pub struct Summary {
     pub error: String,
 }
 
+/// An engine request to abort: the engine's address, its protocol and the request's id there.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PendingAbort {
+    pub endpoint: String,
+    pub protocol: Protocol,
+    pub request_id: String,
+}
+
 /// The engine call in flight, once the request was routed.
 struct Exchange {
     endpoint: String,
+    protocol: Protocol,
     engine_request_id: String,
     translator: ResponseTranslator,
     client_headers_sent: bool,
@@ -110,11 +120,13 @@ impl RequestStream {
     }
 
     /// The engine request to abort if the stream ends now (the client went away mid-exchange).
-    pub fn pending_abort(&self) -> Option<(String, String)> {
+    pub fn pending_abort(&self) -> Option<PendingAbort> {
         match (&self.exchange, self.phase) {
-            (Some(x), Phase::ResponseHeaders | Phase::ResponseBody) => {
-                Some((x.endpoint.clone(), x.engine_request_id.clone()))
-            }
+            (Some(x), Phase::ResponseHeaders | Phase::ResponseBody) => Some(PendingAbort {
+                endpoint: x.endpoint.clone(),
+                protocol: x.protocol,
+                request_id: x.engine_request_id.clone(),
+            }),
             _ => None,
         }
     }
@@ -125,7 +137,7 @@ impl RequestStream {
             s.prompt_tokens = x.translator.usage.prompt_tokens;
             s.completion_tokens = x.translator.usage.completion_tokens;
             s.cached_tokens = x.translator.usage.cached_tokens;
-            s.finish_reason = x.translator.finish_reason.clone().unwrap_or_default();
+            s.finish_reason = x.translator.finish_reason().unwrap_or_default();
         }
         s
     }
@@ -293,6 +305,7 @@ impl RequestStream {
             .pick(&prompt.input_ids, session)
             .ok_or_else(|| ApiError::unavailable(format!("no engine is ready to serve model '{}'", model.name)))?;
         let endpoint = pick.primary.to_string();
+        let protocol = model.protocol(&endpoint);
 
         let engine_request_id = if self.summary.request_id.is_empty() {
             format!("extproc-{}", unix_now())
@@ -300,8 +313,14 @@ impl RequestStream {
             self.summary.request_id.clone()
         };
         let echo = req.echo.then(|| model.files.tokenizer.decode(&prompt.input_ids, false));
-        let generate = request::generate_request(&engine_request_id, prompt, &req);
-        let framed = grpc_frame::encode(&generate.encode_to_vec());
+        let generate = protocol.encode_generate(GenerateCall {
+            request_id: &engine_request_id,
+            input_ids: prompt.input_ids,
+            sampling: &req.sampling,
+            include_stop_str_in_output: req.include_stop_str_in_output,
+            stream: req.stream,
+        });
+        let framed = grpc_frame::encode(&generate);
 
         let prefix = if req.api == Api::Chat { "chatcmpl" } else { "cmpl" };
         let shape = ResponseShape {
@@ -311,18 +330,23 @@ impl RequestStream {
                 created: unix_now(),
                 model: model.name.clone(),
             },
+            protocol,
             stream: req.stream,
             include_usage: req.include_usage,
             skip_special_tokens: req.sampling.skip_special_tokens,
-            stop: StopMatcher::new(req.sampling.stop.clone(), req.include_stop_str_in_output),
+            stop: req.sampling.stop.clone(),
+            include_stop_str_in_output: req.include_stop_str_in_output,
             echo,
+            n: req.sampling.n,
+            logprobs: req.sampling.logprobs,
         };
         let translator = ResponseTranslator::new(model, shape, self.gateway.limits.max_engine_message);
         self.summary.endpoint = endpoint.clone();
-        let mut out = vec![replies::route_to_engine(&endpoint, GENERATE_PATH)];
+        let mut out = vec![replies::route_to_engine(&endpoint, protocol.generate_path())];
         out.extend(replies::body_chunks(&framed, true, true));
         self.exchange = Some(Exchange {
             endpoint,
+            protocol,
             engine_request_id,
             translator,
             client_headers_sent: false,
@@ -459,9 +483,9 @@ fn grpc_error(headers: &HeaderMap, code: &str) -> ApiError {
     ApiError::from_grpc(code.parse().unwrap_or(2), &message)
 }
 
-/// An OK status with no finished output is still a failure the client must hear about.
+/// An OK status with an unfinished choice is still a failure the client must hear about.
 fn exchange_error_without_trailers(exchange: &Exchange) -> Option<ApiError> {
-    if exchange.translator.finish_reason.is_some() {
+    if exchange.translator.all_finished() {
         None
     } else {
         Some(ApiError::new(

@@ -1,9 +1,8 @@
-//! Client request → engine request: parse, template, tokenize, check limits, build `GenerateRequest`.
+//! Client request → engine request: parse, template, tokenize, check limits.
 
 use crate::error::ApiError;
 use crate::gateway::ServedModel;
 use crate::openai::request::{ChatInput, GenerationRequest, PromptInput};
-use crate::pb::vllm::{GenerateRequest, SamplingParams, TokenizedInput};
 use crate::template::{ChatInputs, RenderError};
 
 /// The prompt as token ids, ready to send.
@@ -84,39 +83,4 @@ pub fn check_context(model: &ServedModel, prompt_len: usize, request: &Generatio
         ));
     }
     Ok(())
-}
-
-pub fn generate_request(request_id: &str, prompt: Prompt, request: &GenerationRequest) -> GenerateRequest {
-    let sampling = &request.sampling;
-    // Proto3 zero values are sent only where the engine reads zero as "unset" (top_p, repetition
-    // penalty) or where zero is the true default; explicit optionals carry what the client meant.
-    let params = SamplingParams {
-        temperature: sampling.temperature,
-        top_p: sampling.top_p.unwrap_or(0.0),
-        top_k: sampling.top_k.filter(|&k| k > 0).unwrap_or(0) as u32,
-        min_p: sampling.min_p.unwrap_or(0.0),
-        frequency_penalty: sampling.frequency_penalty.unwrap_or(0.0),
-        presence_penalty: sampling.presence_penalty.unwrap_or(0.0),
-        repetition_penalty: sampling.repetition_penalty.unwrap_or(0.0),
-        max_tokens: sampling.max_tokens,
-        min_tokens: sampling.min_tokens,
-        stop: sampling.stop.clone(),
-        stop_token_ids: sampling.stop_token_ids.clone(),
-        skip_special_tokens: sampling.skip_special_tokens,
-        spaces_between_special_tokens: true,
-        ignore_eos: sampling.ignore_eos,
-        n: 1,
-        seed: sampling.seed,
-        include_stop_str_in_output: request.include_stop_str_in_output,
-        logit_bias: sampling.logit_bias.iter().copied().collect(),
-    };
-    GenerateRequest {
-        request_id: request_id.to_string(),
-        tokenized: Some(TokenizedInput {
-            original_text: String::new(),
-            input_ids: prompt.input_ids,
-        }),
-        sampling_params: Some(params),
-        stream: request.stream,
-    }
 }

@@ -1,0 +1,263 @@
+//! Both protocols' encodings against hand-built messages of the real field layouts.
+
+use prost::Message;
+
+use super::{GenerateCall, Output, Protocol, TokenLogprob};
+use crate::openai::request::Sampling;
+use crate::pb::logprobs::{OutputLogProbs, TopLogProbs};
+use crate::pb::{sglang, vllm};
+
+fn call(sampling: &Sampling) -> GenerateCall<'_> {
+    GenerateCall {
+        request_id: "req-1",
+        input_ids: vec![5, 6, 7],
+        sampling,
+        include_stop_str_in_output: true,
+        stream: true,
+    }
+}
+
+fn sampling() -> Sampling {
+    Sampling {
+        n: 1,
+        skip_special_tokens: true,
+        ..Sampling::default()
+    }
+}
+
+#[test]
+fn sglang_gets_its_own_defaults_for_what_the_client_left_out() {
+    let bytes = Protocol::Sglang.encode_generate(call(&sampling()));
+    let r = sglang::GenerateRequest::decode(bytes.as_slice()).unwrap();
+    let p = r.sampling_params.unwrap();
+    assert_eq!((p.temperature, p.top_p, p.top_k), (1.0, 1.0, -1));
+    assert_eq!((p.min_p, p.repetition_penalty, p.frequency_penalty), (0.0, 1.0, 0.0));
+    assert_eq!(p.max_new_tokens, None);
+    assert_eq!(p.n, 1);
+    assert!(p.no_stop_trim && p.skip_special_tokens && p.spaces_between_special_tokens);
+    assert_eq!(r.tokenized.unwrap().input_ids, [5, 6, 7]);
+    assert_eq!(r.request_id, "req-1");
+    assert!(r.stream);
+    assert!(!r.return_logprob);
+    assert_eq!(r.logprob_start_len, -1, "no prompt logprobs");
+}
+
+#[test]
+fn sglang_carries_what_the_client_gave() {
+    let s = Sampling {
+        temperature: Some(0.0),
+        top_p: Some(0.5),
+        top_k: Some(40),
+        repetition_penalty: Some(1.2),
+        max_tokens: Some(9),
+        min_tokens: 2,
+        stop: vec!["END".into()],
+        logit_bias: vec![(17, -100.0)],
+        n: 3,
+        logprobs: Some(4),
+        ..sampling()
+    };
+    let r = sglang::GenerateRequest::decode(Protocol::Sglang.encode_generate(call(&s)).as_slice()).unwrap();
+    let p = r.sampling_params.unwrap();
+    assert_eq!(
+        (p.temperature, p.top_p, p.top_k, p.repetition_penalty),
+        (0.0, 0.5, 40, 1.2)
+    );
+    assert_eq!((p.max_new_tokens, p.min_new_tokens, p.n), (Some(9), 2, 3));
+    assert_eq!(p.stop, ["END"]);
+    assert_eq!(p.logit_bias.get("17"), Some(&-100.0));
+    assert!(r.return_logprob);
+    assert_eq!((r.top_logprobs_num, r.logprob_start_len), (4, -1));
+    // "no top-k" is -1 in SGLang, whichever way the client said it.
+    for k in [0, -1] {
+        let s = Sampling {
+            top_k: Some(k),
+            ..sampling()
+        };
+        let r = sglang::GenerateRequest::decode(Protocol::Sglang.encode_generate(call(&s)).as_slice()).unwrap();
+        assert_eq!(r.sampling_params.unwrap().top_k, -1);
+    }
+}
+
+#[test]
+fn vllm_keeps_unset_fields_unset_and_asks_for_n_and_logprobs() {
+    let r = vllm::GenerateRequest::decode(Protocol::Vllm.encode_generate(call(&sampling())).as_slice()).unwrap();
+    let p = r.sampling_params.unwrap();
+    assert_eq!((p.temperature, p.top_p, p.top_k, p.logprobs), (None, 0.0, 0, None));
+    let s = Sampling {
+        temperature: Some(0.7),
+        n: 4,
+        logprobs: Some(0),
+        seed: Some(11),
+        ..sampling()
+    };
+    let r = vllm::GenerateRequest::decode(Protocol::Vllm.encode_generate(call(&s)).as_slice()).unwrap();
+    let p = r.sampling_params.unwrap();
+    assert_eq!(
+        (p.temperature, p.n, p.logprobs, p.seed),
+        (Some(0.7), 4, Some(0), Some(11))
+    );
+    assert!(p.include_stop_str_in_output);
+}
+
+fn logprobs() -> OutputLogProbs {
+    OutputLogProbs {
+        token_logprobs: vec![-0.5, -1.5],
+        token_ids: vec![10, 11],
+        top_logprobs: vec![
+            TopLogProbs {
+                values: vec![-0.5, -2.0],
+                token_ids: vec![10, 12],
+            },
+            TopLogProbs {
+                values: vec![-1.0],
+                token_ids: vec![13],
+            },
+        ],
+    }
+}
+
+fn expected_logprobs() -> Vec<TokenLogprob> {
+    vec![
+        TokenLogprob {
+            id: 10,
+            logprob: -0.5,
+            top: vec![(10, -0.5), (12, -2.0)],
+        },
+        TokenLogprob {
+            id: 11,
+            logprob: -1.5,
+            top: vec![(13, -1.0)],
+        },
+    ]
+}
+
+#[test]
+fn both_protocols_decode_chunks_with_index_and_logprobs() {
+    let v = vllm::GenerateResponse {
+        response: Some(vllm::generate_response::Response::Chunk(vllm::GenerateStreamChunk {
+            token_ids: vec![10, 11],
+            prompt_tokens: 3,
+            completion_tokens: 2,
+            cached_tokens: 1,
+            output_logprobs: Some(logprobs()),
+            index: 2,
+        })),
+    };
+    let s = sglang::GenerateResponse {
+        request_id: "req-1".into(),
+        response: Some(sglang::generate_response::Response::Chunk(
+            sglang::GenerateStreamChunk {
+                token_ids: vec![10, 11],
+                prompt_tokens: 3,
+                completion_tokens: 7, // cumulative in SGLang: never used as a delta
+                cached_tokens: 1,
+                output_logprobs: Some(logprobs()),
+                index: 2,
+            },
+        )),
+    };
+    let expected = Output {
+        index: 2,
+        token_ids: vec![10, 11],
+        logprobs: expected_logprobs(),
+        prompt_tokens: 3,
+        cached_tokens: 1,
+        finish_reason: None,
+    };
+    let from_vllm = Protocol::Vllm.decode_response(&v.encode_to_vec(), true).unwrap();
+    let from_sglang = Protocol::Sglang.decode_response(&s.encode_to_vec(), true).unwrap();
+    assert_eq!(from_vllm.as_ref(), Some(&expected));
+    assert_eq!(from_sglang.as_ref(), Some(&expected));
+}
+
+#[test]
+fn a_streamed_complete_repeats_nothing_a_final_one_carries_everything() {
+    let v = vllm::GenerateResponse {
+        response: Some(vllm::generate_response::Response::Complete(vllm::GenerateComplete {
+            output_ids: vec![10, 11],
+            finish_reason: "length".into(),
+            prompt_tokens: 3,
+            completion_tokens: 2,
+            output_logprobs: Some(logprobs()),
+            index: 1,
+            ..Default::default()
+        })),
+    };
+    let s = sglang::GenerateResponse {
+        request_id: "req-1".into(),
+        response: Some(sglang::generate_response::Response::Complete(
+            sglang::GenerateComplete {
+                output_ids: vec![10, 11],
+                finish_reason: "length".into(),
+                prompt_tokens: 3,
+                completion_tokens: 2,
+                output_logprobs: Some(logprobs()),
+                index: 1,
+                ..Default::default()
+            },
+        )),
+    };
+    for (protocol, bytes) in [
+        (Protocol::Vllm, v.encode_to_vec()),
+        (Protocol::Sglang, s.encode_to_vec()),
+    ] {
+        let streamed = protocol.decode_response(&bytes, true).unwrap().unwrap();
+        assert!(
+            streamed.token_ids.is_empty() && streamed.logprobs.is_empty(),
+            "{protocol}"
+        );
+        assert_eq!((streamed.index, streamed.finish_reason.as_deref()), (1, Some("length")));
+        let whole = protocol.decode_response(&bytes, false).unwrap().unwrap();
+        assert_eq!(whole.token_ids, [10, 11], "{protocol}");
+        assert_eq!(whole.logprobs, expected_logprobs(), "{protocol}");
+    }
+}
+
+#[test]
+fn aborts_name_the_right_service_and_message() {
+    let (path, body) = Protocol::Vllm.abort("req-9");
+    assert_eq!(path, "/vllm.grpc.engine.VllmEngine/Abort");
+    assert_eq!(
+        vllm::AbortRequest::decode(body.as_slice()).unwrap().request_ids,
+        ["req-9"]
+    );
+    let (path, body) = Protocol::Sglang.abort("req-9");
+    assert_eq!(path, "/sglang.grpc.scheduler.SglangScheduler/Abort");
+    assert_eq!(
+        sglang::AbortRequest::decode(body.as_slice()).unwrap().request_id,
+        "req-9"
+    );
+    assert_eq!(
+        Protocol::Sglang.generate_path(),
+        "/sglang.grpc.scheduler.SglangScheduler/Generate"
+    );
+    assert_eq!(Protocol::Vllm.generate_path(), "/vllm.grpc.engine.VllmEngine/Generate");
+}
+
+#[test]
+fn garbage_is_an_error_not_a_panic() {
+    for protocol in [Protocol::Vllm, Protocol::Sglang] {
+        assert!(protocol.decode_response(&[0xff, 0xff, 0xff], true).is_err());
+    }
+}
+
+#[test]
+fn sglang_complete_with_logprobs_round_trips() {
+    let s = sglang::GenerateResponse {
+        request_id: "r".into(),
+        response: Some(sglang::generate_response::Response::Complete(
+            sglang::GenerateComplete {
+                output_ids: vec![10, 11],
+                finish_reason: "stop".into(),
+                output_logprobs: Some(logprobs()),
+                ..Default::default()
+            },
+        )),
+    };
+    let out = Protocol::Sglang
+        .decode_response(&s.encode_to_vec(), false)
+        .unwrap()
+        .unwrap();
+    assert_eq!(out.logprobs, expected_logprobs());
+}

@@ -1,0 +1,94 @@
+//! The neutral form to and from SGLang's `SglangScheduler` messages.
+//!
+//! SGLang's proto3 sampling fields have no presence, so a zero is read as a value; every field the
+//! client left out is sent as SGLang's own default (`sampling_params.py`): temperature 1, top_p 1,
+//! top_k -1 (all), min_p 0, penalties 0 and repetition 1.
+
+use prost::Message;
+
+use super::{logprobs_of, GenerateCall, Output};
+use crate::pb::sglang::{
+    generate_response::Response, AbortRequest, GenerateRequest, GenerateResponse, SamplingParams, TokenizedInput,
+};
+
+pub const DEFAULT_TEMPERATURE: f32 = 1.0;
+pub const DEFAULT_TOP_P: f32 = 1.0;
+pub const ALL_TOP_K: i32 = -1;
+pub const DEFAULT_REPETITION_PENALTY: f32 = 1.0;
+
+pub fn encode_generate(call: GenerateCall<'_>) -> Vec<u8> {
+    let s = call.sampling;
+    let params = SamplingParams {
+        temperature: s.temperature.unwrap_or(DEFAULT_TEMPERATURE),
+        top_p: s.top_p.unwrap_or(DEFAULT_TOP_P),
+        // OpenAI-style 0 and -1 both mean "no top-k"; SGLang spells that -1.
+        top_k: s.top_k.filter(|&k| k > 0).unwrap_or(ALL_TOP_K),
+        min_p: s.min_p.unwrap_or(0.0),
+        frequency_penalty: s.frequency_penalty.unwrap_or(0.0),
+        presence_penalty: s.presence_penalty.unwrap_or(0.0),
+        repetition_penalty: s.repetition_penalty.unwrap_or(DEFAULT_REPETITION_PENALTY),
+        max_new_tokens: s.max_tokens,
+        stop: s.stop.clone(),
+        stop_token_ids: s.stop_token_ids.clone(),
+        skip_special_tokens: s.skip_special_tokens,
+        spaces_between_special_tokens: true,
+        n: s.n,
+        min_new_tokens: s.min_tokens,
+        ignore_eos: s.ignore_eos,
+        no_stop_trim: call.include_stop_str_in_output,
+        logit_bias: s.logit_bias.iter().map(|&(id, bias)| (id.to_string(), bias)).collect(),
+    };
+    GenerateRequest {
+        request_id: call.request_id.to_string(),
+        tokenized: Some(TokenizedInput {
+            original_text: String::new(),
+            input_ids: call.input_ids,
+        }),
+        sampling_params: Some(params),
+        return_logprob: s.logprobs.is_some(),
+        // Output logprobs only: a 0 here would ask for the logprob of every prompt token.
+        logprob_start_len: -1,
+        top_logprobs_num: s.logprobs.unwrap_or(0) as i32,
+        stream: call.stream,
+    }
+    .encode_to_vec()
+}
+
+pub fn decode_response(message: &[u8], stream: bool) -> Result<Option<Output>, String> {
+    let message = GenerateResponse::decode(message).map_err(|e| e.to_string())?;
+    Ok(match message.response {
+        Some(Response::Chunk(c)) => Some(Output {
+            index: c.index,
+            token_ids: c.token_ids,
+            logprobs: logprobs_of(c.output_logprobs),
+            prompt_tokens: c.prompt_tokens,
+            cached_tokens: c.cached_tokens,
+            finish_reason: None,
+        }),
+        Some(Response::Complete(c)) => {
+            // A streamed complete repeats the last chunk's tokens and carries cumulative logprobs.
+            let (token_ids, logprobs) = if stream {
+                (Vec::new(), Vec::new())
+            } else {
+                (c.output_ids, logprobs_of(c.output_logprobs))
+            };
+            Some(Output {
+                index: c.index,
+                token_ids,
+                logprobs,
+                prompt_tokens: c.prompt_tokens,
+                cached_tokens: c.cached_tokens,
+                finish_reason: Some(c.finish_reason),
+            })
+        }
+        None => None,
+    })
+}
+
+pub fn encode_abort(request_id: &str) -> Vec<u8> {
+    AbortRequest {
+        request_id: request_id.to_string(),
+        reason: "client disconnected".to_string(),
+    }
+    .encode_to_vec()
+}

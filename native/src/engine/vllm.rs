@@ -1,0 +1,82 @@
+//! The neutral form to and from vLLM's `VllmEngine` messages.
+
+use prost::Message;
+
+use super::{logprobs_of, GenerateCall, Output};
+use crate::pb::vllm::{
+    generate_response::Response, AbortRequest, GenerateRequest, GenerateResponse, SamplingParams, TokenizedInput,
+};
+
+pub fn encode_generate(call: GenerateCall<'_>) -> Vec<u8> {
+    let s = call.sampling;
+    // vLLM reads top_p 0, top_k 0 and repetition_penalty 0 as "unset", and its other zeros are its
+    // defaults; explicit optionals carry what the client meant.
+    let params = SamplingParams {
+        temperature: s.temperature,
+        top_p: s.top_p.unwrap_or(0.0),
+        top_k: s.top_k.filter(|&k| k > 0).unwrap_or(0) as u32,
+        min_p: s.min_p.unwrap_or(0.0),
+        frequency_penalty: s.frequency_penalty.unwrap_or(0.0),
+        presence_penalty: s.presence_penalty.unwrap_or(0.0),
+        repetition_penalty: s.repetition_penalty.unwrap_or(0.0),
+        max_tokens: s.max_tokens,
+        min_tokens: s.min_tokens,
+        stop: s.stop.clone(),
+        stop_token_ids: s.stop_token_ids.clone(),
+        skip_special_tokens: s.skip_special_tokens,
+        spaces_between_special_tokens: true,
+        ignore_eos: s.ignore_eos,
+        n: s.n,
+        logprobs: s.logprobs.map(|k| k as i32),
+        seed: s.seed,
+        include_stop_str_in_output: call.include_stop_str_in_output,
+        logit_bias: s.logit_bias.iter().copied().collect(),
+    };
+    GenerateRequest {
+        request_id: call.request_id.to_string(),
+        tokenized: Some(TokenizedInput {
+            original_text: String::new(),
+            input_ids: call.input_ids,
+        }),
+        sampling_params: Some(params),
+        stream: call.stream,
+    }
+    .encode_to_vec()
+}
+
+pub fn decode_response(message: &[u8], stream: bool) -> Result<Option<Output>, String> {
+    let message = GenerateResponse::decode(message).map_err(|e| e.to_string())?;
+    Ok(match message.response {
+        Some(Response::Chunk(c)) => Some(Output {
+            index: c.index,
+            token_ids: c.token_ids,
+            logprobs: logprobs_of(c.output_logprobs),
+            prompt_tokens: c.prompt_tokens,
+            cached_tokens: c.cached_tokens,
+            finish_reason: None,
+        }),
+        Some(Response::Complete(c)) => {
+            let (token_ids, logprobs) = if stream {
+                (Vec::new(), Vec::new())
+            } else {
+                (c.output_ids, logprobs_of(c.output_logprobs))
+            };
+            Some(Output {
+                index: c.index,
+                token_ids,
+                logprobs,
+                prompt_tokens: c.prompt_tokens,
+                cached_tokens: c.cached_tokens,
+                finish_reason: Some(c.finish_reason),
+            })
+        }
+        None => None,
+    })
+}
+
+pub fn encode_abort(request_id: &str) -> Vec<u8> {
+    AbortRequest {
+        request_ids: vec![request_id.to_string()],
+    }
+    .encode_to_vec()
+}
