@@ -94,20 +94,21 @@ impl Protocol {
     }
 }
 
-/// Logprobs as both protos carry them: parallel lists, one entry per output position.
+/// Logprobs as both protos carry them: parallel lists, one entry per output position. The top lists
+/// come most likely first whatever the engine's order (vLLM's servicer puts the sampled token first).
 fn logprobs_of(lp: Option<crate::pb::logprobs::OutputLogProbs>) -> Vec<TokenLogprob> {
     let Some(lp) = lp else { return Vec::new() };
     let mut top = lp.top_logprobs.into_iter();
     lp.token_ids
         .into_iter()
         .zip(lp.token_logprobs)
-        .map(|(id, logprob)| TokenLogprob {
-            id,
-            logprob,
-            top: top
+        .map(|(id, logprob)| {
+            let mut top: Vec<(u32, f32)> = top
                 .next()
                 .map(|t| t.token_ids.into_iter().zip(t.values).collect())
-                .unwrap_or_default(),
+                .unwrap_or_default();
+            top.sort_by(|a, b| b.1.total_cmp(&a.1));
+            TokenLogprob { id, logprob, top }
         })
         .collect()
 }

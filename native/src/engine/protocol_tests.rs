@@ -105,9 +105,10 @@ fn logprobs() -> OutputLogProbs {
         token_logprobs: vec![-0.5, -1.5],
         token_ids: vec![10, 11],
         top_logprobs: vec![
+            // Unsorted (vLLM's servicer lists the sampled token first): decoded most likely first.
             TopLogProbs {
-                values: vec![-0.5, -2.0],
-                token_ids: vec![10, 12],
+                values: vec![-2.0, -0.5],
+                token_ids: vec![12, 10],
             },
             TopLogProbs {
                 values: vec![-1.0],
