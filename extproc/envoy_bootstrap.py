@@ -2,8 +2,12 @@
 
 Request flow the config encodes (see docs/operating.md):
   client -> listener (HTTP/1.1 or h2) -> ext_proc filter (extproc decides the engine, rewrites the request,
-  sets `x-gateway-destination-endpoint` and clears the route cache) -> router -> `engines` cluster
-  (ORIGINAL_DST reads the address from that header, h2c) -> engine.
+  sets `x-gateway-destination-endpoint` and clears the route cache) -> router -> `engines` cluster -> engine.
+The `engines` cluster takes one of two shapes:
+- engines unknown to Envoy (the default): ORIGINAL_DST reads the one address in that header (h2c);
+- engines listed in the options: a STATIC cluster of them with the override_host load-balancing policy,
+  which reads an ordered list `primary,fallback,...` (the endpoint-picker protocol) and retries a failed
+  connection or an UNAVAILABLE engine on the next address.
 A request extproc never routed falls through to a direct 503: without the header an ORIGINAL_DST cluster
 would connect back to the listener's own address.
 """
@@ -24,6 +28,10 @@ from extproc.config import MiB, parse_host_port
 
 DESTINATION_HEADER = "x-gateway-destination-endpoint"
 LB_METADATA_NAMESPACE = "envoy.lb"
+# Where Envoy's override_host policy records the engine that served (the endpoint-picker protocol's name).
+SERVED_ENDPOINT_KEY = "x-gateway-destination-endpoint-served"
+# Where a filter before extproc may restrict the engines extproc picks from.
+SUBSET_HINT_NAMESPACE = "envoy.lb.subset_hint"
 EXTPROC_CLUSTER = "extproc"
 ENGINES_CLUSTER = "engines"
 NO_ENGINE_BODY = {
@@ -62,6 +70,11 @@ class EnvoyOptions:
     max_downstream_connections: int = 50_000
     # Log every request to stdout (Envoy's default access-log format).
     access_log: bool = False
+    # The engines as "ip:port": when given, Envoy knows them (STATIC cluster, override_host policy) and
+    # follows extproc's fallback list on connection failures; empty means ORIGINAL_DST, one address.
+    engines: tuple[str, ...] = ()
+    # Attempts after the first, each on the next address of the list (engines mode only).
+    engine_retries: int = 2
 
 
 # --- addresses -------------------------------------------------------------------------------------------
@@ -171,18 +184,61 @@ def _extproc_cluster(opts: EnvoyOptions) -> dict[str, Any]:
 
 
 def _engines_cluster(opts: EnvoyOptions) -> dict[str, Any]:
-    return {
+    cluster: dict[str, Any] = {
         "name": ENGINES_CLUSTER,
-        "type": "ORIGINAL_DST",
-        "lb_policy": "CLUSTER_PROVIDED",
-        "original_dst_lb_config": {"use_http_header": True, "http_header_name": DESTINATION_HEADER},
         "connect_timeout": _duration(opts.engine_connect_timeout_s),
-        # Hosts appear per destination seen; drop idle ones after a minute (engines come and go).
-        "cleanup_interval": "60s",
         "per_connection_buffer_limit_bytes": opts.max_request_bytes,
         # Engines speak gRPC: HTTP/2 over cleartext.
         "typed_extension_protocol_options": _h2_protocol_options(keepalive=False),
         "circuit_breakers": _circuit_breakers(),
+    }
+    if not opts.engines:
+        cluster["type"] = "ORIGINAL_DST"
+        cluster["lb_policy"] = "CLUSTER_PROVIDED"
+        cluster["original_dst_lb_config"] = {"use_http_header": True, "http_header_name": DESTINATION_HEADER}
+        # Hosts appear per destination seen; drop idle ones after a minute (engines come and go).
+        cluster["cleanup_interval"] = "60s"
+        return cluster
+    endpoints = []
+    for engine in opts.engines:
+        host, port = split_host_port(engine)
+        ip = _ip_literal(host)
+        if ip is None:
+            raise ValueError(f"engine {engine!r}: Envoy's static engine list takes IP addresses only")
+        endpoints.append({"endpoint": {"address": _socket_address(ip, port)}})
+    cluster["type"] = "STATIC"
+    cluster["load_assignment"] = {"cluster_name": ENGINES_CLUSTER, "endpoints": [{"lb_endpoints": endpoints}]}
+    cluster["load_balancing_policy"] = {"policies": [{"typed_extension_config": _override_host_policy()}]}
+    return cluster
+
+
+def _lb_key(key: str) -> dict[str, Any]:
+    return {"key": LB_METADATA_NAMESPACE, "path": [{"key": key}]}
+
+
+def _override_host_policy() -> dict[str, Any]:
+    """Send to the addresses extproc listed, in order; round robin only for a request it never routed
+    (which the route table already answers with a 503 before any engine is chosen)."""
+    return {
+        "name": "envoy.load_balancing_policies.override_host",
+        "typed_config": {
+            "@type": _TYPE + "envoy.extensions.load_balancing_policies.override_host.v3.OverrideHost",
+            "override_host_sources": [{"metadata": _lb_key(DESTINATION_HEADER)}, {"header": DESTINATION_HEADER}],
+            "selected_host_key": _lb_key(SERVED_ENDPOINT_KEY),
+            "fallback_policy": {
+                "policies": [
+                    {
+                        "typed_extension_config": {
+                            "name": "envoy.load_balancing_policies.round_robin",
+                            "typed_config": {
+                                "@type": _TYPE
+                                + "envoy.extensions.load_balancing_policies.round_robin.v3.RoundRobin"
+                            },
+                        }
+                    }
+                ]
+            },
+        },
     }
 
 
@@ -214,8 +270,14 @@ def _ext_proc_filter() -> dict[str, Any]:
                 # A mutation Envoy refuses is a bug in extproc: fail loudly instead of forwarding wrongly.
                 "disallow_is_error": True,
             },
-            # The endpoint-picker protocol also carries the destination as dynamic metadata.
-            "metadata_options": {"receiving_namespaces": {"untyped": [LB_METADATA_NAMESPACE]}},
+            "metadata_options": {
+                # The endpoint-picker protocol also carries the destination as dynamic metadata.
+                "receiving_namespaces": {"untyped": [LB_METADATA_NAMESPACE]},
+                # A filter before this one may restrict the engines to pick from.
+                "forwarding_namespaces": {"untyped": [SUBSET_HINT_NAMESPACE]},
+            },
+            # Which engine actually answered (after a fallback): Abort and accounting follow it.
+            "response_attributes": ["upstream.address"],
         },
     }
 
@@ -291,7 +353,18 @@ def _local_reply_config() -> dict[str, Any]:
     return {"mappers": mappers}
 
 
-def _route_config() -> dict[str, Any]:
+def _engine_retry_policy(opts: EnvoyOptions) -> dict[str, Any]:
+    if not opts.engines:
+        # ORIGINAL_DST has one address: a retry would hit the same engine.
+        return {"num_retries": 0}
+    return {
+        # Failures before the engine started answering; a generation is never retried once it streams.
+        "retry_on": "connect-failure,refused-stream,reset-before-request,unavailable",
+        "num_retries": opts.engine_retries,
+    }
+
+
+def _route_config(opts: EnvoyOptions) -> dict[str, Any]:
     return {
         "name": "gateway",
         "virtual_hosts": [
@@ -309,7 +382,7 @@ def _route_config() -> dict[str, Any]:
                             "cluster": ENGINES_CLUSTER,
                             # Generations stream for as long as they take; no route or retry timeouts.
                             "timeout": "0s",
-                            "retry_policy": {"num_retries": 0},
+                            "retry_policy": _engine_retry_policy(opts),
                         },
                     },
                     {
@@ -341,7 +414,7 @@ def _http_connection_manager(opts: EnvoyOptions) -> dict[str, Any]:
         "always_set_request_id_in_response": True,
         "stream_idle_timeout": _duration(opts.stream_idle_timeout_s),
         "early_header_mutation_extensions": [_strip_destination_header()],
-        "route_config": _route_config(),
+        "route_config": _route_config(opts),
         "local_reply_config": _local_reply_config(),
         "http_filters": [
             _ext_proc_filter(),
@@ -463,6 +536,8 @@ REFERENCE_CONFIGS: dict[str, EnvoyOptions] = {
     "local.json": EnvoyOptions(),
     # extproc next to Envoy on one host, over a Unix socket.
     "unix-socket.json": EnvoyOptions(extproc_target="unix:/tmp/extproc.sock"),
+    # Engines known to Envoy: extproc's fallback list is followed when an engine refuses or is down.
+    "static-engines.json": EnvoyOptions(engines=("10.0.0.1:50051", "10.0.0.2:50051", "10.0.0.3:50051")),
 }
 
 

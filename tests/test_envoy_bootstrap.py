@@ -196,6 +196,8 @@ class FakeExtProc(ep_grpc.ExternalProcessorServicer):
     def __init__(self, engine: str, dead: str) -> None:
         self.engine = engine
         self.dead = dead
+        # What Envoy reported as the upstream of each response (the `upstream.address` attribute).
+        self.upstreams: list[str] = []
 
     async def Process(
         self, request_iterator: AsyncIterator[ep.ProcessingRequest], context: grpc.aio.ServicerContext
@@ -208,6 +210,9 @@ class FakeExtProc(ep_grpc.ExternalProcessorServicer):
                 headers = {h.key: h.raw_value.decode() for h in req.request_headers.headers.headers}
                 path = headers[":path"]
                 route = self.dead if path == "/dead" else self.engine
+                if path == "/fallback":
+                    # The endpoint-picker list: the dead primary first, then a live fallback.
+                    route = f"{self.dead},{self.engine}"
                 if path.startswith("/unrouted"):
                     route = None
                 if req.request_headers.end_of_stream:
@@ -242,6 +247,9 @@ class FakeExtProc(ep_grpc.ExternalProcessorServicer):
                     )
                 )
             elif kind == "response_headers":
+                for attributes in req.attributes.values():
+                    if "upstream.address" in attributes.fields:
+                        self.upstreams.append(attributes.fields["upstream.address"].string_value)
                 yield ep.ProcessingResponse(response_headers=ep.HeadersResponse())
             elif kind == "response_body":
                 chunk = req.response_body
@@ -278,6 +286,10 @@ def envoy_process(tmp_path: Path, free_ports: Any) -> Iterator[eb.EnvoyOptions]:
         admin_port=free_ports.one(),
         extproc_target=f"127.0.0.1:{free_ports.one()}",
     )
+    yield from _run_envoy(tmp_path, opts)
+
+
+def _run_envoy(tmp_path: Path, opts: eb.EnvoyOptions) -> Iterator[eb.EnvoyOptions]:
     path = tmp_path / "envoy.json"
     path.write_text(eb.render_bootstrap(opts))
     log = open(tmp_path / "envoy.log", "wb")
@@ -360,3 +372,44 @@ async def test_envoy_routes_through_ext_proc_to_an_h2c_engine(
     finally:
         await ext_proc.stop(0)
         await engine.stop(0)
+
+
+async def test_known_engines_follow_the_fallback_list(tmp_path: Path, free_ports: Any) -> None:
+    """Engines listed in the bootstrap: a request whose primary is down is retried on the next address
+    extproc listed, and extproc learns which engine answered (the `upstream.address` attribute)."""
+    live, dead = f"127.0.0.1:{free_ports.one()}", f"127.0.0.1:{free_ports.one()}"
+    opts = eb.EnvoyOptions(
+        listen_port=free_ports.one(),
+        admin_port=free_ports.one(),
+        extproc_target=f"127.0.0.1:{free_ports.one()}",
+        engines=(dead, live),
+    )
+    engine = grpc.aio.server()
+    engine.add_generic_rpc_handlers([_echo_handler()])
+    engine.add_insecure_port(live)
+    fake = FakeExtProc(live, dead=dead)
+    ext_proc = grpc.aio.server()
+    ep_grpc.add_ExternalProcessorServicer_to_server(fake, ext_proc)
+    ext_proc.add_insecure_port(opts.extproc_target)
+    await engine.start()
+    await ext_proc.start()
+    envoy = _run_envoy(tmp_path, opts)
+    next(envoy)
+    try:
+        status, _, body = await asyncio.to_thread(_post, opts.listen_port, "/fallback", b"hi")
+        assert (status, body) == (200, b"\x00\x00\x00\x00\x07echo:hi")
+        assert fake.upstreams == [live]
+        # Only the dead engine listed: once the list is spent, the retry goes to another engine of the
+        # cluster (round robin), so `extproc up` uses this mode for a single model only.
+        status, _, body = await asyncio.to_thread(_post, opts.listen_port, "/dead", b"x")
+        assert (status, body) == (200, b"\x00\x00\x00\x00\x06echo:x")
+        assert fake.upstreams == [live, live]
+    finally:
+        envoy.close()
+        await ext_proc.stop(0)
+        await engine.stop(0)
+
+
+def test_known_engines_must_be_ip_addresses() -> None:
+    with pytest.raises(ValueError, match="IP addresses"):
+        eb.build_bootstrap(eb.EnvoyOptions(engines=("engine-0.svc:50051",)))
