@@ -223,7 +223,10 @@ def _override_host_policy() -> dict[str, Any]:
         "name": "envoy.load_balancing_policies.override_host",
         "typed_config": {
             "@type": _TYPE + "envoy.extensions.load_balancing_policies.override_host.v3.OverrideHost",
-            "override_host_sources": [{"metadata": _lb_key(DESTINATION_HEADER)}, {"header": DESTINATION_HEADER}],
+            "override_host_sources": [
+                {"metadata": _lb_key(DESTINATION_HEADER)},
+                {"header": DESTINATION_HEADER},
+            ],
             "selected_host_key": _lb_key(SERVED_ENDPOINT_KEY),
             "fallback_policy": {
                 "policies": [
