@@ -1,6 +1,7 @@
 """Two models behind one gateway, through real Envoy with the official `openai` client: each request is
-answered by the engines of the model it names, `/v1/models` lists both with their context lengths, and
-an unknown model is refused before any engine sees it."""
+answered by the engines of the model it names (alpha's speak vLLM, beta's SGLang, both detected),
+`/v1/models` lists both with their context lengths, and an unknown model is refused before any engine
+sees it."""
 
 from __future__ import annotations
 
@@ -24,7 +25,13 @@ BETA_CONTEXT = 2048
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     models = [
         SimModel(ALPHA, engines=2),
-        SimModel(BETA, engines=1, sim=SimOptions(max_model_len=BETA_CONTEXT), routing_policy="round_robin"),
+        SimModel(
+            BETA,
+            engines=1,
+            protocol="sglang",
+            sim=SimOptions(max_model_len=BETA_CONTEXT),
+            routing_policy="round_robin",
+        ),
     ]
     with local_stack(FreePorts(), Path(tmp_path_factory.mktemp("two-models")), models=models) as s:
         yield s
@@ -63,6 +70,14 @@ def test_each_model_is_answered_by_its_own_engines(stack: Stack, client: openai.
         chat(client, BETA, f"beta question {i}")
     after = served(stack)
     assert (after[ALPHA] - middle[ALPHA], after[BETA] - middle[BETA]) == (0, 3)
+
+
+def test_each_models_engines_are_detected_in_their_own_protocol(stack: Stack) -> None:
+    pools = stack.gateway.pools
+    assert [e.protocol for e in pools[ALPHA].engines] == ["vllm", "vllm"]
+    assert [e.protocol for e in pools[BETA].engines] == ["sglang"]
+    assert sorted(stack.gateway.gateway.endpoints(ALPHA)) == sorted(stack.clusters[ALPHA].addresses)
+    assert stack.gateway.gateway.endpoints(BETA) == stack.clusters[BETA].addresses
 
 
 def test_streaming_goes_to_the_named_model_too(stack: Stack, client: openai.OpenAI) -> None:
