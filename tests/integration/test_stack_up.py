@@ -250,6 +250,7 @@ def test_up_serves_two_models_from_a_config_file(tmp_path: Path, free_ports: Any
             name = "beta"
             sim = 1
             routing_policy = "round_robin"
+            engine_protocol = "sglang"
             """
         )
     )
@@ -280,8 +281,9 @@ def test_up_serves_two_models_from_a_config_file(tmp_path: Path, free_ports: Any
             assert status == 200, reply
             assert reply["model"] == model
         text = log.read_text()
-        # Each model's engines come from a simulator of its own.
+        # Each model's engines come from a simulator of its own, beta's speaking SGLang.
         assert "sim-alpha | engine 1 listening" in text and "sim-beta | engine 0 listening" in text
+        assert "model=beta protocol=sglang" in text
         family = descendants(proc.pid)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=STOP_TIMEOUT_S) == 0, log.read_text()
