@@ -62,6 +62,16 @@ impl EventOutcome {
     }
 }
 
+/// What a sequence gap does to the endpoint.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OnGap {
+    /// Clear it and admit nothing until `reset` (a gRPC stream: resubscribe from 0).
+    Break,
+    /// Leave it as it was, the batch unapplied: the caller offers the missing batches in order (vLLM's
+    /// ZMQ replay) and then this one again, or calls `reset`.
+    Hold,
+}
+
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct ApplyStats {
     pub seq: u64,
@@ -117,21 +127,34 @@ impl EventState {
 
     /// Decodes and applies one batch for endpoint `id`.
     pub fn apply(&mut self, index: &EventIndex, id: EndpointId, bytes: &[u8]) -> BatchResult {
-        let batch = match pb::KvEventBatch::decode(bytes) {
-            Ok(b) => b,
-            Err(e) => {
-                return BatchResult {
-                    outcome: EventOutcome::Malformed(e.to_string()),
-                    load: None,
-                }
-            }
-        };
+        match pb::KvEventBatch::decode(bytes) {
+            Ok(batch) => self.apply_batch(index, id, &batch, OnGap::Break),
+            Err(e) => BatchResult {
+                outcome: EventOutcome::Malformed(e.to_string()),
+                load: None,
+            },
+        }
+    }
+
+    /// Applies one decoded batch for endpoint `id` (either channel's), a gap handled per `on_gap`.
+    pub fn apply_batch(
+        &mut self,
+        index: &EventIndex,
+        id: EndpointId,
+        batch: &pb::KvEventBatch,
+        on_gap: OnGap,
+    ) -> BatchResult {
+        let before = self.cursor;
         let load = batch.load.as_ref().map(EngineLoad::from);
         let load_only = batch.events.is_empty() && batch.load.as_ref().is_some_and(|l| l.load_only);
         let seq = batch.sequence_number;
         let outcome = match self.cursor.admit(seq, load_only, batch.snapshot.as_ref()) {
             Admit::LoadOnly => EventOutcome::LoadOnly,
             Admit::Duplicate => EventOutcome::Duplicate { seq },
+            Admit::Gap { expected, got } if on_gap == OnGap::Hold => {
+                self.cursor = before;
+                EventOutcome::Gap { expected, got }
+            }
             Admit::Gap { expected, got } => {
                 self.engine.clear();
                 index.clear(id);

@@ -5,6 +5,7 @@
 //! - `prefix_index` (+ `shard`, `membership`, `endpoint_set`): block → endpoints holding it, bounded,
 //!   precise (from events) or approximate (from routing decisions, with a TTL).
 //! - `events` (+ `cursor`, `engine_map`): KV-event batches applied to the precise index.
+//! - `zmq_events`: vLLM's ZMQ KV-event payloads (msgpack) as the batches `events` applies.
 //! - `policy/`: filters → weighted scorers → picker, policies registered by name.
 //! - `router`: endpoints, health, loads, in-flight accounting, the pick.
 
@@ -24,10 +25,11 @@ pub mod prefix_index;
 pub mod rng;
 pub mod router;
 mod shard;
+pub mod zmq_events;
 
 pub use config::RouterConfig;
 pub use endpoint::InFlight;
 pub use error::RoutingError;
-pub use events::{ApplyStats, BatchResult, EventOutcome};
+pub use events::{ApplyStats, BatchResult, EventOutcome, OnGap};
 pub use load::{EngineLoad, Load};
 pub use router::{EndpointInfo, IndexStats, Pick, PickRequest, Router};

@@ -11,12 +11,13 @@ use super::config::RouterConfig;
 use super::endpoint::{EndpointState, InFlight};
 use super::endpoint_set::{EndpointId, EndpointSet, MAX_ENDPOINTS};
 use super::error::RoutingError;
-use super::events::{BatchResult, EventOutcome};
+use super::events::{BatchResult, EventOutcome, EventState, OnGap};
 use super::load::{EngineLoad, Load};
 use super::membership::Tick;
 use super::policy::{registry, Candidate, PickContext, Policy, PrefixSource};
 use super::prefix_index::{EventIndex, RoutedIndex};
 use super::rng::Rng;
+use super::zmq_events;
 
 /// What to route.
 #[derive(Clone, Copy, Debug, Default)]
@@ -318,6 +319,34 @@ impl Router {
     /// it carries. On `needs_resync()` the caller tears the stream down, calls `reset_kv_events`, and
     /// subscribes again from sequence 0.
     pub fn apply_kv_events(&self, address: &str, batch: &[u8]) -> BatchResult {
+        self.apply_events(address, |state, index, id| state.apply(index, id, batch))
+    }
+
+    /// Applies one message of vLLM's ZMQ KV-event channel from `address` (its sequence frame and msgpack
+    /// payload; `zmq_events.rs`), sharing the endpoint's event state with `apply_kv_events`. A gap leaves
+    /// the endpoint as it was: the caller replays the missing sequences and offers this message again, or
+    /// calls `reset_kv_events`. `malformed` also needs a reset (the batch's events are lost).
+    pub fn apply_zmq_kv_events(&self, address: &str, sequence: u64, payload: &[u8]) -> BatchResult {
+        // Decoded before any lock is taken: picks never wait on msgpack.
+        let batch = match zmq_events::decode(sequence, payload) {
+            Ok(batch) => batch,
+            Err(e) => {
+                return BatchResult {
+                    outcome: EventOutcome::Malformed(e),
+                    load: None,
+                }
+            }
+        };
+        self.apply_events(address, |state, index, id| {
+            state.apply_batch(index, id, &batch, OnGap::Hold)
+        })
+    }
+
+    fn apply_events(
+        &self,
+        address: &str,
+        apply: impl FnOnce(&mut EventState, &EventIndex, EndpointId) -> BatchResult,
+    ) -> BatchResult {
         let table = self.read_table();
         let Some(st) = table.get(address) else {
             return BatchResult {
@@ -325,7 +354,7 @@ impl Router {
                 load: None,
             };
         };
-        let result = st.events().apply(&self.events, st.id, batch);
+        let result = apply(&mut st.events(), &self.events, st.id);
         if let Some(load) = &result.load {
             st.set_engine_load(load);
         }
