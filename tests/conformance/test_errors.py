@@ -40,6 +40,8 @@ BOTH: list[tuple[str, dict[str, Any], str]] = [
     ("seed not an integer", {"seed": "x"}, "seed"),
     ("logit_bias key not a token id", {"logit_bias": {"x": 1}}, "logit_bias"),
     ("logit_bias out of range", {"logit_bias": {"5": 200}}, "logit_bias"),
+    # The model's vocabulary has 128,256 tokens: vLLM refuses a bias for a token it does not have.
+    ("logit_bias token outside the vocabulary", {"logit_bias": {"200000": 5}}, "logit_bias"),
     ("user not a string", {"user": 5}, "user"),
     (
         "include_usage not a boolean",
