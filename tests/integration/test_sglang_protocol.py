@@ -115,6 +115,14 @@ def test_stop_strings_over_sglang(client: openai.OpenAI, stack: Stack) -> None:
     assert r.choices[0].finish_reason == "stop"
 
 
+def test_batched_prompts_over_sglang(client: openai.OpenAI, stack: Stack) -> None:
+    prompts = ["The mountain", "A river"]
+    kwargs = {"model": stack.model, "max_tokens": 5, "temperature": 0}
+    batch = client.completions.create(prompt=prompts, **kwargs)
+    alone = [client.completions.create(prompt=p, **kwargs).choices[0].text for p in prompts]
+    assert [c.text for c in batch.choices] == alone
+
+
 def wait_for(predicate, timeout: float = 10.0) -> bool:  # type: ignore[no-untyped-def]
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -145,4 +153,13 @@ def test_a_client_gone_mid_stream_gets_its_sglang_request_aborted(tmp_path: Path
         engine = slow.engines.engines[0]
         assert wait_for(lambda: engine.stats.abort_calls == 1), "no SGLang Abort reached the engine"
         assert wait_for(lambda: engine.stats.active == 0), "the engine kept generating"
+        assert engine.stats.completed == 0
+
+        # A batch's calls are the gateway's own: a client gone cancels them.
+        conn = http.client.HTTPConnection(host, int(port), timeout=10)
+        body = {"model": slow.model, "prompt": ["a", "b"], "max_tokens": 200, "ignore_eos": True}
+        conn.request("POST", "/v1/completions", json.dumps(body), {"content-type": "application/json"})
+        assert wait_for(lambda: engine.stats.active == 2), "the batch never reached the engine"
+        conn.close()
+        assert wait_for(lambda: engine.stats.active == 0, timeout=5), "the engine kept generating the batch"
         assert engine.stats.completed == 0

@@ -59,7 +59,12 @@ pub enum PromptInput {
     Chat(ChatInput),
     Text(String),
     Tokens(Vec<u32>),
+    /// Completions: several prompts (each `Text` or `Tokens`), answered together.
+    Batch(Vec<PromptInput>),
 }
+
+/// The most prompts one completions request may batch.
+pub const MAX_BATCH: usize = 64;
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct GenerationRequest {
@@ -165,31 +170,56 @@ pub fn parse_chat_request(body: &[u8]) -> Result<GenerationRequest, ApiError> {
 
 pub fn parse_completion_request(body: &[u8]) -> Result<GenerationRequest, ApiError> {
     let obj = parse_object(body)?;
-    let input = parse_prompt(&obj)?;
+    let mut prompts = parse_prompts(&obj)?;
+    let input = if prompts.len() == 1 {
+        prompts.remove(0)
+    } else {
+        if opt_bool(&obj, "stream")?.unwrap_or(false) {
+            return Err(ApiError::invalid_param(
+                "stream",
+                "batched prompts are answered whole: send them without 'stream', or one request per prompt",
+            ));
+        }
+        PromptInput::Batch(prompts)
+    };
     parse_common(&obj, Api::Completion, input)
 }
 
-/// `prompt`: a string, token ids, or a one-element list of either.
+/// `prompt` for endpoints that take one: a string, token ids, or a one-element list of either.
 pub(crate) fn parse_prompt(obj: &Object) -> Result<PromptInput, ApiError> {
-    let invalid = || {
-        ApiError::invalid_param(
-            "prompt",
-            "'prompt' must be a string, a list of token ids, or a list of one of those",
-        )
-    };
+    let mut prompts = parse_prompts(obj)?;
+    if prompts.len() > 1 {
+        return Err(ApiError::invalid_param("prompt", "a single prompt is expected here"));
+    }
+    Ok(prompts.remove(0))
+}
+
+/// `prompt`: a string, token ids, or a list of up to `MAX_BATCH` of those.
+pub(crate) fn parse_prompts(obj: &Object) -> Result<Vec<PromptInput>, ApiError> {
     let prompt = match obj.get("prompt") {
         None | Some(Value::Null) => return Err(ApiError::invalid_param("prompt", "'prompt' is required")),
         Some(p) => p,
     };
-    let single = match prompt {
-        Value::Array(items) if items.len() == 1 && (items[0].is_string() || items[0].is_array()) => &items[0],
-        Value::Array(items) if items.len() > 1 && (items[0].is_string() || items[0].is_array()) => {
-            return Err(ApiError::invalid_param(
-                "prompt",
-                "batched prompts are not supported; send one request per prompt",
-            ))
+    match prompt {
+        Value::Array(items) if !items.is_empty() && (items[0].is_string() || items[0].is_array()) => {
+            if items.len() > MAX_BATCH {
+                return Err(ApiError::invalid_param(
+                    "prompt",
+                    format!("at most {MAX_BATCH} prompts per request, got {}", items.len()),
+                ));
+            }
+            items.iter().map(one_prompt).collect()
         }
-        other => other,
+        other => Ok(vec![one_prompt(other)?]),
+    }
+}
+
+fn one_prompt(single: &Value) -> Result<PromptInput, ApiError> {
+    let invalid = || {
+        ApiError::invalid_param(
+            "prompt",
+            "'prompt' must be a string, a list of token ids, or a list of those",
+        )
     };
     match single {
         Value::String(text) => Ok(PromptInput::Text(text.clone())),
@@ -442,9 +472,25 @@ mod tests {
         assert_eq!(parse(r#"["hi"]"#).unwrap().input, PromptInput::Text("hi".into()));
         assert_eq!(parse("[1, 2]").unwrap().input, PromptInput::Tokens(vec![1, 2]));
         assert_eq!(parse("[[1, 2]]").unwrap().input, PromptInput::Tokens(vec![1, 2]));
-        for bad in ["5", "[]", "[-1]", r#"["a", "b"]"#, "null", "{}"] {
+        assert_eq!(
+            parse(r#"["a", [3]]"#).unwrap().input,
+            PromptInput::Batch(vec![PromptInput::Text("a".into()), PromptInput::Tokens(vec![3])])
+        );
+        let too_many = format!("[{}]", vec![r#""x""#; MAX_BATCH + 1].join(","));
+        for bad in [
+            "5",
+            "[]",
+            "[-1]",
+            r#"["a", 5]"#,
+            r#"["a", []]"#,
+            "null",
+            "{}",
+            &too_many,
+        ] {
             assert_eq!(parse(bad).unwrap_err().param.as_deref(), Some("prompt"), "{bad}");
         }
+        let streamed_batch = parse_completion_request(br#"{"model":"m","prompt":["a","b"],"stream":true}"#);
+        assert_eq!(streamed_batch.unwrap_err().param.as_deref(), Some("stream"));
         assert!(
             parse_completion_request(br#"{"model":"m","prompt":"x","echo":true}"#)
                 .unwrap()

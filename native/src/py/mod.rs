@@ -12,6 +12,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
 
 use crate::engine::Protocol;
+use crate::error::ApiError;
 use crate::gateway::{Gateway, Limits, ServedModel};
 use crate::routing::{EngineLoad, RouterConfig};
 use crate::stream::{RequestStream, Summary};
@@ -197,7 +198,20 @@ impl PyStream {
     /// One serialized `ProcessingRequest` in; the serialized `ProcessingResponse`s to send, in order.
     fn process<'py>(&self, py: Python<'py>, message: &[u8]) -> PyResult<Bound<'py, PyList>> {
         let message = message.to_vec();
-        let replies = py.detach(|| self.inner.lock().expect("stream lock").process(&message));
+        let replies = py.detach(|| {
+            let mut machine = self.inner.lock().expect("stream lock");
+            let mut replies = machine.process(&message);
+            // Only the native server makes a batch's engine calls.
+            if let Some(calls) = machine.take_fanout() {
+                let refused = ApiError::new(
+                    501,
+                    "not_implemented",
+                    "batched prompts need the native ext_proc server",
+                );
+                replies.extend(machine.fanout_done(calls.iter().map(|_| Err(refused.clone())).collect()));
+            }
+            replies
+        });
         PyList::new(py, replies.iter().map(|r| PyBytes::new(py, r)))
     }
 

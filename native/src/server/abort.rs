@@ -77,7 +77,8 @@ impl Aborter {
         .await;
     }
 
-    fn channel(&self, endpoint: &str) -> Result<Channel, Status> {
+    /// The cached channel to `endpoint` (batched requests call engines over it too).
+    pub fn channel(&self, endpoint: &str) -> Result<Channel, Status> {
         let mut channels = self.channels.lock().expect("abort channel lock");
         if let Some(channel) = channels.get(endpoint) {
             return Ok(channel.clone());

@@ -4,6 +4,7 @@
 
 mod abort;
 mod codec;
+mod fanout;
 mod listen;
 mod service;
 mod stats;

@@ -18,9 +18,10 @@ use tower_service::Service;
 
 use super::abort::Aborter;
 use super::codec::RawCodec;
+use super::fanout;
 use super::stats::{Counters, Finished, Telemetry};
 use crate::gateway::Gateway;
-use crate::stream::RequestStream;
+use crate::stream::{CallOutcome, RequestStream};
 
 pub const PROCESS_PATH: &str = "/envoy.service.ext_proc.v3.ExternalProcessor/Process";
 /// Request bodies travel inside ext_proc messages; the gateway's own body limit applies after this.
@@ -104,6 +105,8 @@ pub struct ProcessStream {
     inbound: Streaming<Bytes>,
     machine: RequestStream,
     replies: std::vec::IntoIter<Vec<u8>>,
+    /// A batched request's engine calls, while they run.
+    fanout: Option<BoxFuture<Vec<CallOutcome>>>,
     cancelled: BoxFuture<()>,
     ended: bool,
     started: Instant,
@@ -122,6 +125,7 @@ impl ProcessStream {
             shared,
             inbound,
             replies: Vec::new().into_iter(),
+            fanout: None,
             ended: false,
             started: Instant::now(),
         }
@@ -144,8 +148,20 @@ impl Stream for ProcessStream {
                 this.ended = true;
                 return Poll::Ready(Some(Err(Status::unavailable("extproc is shutting down"))));
             }
+            if let Some(fanout) = this.fanout.as_mut() {
+                let outcomes = ready!(fanout.as_mut().poll(cx));
+                this.fanout = None;
+                this.replies = this.machine.fanout_done(outcomes).into_iter();
+                continue;
+            }
             match ready!(Pin::new(&mut this.inbound).poll_next(cx)) {
-                Some(Ok(message)) => this.replies = this.machine.process(&message).into_iter(),
+                Some(Ok(message)) => {
+                    this.replies = this.machine.process(&message).into_iter();
+                    if let Some(calls) = this.machine.take_fanout() {
+                        let limit = this.shared.gateway.limits.max_engine_message;
+                        this.fanout = Some(Box::pin(fanout::run(this.shared.aborter.clone(), calls, limit)));
+                    }
+                }
                 // Envoy closed its side (the exchange is over) or reset the stream (client gone).
                 Some(Err(_)) | None => this.ended = true,
             }

@@ -6,6 +6,7 @@
 //! the whole body is parsed (it carries the routing decision), before any body reply; the
 //! response-headers reply before any response body; trailers last.
 
+mod batch;
 mod replies;
 mod request;
 mod response;
@@ -20,7 +21,7 @@ use crate::engine::{GenerateCall, Protocol};
 use crate::error::ApiError;
 use crate::gateway::{unix_now, Gateway, ServedModel};
 use crate::grpc_frame;
-use crate::openai::request::{parse_chat_request, parse_completion_request, Api, GenerationRequest};
+use crate::openai::request::{parse_chat_request, parse_completion_request, Api, GenerationRequest, PromptInput};
 use crate::openai::response::ResponseMeta;
 use crate::openai::tokenize::{
     detokenize_response, parse_detokenize_request, parse_tokenize_request, tokenize_response, TokenizeInput,
@@ -31,6 +32,7 @@ use crate::pb::ext_proc::{
 use crate::routing::InFlight;
 use response::{ResponseShape, ResponseTranslator};
 
+pub use batch::{CallOutcome, FanoutCall};
 pub use replies::{DESTINATION_HEADER, MAX_BODY_CHUNK};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -39,6 +41,8 @@ enum Phase {
     RequestBody,
     ResponseHeaders,
     ResponseBody,
+    /// A batch's engine calls are made by the server (`take_fanout`, then `fanout_done`).
+    Fanout,
     Done,
 }
 
@@ -84,6 +88,7 @@ pub struct RequestStream {
     session: Option<String>,
     body: Vec<u8>,
     exchange: Option<Exchange>,
+    batch: Option<batch::Batch>,
     summary: Summary,
 }
 
@@ -106,6 +111,7 @@ impl RequestStream {
             session: None,
             body: Vec::new(),
             exchange: None,
+            batch: None,
             summary: Summary::default(),
         }
     }
@@ -142,6 +148,29 @@ impl RequestStream {
         s
     }
 
+    /// The engine calls of a batched request, for the server to make (once); `fanout_done` takes the
+    /// outcomes.
+    pub fn take_fanout(&mut self) -> Option<Vec<FanoutCall>> {
+        self.batch.as_mut().and_then(batch::Batch::take_calls)
+    }
+
+    /// The batch's answer (an immediate response) from its calls' outcomes, in call order.
+    pub fn fanout_done(&mut self, outcomes: Vec<CallOutcome>) -> Vec<Vec<u8>> {
+        let Some(mut batch) = self.batch.take().filter(|_| self.phase == Phase::Fanout) else {
+            return Vec::new();
+        };
+        let replies = match batch.answer(outcomes) {
+            Ok((body, usage)) => {
+                self.summary.prompt_tokens = usage.prompt_tokens;
+                self.summary.completion_tokens = usage.completion_tokens;
+                self.summary.cached_tokens = usage.cached_tokens;
+                self.answer(body, "extproc_batch")
+            }
+            Err(error) => self.fail(error),
+        };
+        replies.iter().map(Message::encode_to_vec).collect()
+    }
+
     pub fn is_done(&self) -> bool {
         self.phase == Phase::Done
     }
@@ -160,6 +189,15 @@ impl RequestStream {
             // Envoy may repeat an end-of-stream body chunk on large bodies; anything after the end
             // of a phase is dropped, never processed twice.
             _ => Vec::new(),
+        }
+    }
+
+    /// The id the engine knows the request by: the client's request id when Envoy gave one.
+    fn engine_request_id(&self) -> String {
+        if self.summary.request_id.is_empty() {
+            format!("extproc-{}", unix_now())
+        } else {
+            self.summary.request_id.clone()
         }
     }
 
@@ -298,7 +336,17 @@ impl RequestStream {
 
     fn generate(&mut self, req: GenerationRequest) -> Result<Vec<ProcessingResponse>, ApiError> {
         let model = self.model(&req.model)?;
-        let prompt = request::prompt(&model, &req)?;
+        if let PromptInput::Batch(prompts) = &req.input {
+            let session = self.session.as_deref().or(req.user.as_deref());
+            let id = self.engine_request_id();
+            let limit = self.gateway.limits.max_engine_message;
+            let batch = batch::Batch::new(&model, &req, prompts, &id, session, limit)?;
+            self.summary.endpoint = batch.endpoints.join(",");
+            self.batch = Some(batch);
+            self.phase = Phase::Fanout;
+            return Ok(Vec::new());
+        }
+        let prompt = request::prompt(&model, &req.input)?;
         request::check_context(&model, prompt.input_ids.len(), &req)?;
         let session = self.session.as_deref().or(req.user.as_deref());
         let pick = model
@@ -307,11 +355,7 @@ impl RequestStream {
         let endpoint = pick.primary.to_string();
         let protocol = model.protocol(&endpoint);
 
-        let engine_request_id = if self.summary.request_id.is_empty() {
-            format!("extproc-{}", unix_now())
-        } else {
-            self.summary.request_id.clone()
-        };
+        let engine_request_id = self.engine_request_id();
         let echo = req.echo.then(|| model.files.tokenizer.decode(&prompt.input_ids, false));
         let generate = protocol.encode_generate(GenerateCall {
             request_id: &engine_request_id,

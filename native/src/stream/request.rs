@@ -10,9 +10,9 @@ pub struct Prompt {
     pub input_ids: Vec<u32>,
 }
 
-/// The prompt of any generation request as token ids.
-pub fn prompt(model: &ServedModel, request: &GenerationRequest) -> Result<Prompt, ApiError> {
-    match &request.input {
+/// The prompt of any generation request but a batch, as token ids.
+pub fn prompt(model: &ServedModel, input: &PromptInput) -> Result<Prompt, ApiError> {
+    match input {
         PromptInput::Chat(chat) => chat_prompt(model, chat),
         PromptInput::Text(text) => {
             let input_ids = model
@@ -26,6 +26,7 @@ pub fn prompt(model: &ServedModel, request: &GenerationRequest) -> Result<Prompt
             check_token_ids(model, ids, "prompt")?;
             Ok(Prompt { input_ids: ids.clone() })
         }
+        PromptInput::Batch(_) => Err(ApiError::internal("a batch has one prompt per part")),
     }
 }
 

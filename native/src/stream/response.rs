@@ -106,16 +106,22 @@ impl ResponseTranslator {
         })?;
         let mut out = Vec::new();
         for raw in messages {
-            let output = self
-                .shape
-                .protocol
-                .decode_response(&raw, self.shape.stream)
-                .map_err(|e| ApiError::internal(format!("engine sent an undecodable message: {e}")))?;
-            if let Some(output) = output {
-                self.output(output, &mut out)?;
-            }
+            self.push_message(&raw, &mut out)?;
         }
         Ok(out)
+    }
+
+    /// Feed one whole engine message (unframed).
+    pub fn push_message(&mut self, raw: &[u8], out: &mut Vec<u8>) -> Result<(), ApiError> {
+        let output = self
+            .shape
+            .protocol
+            .decode_response(raw, self.shape.stream)
+            .map_err(|e| ApiError::internal(format!("engine sent an undecodable message: {e}")))?;
+        match output {
+            Some(output) => self.output(output, out),
+            None => Ok(()),
+        }
     }
 
     fn output(&mut self, o: Output, out: &mut Vec<u8>) -> Result<(), ApiError> {
@@ -154,6 +160,20 @@ impl ResponseTranslator {
 
     /// The end of a successful exchange: the final JSON, or the closing events of the stream.
     pub fn finish(&mut self) -> Vec<u8> {
+        let mut out = self.close_choices();
+        let meta = &self.shape.meta;
+        if !self.shape.stream {
+            return completion_json(meta, self.choice_values(), self.usage);
+        }
+        if self.shape.include_usage {
+            usage_event(meta, self.usage, &mut out);
+        }
+        out.extend_from_slice(SSE_DONE);
+        out
+    }
+
+    /// End every choice the engine left open (as "stop"); streams return the events that says.
+    pub fn close_choices(&mut self) -> Vec<u8> {
         let tokenizer = &self.model.files.tokenizer;
         let mut out = Vec::new();
         for (index, choice) in self.choices.iter_mut().enumerate() {
@@ -171,29 +191,25 @@ impl ResponseTranslator {
                 );
             }
         }
-        let meta = &self.shape.meta;
-        if !self.shape.stream {
-            let choices = self
-                .choices
-                .iter()
-                .enumerate()
-                .map(|(i, c)| {
-                    let logprobs = match (self.shape.logprobs, meta.api) {
-                        (None, _) => Value::Null,
-                        (Some(_), Api::Chat) => chat_logprobs(c.chat_logprobs.clone()),
-                        (Some(_), Api::Completion) => c.completion_logprobs.to_value(),
-                    };
-                    let reason = c.finish_reason.as_deref().unwrap_or("stop");
-                    choice_value(meta, i as u32, &c.text, reason, logprobs)
-                })
-                .collect();
-            return completion_json(meta, choices, self.usage);
-        }
-        if self.shape.include_usage {
-            usage_event(meta, self.usage, &mut out);
-        }
-        out.extend_from_slice(SSE_DONE);
         out
+    }
+
+    /// The non-streamed choices, in index order.
+    pub fn choice_values(&self) -> Vec<Value> {
+        let meta = &self.shape.meta;
+        self.choices
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                let logprobs = match (self.shape.logprobs, meta.api) {
+                    (None, _) => Value::Null,
+                    (Some(_), Api::Chat) => chat_logprobs(c.chat_logprobs.clone()),
+                    (Some(_), Api::Completion) => c.completion_logprobs.to_value(),
+                };
+                let reason = c.finish_reason.as_deref().unwrap_or("stop");
+                choice_value(meta, i as u32, &c.text, reason, logprobs)
+            })
+            .collect()
     }
 
     /// The end of a failed stream whose 200 status already went out.

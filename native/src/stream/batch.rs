@@ -1,0 +1,150 @@
+//! Batched completions prompts (`prompt` as a list). Envoy sends one HTTP request upstream as one gRPC
+//! call, so a batch cannot go that way: each prompt is routed on its own and its non-streamed
+//! `Generate` is made by the native server itself (`server/fanout.rs`); the answers come back here and
+//! the client gets one `text_completion` as an immediate response, choices indexed `prompt * n + choice`
+//! as vLLM numbers them. Streamed batches are refused at parsing.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use serde_json::json;
+
+use super::request;
+use super::response::{ResponseShape, ResponseTranslator};
+use crate::engine::GenerateCall;
+use crate::error::ApiError;
+use crate::gateway::{unix_now, ServedModel};
+use crate::openai::request::{GenerationRequest, PromptInput};
+use crate::openai::response::{completion_json, ResponseMeta, Usage};
+use crate::routing::InFlight;
+
+/// One engine call the server must make for the batch: a non-streamed `Generate`.
+#[derive(Debug, Clone)]
+pub struct FanoutCall {
+    pub endpoint: String,
+    pub path: &'static str,
+    /// The serialized (unframed) `GenerateRequest`.
+    pub body: Vec<u8>,
+}
+
+/// What became of one call: the engine's messages, or the error it ended with.
+pub type CallOutcome = Result<Vec<Bytes>, ApiError>;
+
+struct Part {
+    translator: ResponseTranslator,
+    /// Counts the prompt as in flight on its engine until the batch is answered.
+    _in_flight: InFlight,
+}
+
+pub struct Batch {
+    meta: ResponseMeta,
+    n: u32,
+    parts: Vec<Part>,
+    calls: Option<Vec<FanoutCall>>,
+    pub endpoints: Vec<String>,
+}
+
+impl Batch {
+    /// Tokenize, check and route every prompt; nothing is sent before all of them passed.
+    pub fn new(
+        model: &Arc<ServedModel>,
+        req: &GenerationRequest,
+        prompts: &[PromptInput],
+        request_id: &str,
+        session: Option<&str>,
+        max_message: usize,
+    ) -> Result<Batch, ApiError> {
+        let meta = ResponseMeta {
+            api: req.api,
+            id: format!("cmpl-{request_id}"),
+            created: unix_now(),
+            model: model.name.clone(),
+        };
+        let mut parts = Vec::with_capacity(prompts.len());
+        let mut calls = Vec::with_capacity(prompts.len());
+        let mut endpoints = Vec::with_capacity(prompts.len());
+        for (i, input) in prompts.iter().enumerate() {
+            let prompt = request::prompt(model, input)?;
+            request::check_context(model, prompt.input_ids.len(), req)?;
+            let pick = model
+                .pick(&prompt.input_ids, session)
+                .ok_or_else(|| ApiError::unavailable(format!("no engine is ready to serve model '{}'", model.name)))?;
+            let endpoint = pick.primary.to_string();
+            let protocol = model.protocol(&endpoint);
+            let echo = req.echo.then(|| model.files.tokenizer.decode(&prompt.input_ids, false));
+            let body = protocol.encode_generate(GenerateCall {
+                request_id: &format!("{request_id}-{i}"),
+                input_ids: prompt.input_ids,
+                sampling: &req.sampling,
+                include_stop_str_in_output: req.include_stop_str_in_output,
+                stream: false,
+            });
+            let shape = ResponseShape {
+                meta: meta.clone(),
+                protocol,
+                stream: false,
+                include_usage: false,
+                skip_special_tokens: req.sampling.skip_special_tokens,
+                stop: req.sampling.stop.clone(),
+                include_stop_str_in_output: req.include_stop_str_in_output,
+                echo,
+                n: req.sampling.n,
+                logprobs: req.sampling.logprobs,
+            };
+            parts.push(Part {
+                translator: ResponseTranslator::new(model.clone(), shape, max_message),
+                _in_flight: pick.in_flight,
+            });
+            calls.push(FanoutCall {
+                endpoint: endpoint.clone(),
+                path: protocol.generate_path(),
+                body,
+            });
+            endpoints.push(endpoint);
+        }
+        Ok(Batch {
+            meta,
+            n: req.sampling.n,
+            parts,
+            calls: Some(calls),
+            endpoints,
+        })
+    }
+
+    /// The calls to make, once.
+    pub fn take_calls(&mut self) -> Option<Vec<FanoutCall>> {
+        self.calls.take()
+    }
+
+    /// The whole answer from every call's outcome (in call order), or the first failure.
+    pub fn answer(&mut self, outcomes: Vec<CallOutcome>) -> Result<(Vec<u8>, Usage), ApiError> {
+        if outcomes.len() != self.parts.len() {
+            return Err(ApiError::internal("a batched prompt got no answer"));
+        }
+        let mut usage = Usage::default();
+        let mut choices = Vec::new();
+        for (i, (part, outcome)) in self.parts.iter_mut().zip(outcomes).enumerate() {
+            let mut ignored = Vec::new();
+            for message in outcome? {
+                part.translator.push_message(&message, &mut ignored)?;
+            }
+            if !part.translator.all_finished() {
+                return Err(ApiError::new(
+                    502,
+                    "bad_gateway",
+                    "engine stream ended before the generation finished",
+                ));
+            }
+            part.translator.close_choices();
+            for (j, mut choice) in part.translator.choice_values().into_iter().enumerate() {
+                choice["index"] = json!(i as u64 * u64::from(self.n) + j as u64);
+                choices.push(choice);
+            }
+            let u = part.translator.usage;
+            usage.prompt_tokens += u.prompt_tokens;
+            usage.completion_tokens += u.completion_tokens;
+            usage.cached_tokens += u.cached_tokens;
+        }
+        Ok((completion_json(&self.meta, choices, usage), usage))
+    }
+}
