@@ -32,7 +32,6 @@ EXTRA_BODY = frozenset(
         "chat_template_kwargs",
     }
 )
-APIS = ("chat", "completions")
 
 
 @dataclass
