@@ -135,6 +135,29 @@ impl PyGateway {
         Ok(py.detach(move || model.router.apply_kv_events(&address, &batch).outcome.kind()))
     }
 
+    /// Apply one message of vLLM's ZMQ KV-event channel from `address`: its sequence number and msgpack
+    /// payload. Same outcome kinds as `apply_kv_events`; after "gap" the endpoint is unchanged (replay the
+    /// missing sequences, then offer this message again, or call `reset_kv_events`).
+    fn apply_zmq_kv_events(
+        &self,
+        py: Python<'_>,
+        name: &str,
+        address: &str,
+        sequence: u64,
+        payload: &[u8],
+    ) -> PyResult<&'static str> {
+        let model = self.model(name)?;
+        let payload = payload.to_vec();
+        let address = address.to_string();
+        Ok(py.detach(move || {
+            model
+                .router
+                .apply_zmq_kv_events(&address, sequence, &payload)
+                .outcome
+                .kind()
+        }))
+    }
+
     /// Forget what the routing index knows of `address` (before a fresh KV-event subscription).
     fn reset_kv_events(&self, name: &str, address: &str) -> PyResult<bool> {
         Ok(self.model(name)?.router.reset_kv_events(address))
