@@ -5,7 +5,9 @@ from os import PathLike
 class Gateway:
     """Served models and their endpoints, shared by every request stream."""
 
-    def __init__(self, *, max_body_bytes: int, max_engine_message: int = ...) -> None: ...
+    def __init__(
+        self, *, max_body_bytes: int, max_engine_message: int = ..., destination_fallbacks: int = ...
+    ) -> None: ...
     def add_model(
         self,
         name: str,

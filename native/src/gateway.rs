@@ -10,7 +10,7 @@ use serde_json::json;
 
 use crate::engine::Protocol;
 use crate::model::ModelFiles;
-use crate::routing::{Pick, Router, RouterConfig, RoutingError};
+use crate::routing::{Pick, PickRequest, Router, RouterConfig, RoutingError};
 
 pub fn unix_now() -> u64 {
     SystemTime::now()
@@ -34,6 +34,16 @@ impl ServedModel {
     /// The engine for a prompt; `None` when no engine is healthy.
     pub fn pick(&self, token_ids: &[u32], session_key: Option<&str>) -> Option<Pick> {
         self.router.pick(token_ids, session_key)
+    }
+
+    /// The engine for a prompt among `subset` (Envoy's subset hint; `None`: any engine).
+    pub fn pick_in(&self, token_ids: &[u32], session_key: Option<&str>, subset: Option<&[&str]>) -> Option<Pick> {
+        self.router.pick_with(&PickRequest {
+            token_ids,
+            session_key,
+            subset,
+            ..Default::default()
+        })
     }
 
     /// The longest prompt plus completion the engines accept, in tokens.
@@ -99,6 +109,9 @@ pub struct Limits {
     pub max_body_bytes: usize,
     /// Largest single gRPC message accepted from an engine.
     pub max_engine_message: usize,
+    /// Fallback engines listed after the primary in the destination (0: the primary only, which an
+    /// ORIGINAL_DST cluster requires; Envoy's override_host policy follows a longer list).
+    pub destination_fallbacks: usize,
 }
 
 pub struct Gateway {

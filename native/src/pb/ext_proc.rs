@@ -44,6 +44,20 @@ pub struct HttpTrailers {
 pub struct ProcessingRequest {
     #[prost(oneof = "processing_request::Request", tags = "2, 3, 4, 5, 6, 7")]
     pub request: Option<processing_request::Request>,
+    /// The namespaces the filter forwards (`metadata_options.forwarding_namespaces`).
+    #[prost(message, optional, tag = "8")]
+    pub metadata_context: Option<Metadata>,
+    /// The attributes the filter was asked for (`request_attributes`, `response_attributes`), under
+    /// the filter's name.
+    #[prost(btree_map = "string, message", tag = "9")]
+    pub attributes: std::collections::BTreeMap<String, Struct>,
+}
+
+/// `envoy.config.core.v3.Metadata`: untyped metadata by namespace.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct Metadata {
+    #[prost(btree_map = "string, message", tag = "1")]
+    pub filter_metadata: std::collections::BTreeMap<String, Struct>,
 }
 
 pub mod processing_request {

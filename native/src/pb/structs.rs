@@ -1,4 +1,4 @@
-//! `google.protobuf.Struct` / `Value`: only what dynamic metadata needs (nested string maps).
+//! `google.protobuf.Struct` / `Value`: only what metadata needs (nested string maps and string lists).
 
 use std::collections::BTreeMap;
 
@@ -10,7 +10,7 @@ pub struct Struct {
 
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct Value {
-    #[prost(oneof = "value::Kind", tags = "3, 5")]
+    #[prost(oneof = "value::Kind", tags = "3, 5, 6")]
     pub kind: Option<value::Kind>,
 }
 
@@ -21,7 +21,15 @@ pub mod value {
         StringValue(String),
         #[prost(message, tag = "5")]
         StructValue(super::Struct),
+        #[prost(message, tag = "6")]
+        ListValue(super::ListValue),
     }
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct ListValue {
+    #[prost(message, repeated, tag = "1")]
+    pub values: Vec<Value>,
 }
 
 impl Value {
@@ -33,6 +41,17 @@ impl Value {
     pub fn structure(s: Struct) -> Self {
         Value {
             kind: Some(value::Kind::StructValue(s)),
+        }
+    }
+    pub fn list(values: Vec<Value>) -> Self {
+        Value {
+            kind: Some(value::Kind::ListValue(ListValue { values })),
+        }
+    }
+    pub fn as_str(&self) -> Option<&str> {
+        match &self.kind {
+            Some(value::Kind::StringValue(s)) => Some(s),
+            _ => None,
         }
     }
 }

@@ -34,12 +34,13 @@ impl PyGateway {
 #[pymethods]
 impl PyGateway {
     #[new]
-    #[pyo3(signature = (*, max_body_bytes, max_engine_message = 64 * 1024 * 1024))]
-    fn new(max_body_bytes: usize, max_engine_message: usize) -> Self {
+    #[pyo3(signature = (*, max_body_bytes, max_engine_message = 64 * 1024 * 1024, destination_fallbacks = 0))]
+    fn new(max_body_bytes: usize, max_engine_message: usize, destination_fallbacks: usize) -> Self {
         PyGateway {
             inner: Arc::new(Gateway::new(Limits {
                 max_body_bytes,
                 max_engine_message,
+                destination_fallbacks,
             })),
         }
     }

@@ -28,6 +28,7 @@ fn gateway() -> Arc<Gateway> {
     Arc::new(Gateway::new(Limits {
         max_body_bytes: 1 << 20,
         max_engine_message: 1 << 20,
+        destination_fallbacks: 0,
     }))
 }
 
@@ -104,6 +105,7 @@ fn request_headers(method: &str, path: &str, end_of_stream: bool) -> Vec<u8> {
             headers: Some(headers),
             end_of_stream,
         })),
+        ..Default::default()
     }
     .encode_to_vec()
 }
@@ -292,6 +294,7 @@ fn stop_lets_open_streams_finish_within_the_grace() {
             body: br#"{"model": "nope", "messages": [{"role": "user", "content": "hi"}]}"#.to_vec(),
             end_of_stream: true,
         })),
+        ..Default::default()
     };
     let answer = rt.block_on(async {
         tx.send(body.encode_to_vec()).await.unwrap();

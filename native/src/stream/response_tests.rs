@@ -36,6 +36,7 @@ fn load_model() -> Arc<ServedModel> {
     let gateway = Gateway::new(Limits {
         max_body_bytes: 1 << 20,
         max_engine_message: 1 << 20,
+        destination_fallbacks: 0,
     });
     gateway
         .add_model("m", &dir, Some(4096), "round_robin", RouterConfig::default())

@@ -1,0 +1,114 @@
+//! The Gateway API Inference Extension's endpoint-picker protocol, as Envoy carries it to and from
+//! extproc: the subset hint a filter before extproc may set (the engines it may pick from), the
+//! destination value (the primary, then fallbacks in order), and the engine that actually served.
+
+use std::collections::BTreeMap;
+
+use crate::pb::ext_proc::Metadata;
+use crate::pb::structs::{value, Struct};
+
+/// Namespace and key of the subset hint in the request's forwarded metadata.
+pub const SUBSET_NAMESPACE: &str = "envoy.lb.subset_hint";
+pub const SUBSET_KEY: &str = "x-gateway-destination-endpoint-subset";
+/// The attribute Envoy fills with the upstream that answered (`response_attributes`).
+pub const UPSTREAM_ATTRIBUTE: &str = "upstream.address";
+
+/// The addresses the subset hint allows; `None` when there is no hint (any engine may be picked).
+/// A list of strings per the protocol; a comma-separated string is accepted too.
+pub fn subset_hint(metadata: Option<&Metadata>) -> Option<Vec<String>> {
+    let value = metadata?
+        .filter_metadata
+        .get(SUBSET_NAMESPACE)?
+        .fields
+        .get(SUBSET_KEY)?;
+    let addresses = match &value.kind {
+        Some(value::Kind::ListValue(list)) => list
+            .values
+            .iter()
+            .filter_map(|v| v.as_str())
+            .map(|s| s.trim().to_string())
+            .collect(),
+        Some(value::Kind::StringValue(s)) => s.split(',').map(|a| a.trim().to_string()).collect(),
+        _ => Vec::new(),
+    };
+    Some(addresses.into_iter().filter(|a| !a.is_empty()).collect())
+}
+
+/// The upstream address Envoy reports on the response headers, if it was asked to.
+pub fn upstream_address(attributes: &BTreeMap<String, Struct>) -> Option<&str> {
+    attributes
+        .values()
+        .find_map(|s| s.fields.get(UPSTREAM_ATTRIBUTE))
+        .and_then(|v| v.as_str())
+        .filter(|a| !a.is_empty())
+}
+
+/// The destination header and metadata value: `primary[,fallback...]`, at most `max_fallbacks` of them.
+pub fn destination(
+    primary: &str,
+    fallbacks: impl IntoIterator<Item = impl AsRef<str>>,
+    max_fallbacks: usize,
+) -> String {
+    let mut value = primary.to_string();
+    for fallback in fallbacks.into_iter().take(max_fallbacks) {
+        value.push(',');
+        value.push_str(fallback.as_ref());
+    }
+    value
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pb::structs::Value;
+
+    fn metadata(value: Value) -> Metadata {
+        let mut hint = Struct::default();
+        hint.fields.insert(SUBSET_KEY.to_string(), value);
+        let mut m = Metadata::default();
+        m.filter_metadata.insert(SUBSET_NAMESPACE.to_string(), hint);
+        m
+    }
+
+    #[test]
+    fn subset_hint_reads_a_list_or_a_comma_string() {
+        assert_eq!(subset_hint(None), None);
+        assert_eq!(subset_hint(Some(&Metadata::default())), None);
+        let list = metadata(Value::list(vec![
+            Value::string("10.0.0.1:8000"),
+            Value::string("10.0.0.2:8000"),
+        ]));
+        assert_eq!(
+            subset_hint(Some(&list)).unwrap(),
+            vec!["10.0.0.1:8000".to_string(), "10.0.0.2:8000".to_string()]
+        );
+        let joined = metadata(Value::string("10.0.0.1:8000, 10.0.0.3:8000"));
+        assert_eq!(
+            subset_hint(Some(&joined)).unwrap(),
+            vec!["10.0.0.1:8000", "10.0.0.3:8000"]
+        );
+        // Present but empty: nothing may be picked (the caller answers 503).
+        assert_eq!(
+            subset_hint(Some(&metadata(Value::list(Vec::new())))).unwrap(),
+            Vec::<String>::new()
+        );
+    }
+
+    #[test]
+    fn upstream_address_is_found_under_any_filter_name() {
+        let mut attrs = Struct::default();
+        attrs
+            .fields
+            .insert(UPSTREAM_ATTRIBUTE.to_string(), Value::string("10.0.0.2:8000"));
+        let map = BTreeMap::from([("envoy.filters.http.ext_proc".to_string(), attrs)]);
+        assert_eq!(upstream_address(&map), Some("10.0.0.2:8000"));
+        assert_eq!(upstream_address(&BTreeMap::new()), None);
+    }
+
+    #[test]
+    fn destination_lists_the_primary_then_bounded_fallbacks() {
+        assert_eq!(destination("a:1", ["b:2", "c:3"], 0), "a:1");
+        assert_eq!(destination("a:1", ["b:2", "c:3"], 1), "a:1,b:2");
+        assert_eq!(destination("a:1", ["b:2", "c:3"], 5), "a:1,b:2,c:3");
+    }
+}
