@@ -33,6 +33,8 @@ from load.simulator import SimCluster, SimOptions, start_engines
 from load.simulator.cluster import SimEngine
 from load.simulator.kv_cache import Cleared, Stored
 from load.simulator.zmq_publisher import encode_batch
+from load.vllm_engine import start_vllm
+from load.vllm_engine.tiny_model import ensure_tiny_model
 
 MODEL = served_model_name(default_model_dir())
 BLOCK = 16
@@ -48,8 +50,9 @@ def prompt(seed: int, blocks: int = 4) -> list[int]:
     return list(range(seed * 1000, seed * 1000 + blocks * BLOCK))
 
 
-async def generate(engine: SimEngine, tokens: list[int]) -> None:
-    async with grpc.aio.insecure_channel(engine.address) as channel:
+async def generate(engine: SimEngine | str, tokens: list[int]) -> None:
+    address = engine if isinstance(engine, str) else engine.address
+    async with grpc.aio.insecure_channel(address) as channel:
         request = pb.GenerateRequest(
             request_id=f"r{tokens[0]}-{len(tokens)}",
             tokenized=pb.TokenizedInput(input_ids=tokens),
@@ -59,8 +62,9 @@ async def generate(engine: SimEngine, tokens: list[int]) -> None:
             pass
 
 
-async def flush(engine: SimEngine) -> None:
-    async with grpc.aio.insecure_channel(engine.address) as channel:
+async def flush(engine: SimEngine | str) -> None:
+    address = engine if isinstance(engine, str) else engine.address
+    async with grpc.aio.insecure_channel(address) as channel:
         await pb_grpc.VllmEngineStub(channel).FlushCache(common_pb2.FlushCacheRequest())
 
 
@@ -72,13 +76,13 @@ def headers(**pairs: str) -> ep.HttpHeaders:
     )
 
 
-def pick(gateway: _native.Gateway, tokens: list[int]) -> str:
+def pick(gateway: _native.Gateway, tokens: list[int], model: str = MODEL) -> str:
     """The engine the router picks for a completion of `tokens`, through a request stream as Envoy drives it
     (the stream, and its in-flight count, end with this call)."""
     stream = gateway.new_stream()
     start = ep.ProcessingRequest(request_headers=headers(**{":method": "POST", ":path": "/v1/completions"}))
     stream.process(start.SerializeToString())
-    body = json.dumps({"model": MODEL, "prompt": tokens, "max_tokens": 1}).encode()
+    body = json.dumps({"model": model, "prompt": tokens, "max_tokens": 1}).encode()
     stream.process(
         ep.ProcessingRequest(request_body=ep.HttpBody(body=body, end_of_stream=True)).SerializeToString()
     )
@@ -87,8 +91,8 @@ def pick(gateway: _native.Gateway, tokens: list[int]) -> str:
     return endpoint
 
 
-def event_blocks(gateway: _native.Gateway) -> int:
-    _, stats = gateway.routing_stats(MODEL)
+def event_blocks(gateway: _native.Gateway, model: str = MODEL) -> int:
+    _, stats = gateway.routing_stats(model)
     return int(stats.split("event_blocks: ")[1].split(",")[0])
 
 
@@ -273,9 +277,9 @@ class Publisher:
         self.socket.close(linger=0)
 
 
-def stored_batch(tokens: list[int]) -> bytes:
-    hashes = tuple(range(tokens[0], tokens[0] + len(tokens) // BLOCK))
-    return encode_batch(time.time(), [Stored(hashes, None, tuple(tokens), BLOCK)])
+def stored_batch(tokens: list[int], block: int = BLOCK) -> bytes:
+    hashes = tuple(range(tokens[0], tokens[0] + len(tokens) // block))
+    return encode_batch(time.time(), [Stored(hashes, None, tuple(tokens), block)])
 
 
 async def test_restarts_unreadable_batches_and_lost_publishers(tmp_path: Path) -> None:
@@ -335,3 +339,51 @@ async def test_restarts_unreadable_batches_and_lost_publishers(tmp_path: Path) -
     finally:
         await subs.close()
         publisher.close()
+
+
+@pytest.mark.real_engine
+async def test_a_real_vllm_engine_feeds_the_router_over_zmq(tmp_path: Path) -> None:
+    """vLLM's own publisher (the launcher's `--kv-events-config`: ipc://, topic "kv-events", no replay
+    socket): its stores and its Cleared after FlushCache steer picks; its 128-token block size is learned
+    from the events."""
+    model_dir = ensure_tiny_model()
+    engine = await asyncio.to_thread(start_vllm, model_dir=model_dir, log_path=tmp_path / "vllm.log")
+    gateway = _native.Gateway(max_body_bytes=1 << 20)
+    gateway.add_model("tiny", str(model_dir), policy="kv_events", routing_config='{"seed": 7}')
+    other = "10.0.0.2:50051"
+    gateway.set_endpoints("tiny", [(engine.address, 0), (other, 128)])
+    prompt = [128000, *range(5000, 5299)]  # 300 tokens: two full 128-token blocks
+    # The other engine holds the prompt's first block: vLLM wins the pick only with what its events told.
+    assert gateway.apply_zmq_kv_events("tiny", other, 0, stored_batch(prompt[:128], 128)) == "applied"
+    subs = ZmqKvEventSubscriptions(
+        lambda a, n, p: gateway.apply_zmq_kv_events("tiny", a, n, p),
+        lambda a: gateway.reset_kv_events("tiny", a),
+        backoff=FAST,
+    )
+    try:
+        sub = subs.add(engine.address, ZmqEndpoint(engine.kv_events_endpoint, topic="kv-events"))
+        deadline = time.monotonic() + 30
+        warmup = 0
+        while sub.applied is None:  # the slow joiner: warm-up prompts until a store arrives
+            assert time.monotonic() < deadline, "no KV event from vLLM"
+            warmup += 1
+            await generate(engine.address, [128000, *range(20000 + 300 * warmup, 20000 + 300 * warmup + 199)])
+            await asyncio.sleep(0.2)
+        assert pick(gateway, prompt, "tiny") == other
+        before = sub.applied
+        await generate(engine.address, prompt)
+        await eventually(lambda: sub.applied is not None and sub.applied > before, "the prompt's store")
+        assert event_blocks(gateway, "tiny") >= 3  # vLLM's two blocks and the other engine's one
+        assert pick(gateway, prompt, "tiny") == engine.address
+        assert sub.resets == 1 and sub.replays == 0
+
+        # FlushCache: vLLM publishes AllBlocksCleared with its next step's events (here another prompt's),
+        # and the router forgets the blocks it held.
+        before = sub.applied
+        await flush(engine.address)
+        await generate(engine.address, [128000, *range(40000, 40199)])
+        await eventually(lambda: sub.applied is not None and sub.applied > before, "the Cleared batch")
+        assert pick(gateway, prompt, "tiny") == other
+    finally:
+        await subs.close()
+        await asyncio.to_thread(engine.stop)
