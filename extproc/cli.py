@@ -39,6 +39,10 @@ _HELP: dict[str, str] = {
         f"(default {_D.engine_protocol})"
     ),
     "load_interval": f"seconds between engine GetLoads polls, 0 for none (default {_D.load_interval:g})",
+    "destination_fallbacks": (
+        "fallback engines listed after the primary for Envoy's override_host policy; 0 for an ORIGINAL_DST "
+        f"engines cluster (default {_D.destination_fallbacks})"
+    ),
     "host": f"address Envoy listens on for clients (default {_D.host})",
     "port": f"client HTTP port (default {_D.port})",
     "admin_port": f"Envoy admin port, loopback only (default {_D.admin_port})",
@@ -59,6 +63,7 @@ _METAVARS: dict[str, str] = {
     "routing_policy": "POLICY",
     "engine_protocol": "PROTOCOL",
     "load_interval": "SECONDS",
+    "destination_fallbacks": "N",
     "host": "IP",
     "port": "PORT",
     "admin_port": "PORT",
@@ -78,6 +83,7 @@ _SERVE_FIELDS = (
     "routing_policy",
     "engine_protocol",
     "load_interval",
+    "destination_fallbacks",
     "log_level",
 )
 _ENVOY_FIELDS = ("host", "port", "admin_port", "listen", "max_body_bytes", "envoy_access_log")

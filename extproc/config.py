@@ -76,6 +76,10 @@ class Settings:
     engine_protocol: str = "auto"
     # Seconds between GetLoads polls of each healthy engine; 0 turns polling off.
     load_interval: float = 0.5
+    # Fallback engines extproc lists after the primary in the destination (the endpoint-picker protocol).
+    # 0 for an Envoy whose engines cluster is ORIGINAL_DST (one address); `up` sets it when its Envoy
+    # knows the engines (override_host), as do deployments with such an Envoy.
+    destination_fallbacks: int = 0
     # Several served models (config file `[[models]]` tables); empty means the single model above.
     models: tuple[ModelConfig, ...] = ()
     log_level: str = "info"
@@ -90,6 +94,14 @@ class Settings:
     startup_timeout: float = 60.0
     # Envoy writes an access log line per request to its stdout.
     envoy_access_log: bool = False
+
+
+def engine_address(url: str) -> str:
+    """`grpc://host:port` → `host:port` (what Envoy's destination header carries)."""
+    prefix = "grpc://"
+    if not url.startswith(prefix) or ":" not in url[len(prefix) :]:
+        raise ValueError(f"engine URL must look like grpc://host:port, got {url!r}")
+    return url[len(prefix) :]
 
 
 class ConfigError(ValueError):
@@ -136,6 +148,10 @@ def parse_port(raw: Any) -> int:
 
 def _parse_count(raw: Any) -> int:
     return _int(raw, 0, 1024, "expected an integer 0-1024")
+
+
+def _parse_fallbacks(raw: Any) -> int:
+    return _int(raw, 0, 16, "expected an integer 0-16")
 
 
 def _parse_size(raw: Any) -> int:
@@ -369,6 +385,7 @@ _PARSERS: dict[str, Callable[[Any], Any]] = {
     "routing_policy": _choice(ROUTING_POLICIES),
     "engine_protocol": _choice(ENGINE_PROTOCOLS),
     "load_interval": _parse_interval,
+    "destination_fallbacks": _parse_fallbacks,
     "models": _parse_models,
     "log_level": _choice(_LOG_LEVELS),
     "host": _parse_host,

@@ -74,7 +74,7 @@ class EnvoyOptions:
     # follows extproc's fallback list on connection failures; empty means ORIGINAL_DST, one address.
     engines: tuple[str, ...] = ()
     # Attempts after the first, each on the next address of the list (engines mode only).
-    engine_retries: int = 2
+    engine_retries: int = 0
 
 
 # --- addresses -------------------------------------------------------------------------------------------
@@ -535,12 +535,16 @@ def validate_config(path: str | os.PathLike[str], timeout_s: float = 60.0) -> No
 
 # The configs checked in under envoy/ (regenerate with `make envoy-configs`).
 REFERENCE_CONFIGS: dict[str, EnvoyOptions] = {
-    # What `extproc up` runs with default settings.
-    "local.json": EnvoyOptions(),
+    # What `extproc up` runs with default settings (two simulated engines, known to Envoy).
+    "local.json": EnvoyOptions(engines=("127.0.0.1:50100", "127.0.0.1:50101"), engine_retries=1),
+    # Engines unknown to Envoy (`extproc envoy-config`): one address per request, ORIGINAL_DST.
+    "original-dst.json": EnvoyOptions(),
     # extproc next to Envoy on one host, over a Unix socket.
     "unix-socket.json": EnvoyOptions(extproc_target="unix:/tmp/extproc.sock"),
     # Engines known to Envoy: extproc's fallback list is followed when an engine refuses or is down.
-    "static-engines.json": EnvoyOptions(engines=("10.0.0.1:50051", "10.0.0.2:50051", "10.0.0.3:50051")),
+    "static-engines.json": EnvoyOptions(
+        engines=("10.0.0.1:50051", "10.0.0.2:50051", "10.0.0.3:50051"), engine_retries=2
+    ),
 }
 
 

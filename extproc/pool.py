@@ -20,7 +20,7 @@ import grpc
 import structlog
 
 from extproc import _native
-from extproc.config import EngineConfig
+from extproc.config import EngineConfig, engine_address
 from extproc.engine_client import (
     EngineClient,
     NoKnownProtocol,
@@ -36,14 +36,6 @@ log = structlog.get_logger("extproc.pool")
 HEALTH_INTERVAL_S = 2.0
 HEALTH_TIMEOUT_S = 1.0
 LOAD_INTERVAL_S = 0.5
-
-
-def engine_address(url: str) -> str:
-    """`grpc://host:port` → `host:port` (what Envoy's destination header carries)."""
-    prefix = "grpc://"
-    if not url.startswith(prefix) or ":" not in url[len(prefix) :]:
-        raise ValueError(f"engine URL must look like grpc://host:port, got {url!r}")
-    return url[len(prefix) :]
 
 
 @dataclass

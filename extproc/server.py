@@ -94,7 +94,9 @@ async def start(settings: Settings, *, engine_wait_s: float = ENGINE_WAIT_S) -> 
     """Load the models, register their engines and start serving; returns once the server listens.
 
     Waits up to `engine_wait_s` for every model to have at least one healthy engine."""
-    gateway = _native.Gateway(max_body_bytes=settings.max_body_bytes)
+    gateway = _native.Gateway(
+        max_body_bytes=settings.max_body_bytes, destination_fallbacks=settings.destination_fallbacks
+    )
     pools: dict[str, EnginePool] = {}
     for model in served_models(settings):
         gateway.add_model(model.name, str(model.model_dir), policy=model.routing_policy)

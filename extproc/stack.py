@@ -34,6 +34,7 @@ from extproc.config import (
     EngineConfig,
     ServedModel,
     Settings,
+    engine_address,
     env_name,
     models_toml,
     parse_host_port,
@@ -393,8 +394,10 @@ def stack_specs(
             model_name=model.name,
             engines=tuple(e.url for e in model.engines),
             engine_protocol=model.engine_protocol,
+            destination_fallbacks=known_engines(served)[1],
         )
         fields = (*common, "model_dir", "model_name", "engines", "routing_policy", "engine_protocol")
+        fields = (*fields, "destination_fallbacks")
         argv = [sys.executable, "-m", "extproc", "serve", *settings_to_flags(single, fields)]
     socket_path = envoy_bootstrap.unix_socket_path(settings.listen)
     if socket_path is not None:
@@ -405,7 +408,7 @@ def stack_specs(
     specs.append(ChildSpec("server", argv, probe, desc, env))
 
     bootstrap = run_dir / "envoy.json"
-    bootstrap.write_text(envoy_bootstrap.render_bootstrap(envoy_options(settings)))
+    bootstrap.write_text(envoy_bootstrap.render_bootstrap(envoy_options(settings, known_engines(served)[0])))
     envoy_bootstrap.validate_config(bootstrap)
     argv = [envoy_bootstrap.envoy_binary(), "-c", str(bootstrap), "--log-level", settings.envoy_log_level]
     # No shared-memory hot-restart state, so several stacks (and other Envoys) can run side by side.
@@ -430,7 +433,21 @@ def describe(served: tuple[ServedModel, ...], sims: list[SimPlan]) -> str:
     return "models " + ", ".join(f"{m.name} ({engines(m)})" for m in served)
 
 
-def envoy_options(settings: Settings) -> envoy_bootstrap.EnvoyOptions:
+# Fallback engines `up` lists after the primary (and Envoy retries) when its Envoy knows the engines.
+UP_FALLBACKS = 2
+
+
+def known_engines(served: tuple[ServedModel, ...]) -> tuple[tuple[str, ...], int]:
+    """The engines `up` tells Envoy about and the fallbacks extproc then lists. For one model only: once
+    extproc's list is spent, Envoy's override_host policy retries on any engine of the cluster, which
+    must then serve the same model; with several models Envoy takes the one address (ORIGINAL_DST)."""
+    if len(served) != 1:
+        return (), 0
+    addresses = tuple(engine_address(e.url) for e in served[0].engines)
+    return addresses, min(UP_FALLBACKS, max(len(addresses) - 1, 0))
+
+
+def envoy_options(settings: Settings, engines: tuple[str, ...] = ()) -> envoy_bootstrap.EnvoyOptions:
     return envoy_bootstrap.EnvoyOptions(
         listen_host=settings.host,
         listen_port=settings.port,
@@ -438,6 +455,8 @@ def envoy_options(settings: Settings) -> envoy_bootstrap.EnvoyOptions:
         extproc_target=settings.listen,
         max_request_bytes=settings.max_body_bytes,
         access_log=settings.envoy_access_log,
+        engines=engines,
+        engine_retries=min(UP_FALLBACKS, max(len(engines) - 1, 0)),
     )
 
 

@@ -97,9 +97,10 @@ def test_envoy_config_prints_a_valid_bootstrap(tmp_path: Path, capsys: pytest.Ca
     envoy_bootstrap.validate_config(path)
 
 
-def test_envoy_config_defaults_match_the_checked_in_local_config(capsys: pytest.CaptureFixture[str]) -> None:
+def test_envoy_config_defaults_match_the_checked_in_config(capsys: pytest.CaptureFixture[str]) -> None:
+    # Engines unknown to the printed config: one address per request (ORIGINAL_DST).
     assert cli.main(["envoy-config"]) == 0
-    assert capsys.readouterr().out == (Path(__file__).parents[1] / "envoy" / "local.json").read_text()
+    assert capsys.readouterr().out == (Path(__file__).parents[1] / "envoy" / "original-dst.json").read_text()
 
 
 def test_envoy_config_layers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

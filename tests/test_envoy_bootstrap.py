@@ -10,6 +10,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import AsyncIterator, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +21,8 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
 
 from extproc import envoy_bootstrap as eb
-from extproc.config import Settings
-from extproc.stack import envoy_options
+from extproc.config import Settings, served_models
+from extproc.stack import envoy_options, known_engines, plan_sims
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -167,7 +168,14 @@ def test_listen_host_must_be_an_ip() -> None:
 
 
 def test_local_reference_is_what_up_runs_by_default() -> None:
-    assert eb.REFERENCE_CONFIGS["local.json"] == envoy_options(Settings())
+    settings = Settings()
+    served = tuple(
+        replace(p.model, engines=p.engines) for p in plan_sims(served_models(settings), settings.sim_port)
+    )
+    engines, fallbacks = known_engines(served)
+    assert (engines, fallbacks) == (("127.0.0.1:50100", "127.0.0.1:50101"), 1)
+    assert eb.REFERENCE_CONFIGS["local.json"] == envoy_options(settings, engines)
+    assert eb.REFERENCE_CONFIGS["original-dst.json"] == envoy_options(settings)
 
 
 @pytest.mark.parametrize("name", sorted(eb.REFERENCE_CONFIGS))
@@ -383,6 +391,7 @@ async def test_known_engines_follow_the_fallback_list(tmp_path: Path, free_ports
         admin_port=free_ports.one(),
         extproc_target=f"127.0.0.1:{free_ports.one()}",
         engines=(dead, live),
+        engine_retries=1,
     )
     engine = grpc.aio.server()
     engine.add_generic_rpc_handlers([_echo_handler()])

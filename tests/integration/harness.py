@@ -178,8 +178,11 @@ def local_stack(
     protocol: SimProtocol = "vllm",
     models: Sequence[SimModel] | None = None,
     load_interval: float | None = None,
+    fallbacks: int = 0,
 ) -> Iterator[Stack]:
-    """`engines`, `protocol` and `sim` describe the single default model; `models` several instead."""
+    """`engines`, `protocol` and `sim` describe the single default model; `models` several instead.
+    `fallbacks` > 0 (single model): Envoy knows the engines and follows that many fallbacks, as under
+    `extproc up`; 0 leaves Envoy one address per request (ORIGINAL_DST)."""
     loop = LoopThread()
     single = models is None
     if models is None:
@@ -190,9 +193,13 @@ def local_stack(
         extra["max_body_bytes"] = max_body_bytes
     if load_interval is not None:
         extra["load_interval"] = load_interval
+    known: tuple[str, ...] = ()
     if single:
         first = next(iter(clusters.values()))
         extra["engines"] = tuple(f"grpc://{a}" for a in first.addresses)
+        if fallbacks:
+            known = tuple(first.addresses)
+            extra["destination_fallbacks"] = fallbacks
     else:
         extra["models"] = tuple(
             ModelConfig(
@@ -219,6 +226,8 @@ def local_stack(
         admin_port=admin_port,
         extproc_target=running.address,
         max_request_bytes=max_request_bytes,
+        engines=known,
+        engine_retries=fallbacks if known else 0,
     )
     config = tmp / "envoy.json"
     config.write_text(render_bootstrap(options))

@@ -1,0 +1,86 @@
+"""Fallback engines (the endpoint-picker protocol's ordered list): when Envoy knows the engines, as under
+`extproc up`, a request whose picked engine refuses it or is gone is served by the next engine extproc
+listed, and extproc follows the engine that actually answered."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from openai import OpenAI
+
+from load.simulator import SimOptions
+from tests.conftest import FreePorts
+from tests.integration.harness import Stack, local_stack
+
+
+@pytest.fixture
+def stack(tmp_path: Path) -> Iterator[Stack]:
+    with local_stack(FreePorts(), tmp_path, engines=2, routing_policy="round_robin", fallbacks=1) as s:
+        yield s
+
+
+def _chat(stack: Stack, text: str) -> str:
+    client = OpenAI(base_url=stack.base_url + "/v1", api_key="x", max_retries=0, timeout=20)
+    reply = client.chat.completions.create(
+        model=stack.model, messages=[{"role": "user", "content": text}], max_tokens=4, seed=1
+    )
+    content = reply.choices[0].message.content
+    assert reply.choices[0].finish_reason in ("stop", "length") and content is not None
+    return content
+
+
+def test_a_refusing_engine_is_skipped_for_the_next_in_the_list(stack: Stack) -> None:
+    refusing, healthy = stack.engines.engines
+    # The engine keeps answering its health checks but refuses every Generate as UNAVAILABLE.
+    refusing.faults.set(fail_code="UNAVAILABLE", fail_message="draining")
+    for i in range(4):  # round robin: half of them pick the refusing engine first
+        _chat(stack, f"question {i}")
+    assert refusing.stats.faults == 2, "the refusing engine was picked and refused twice"
+    assert healthy.stats.completed == 4, "every request was served by the other engine"
+
+
+def test_a_stopped_engine_is_skipped_before_health_checks_notice(stack: Stack) -> None:
+    gone, healthy = stack.engines.engines
+    stack.loop.run(gone.stop(0))
+    for i in range(4):
+        _chat(stack, f"question {i}")
+    assert healthy.stats.completed == 4
+
+
+def test_the_abort_follows_the_engine_that_answered(tmp_path: Path) -> None:
+    """The client leaves mid-stream after a fallback: the Abort goes to the engine generating, not to
+    the one extproc picked first."""
+    slow = SimOptions(itl_ms=50.0)  # a 200-token stream takes 10 s: long enough to walk away from
+    with local_stack(FreePorts(), tmp_path, sim=slow, routing_policy="round_robin", fallbacks=1) as stack:
+        refusing, healthy = stack.engines.engines
+        refusing.faults.set(fail_code="UNAVAILABLE", fail_message="draining")
+        for _ in range(2):  # one of the two picks is the refusing engine
+            host, port = stack.base_url.removeprefix("http://").split(":")
+            conn = http.client.HTTPConnection(host, int(port), timeout=10)
+            body = {"model": stack.model, "messages": [{"role": "user", "content": "x"}], "stream": True}
+            body |= {"max_tokens": 200, "ignore_eos": True}
+            conn.request(
+                "POST", "/v1/chat/completions", json.dumps(body), {"content-type": "application/json"}
+            )
+            response = conn.getresponse()
+            assert response.status == 200
+            assert response.read(6) == b"data: "  # the stream is flowing
+            conn.close()  # the client goes away
+        assert refusing.stats.faults == 1
+        assert _wait(lambda: healthy.stats.abort_calls == 2), healthy.stats
+        assert _wait(lambda: healthy.stats.active == 0), "the engine kept generating"
+        assert refusing.stats.abort_calls == 0
+
+
+def _wait(predicate: Callable[[], bool], timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return False
