@@ -87,6 +87,7 @@ impl Batch {
                 skip_special_tokens: req.sampling.skip_special_tokens,
                 stop: req.sampling.stop.clone(),
                 include_stop_str_in_output: req.include_stop_str_in_output,
+                stop_token_ids: request::stop_token_ids(model, req),
                 echo,
                 n: req.sampling.n,
                 logprobs: req.sampling.logprobs,

@@ -67,9 +67,27 @@ pub fn chat_prompt(model: &ServedModel, request: &ChatInput) -> Result<Prompt, A
     Ok(Prompt { input_ids })
 }
 
-/// Refuse prompts the engine could not take: over the context, or leaving no room for `max_tokens`.
+/// The tokens that end a choice when sampled: the request's stop token ids and, unless `ignore_eos`,
+/// the model's EOS. Like vLLM, the gateway leaves such a token out of the text.
+pub fn stop_token_ids(model: &ServedModel, request: &GenerationRequest) -> Vec<u32> {
+    let mut ids = request.sampling.stop_token_ids.clone();
+    if !request.sampling.ignore_eos {
+        ids.extend(&model.files.eos_token_ids);
+    }
+    ids
+}
+
+/// Refuse requests the engine could not take: `logit_bias` outside the vocabulary, a prompt over the
+/// context or leaving no room for `max_tokens`.
 pub fn check_context(model: &ServedModel, prompt_len: usize, request: &GenerationRequest) -> Result<(), ApiError> {
     let sampling = &request.sampling;
+    let vocab = model.files.tokenizer.vocab_size();
+    if let Some((id, _)) = sampling.logit_bias.iter().find(|(id, _)| *id as usize >= vocab) {
+        return Err(ApiError::invalid_param(
+            "logit_bias",
+            format!("logit_bias token id {id} is out of the vocabulary (size {vocab})"),
+        ));
+    }
     let param = if request.chat().is_some() { "messages" } else { "prompt" };
     let limit = model.max_context() as usize;
     let wanted = prompt_len + sampling.max_tokens.unwrap_or(0) as usize;

@@ -27,6 +27,9 @@ pub struct ResponseShape {
     pub skip_special_tokens: bool,
     pub stop: Vec<String>,
     pub include_stop_str_in_output: bool,
+    /// Tokens that end a choice (stop token ids, EOS): not part of the text unless
+    /// `include_stop_str_in_output`.
+    pub stop_token_ids: Vec<u32>,
     /// Completions with `echo`: the prompt's text comes first, in every choice.
     pub echo: Option<String>,
     pub n: u32,
@@ -143,7 +146,13 @@ impl ResponseTranslator {
         } else {
             &o.logprobs
         };
-        let delta = choice.decoder.push(tokenizer, &o.token_ids);
+        let mut ids: &[u32] = &o.token_ids;
+        if !self.shape.include_stop_str_in_output {
+            if let Some(end) = ids.iter().position(|t| self.shape.stop_token_ids.contains(t)) {
+                ids = &ids[..end];
+            }
+        }
+        let delta = choice.decoder.push(tokenizer, ids);
         let mut text = choice.stop.push(&delta);
         let finish = o.finish_reason.map(|reason| {
             text.push_str(&choice.finalize(tokenizer));

@@ -36,12 +36,14 @@ fn load_model() -> Arc<ServedModel> {
     let gateway = Gateway::new(Limits {
         max_body_bytes: 1 << 20,
         max_engine_message: 1 << 20,
-        destination_fallbacks: 0,
     });
     gateway
         .add_model("m", &dir, Some(4096), "round_robin", RouterConfig::default())
         .unwrap()
 }
+
+/// A token that ends a choice in these tests (a stop token id of the request: "!").
+const STOP_TOKEN: u32 = 0;
 
 fn ids(model: &ServedModel, text: &str) -> Vec<u32> {
     model.files.tokenizer.encode(text).unwrap()
@@ -83,6 +85,7 @@ fn translator(model: &Arc<ServedModel>, s: Setup) -> ResponseTranslator {
         skip_special_tokens: true,
         stop: s.stop,
         include_stop_str_in_output: false,
+        stop_token_ids: vec![STOP_TOKEN],
         echo: None,
         n: s.n,
         logprobs: s.logprobs,
@@ -400,5 +403,44 @@ fn completion_logprobs_have_parallel_lists_and_text_offsets() {
         let top = top.as_object().unwrap();
         assert!(top.contains_key(*s), "the sampled token is among its alternatives");
         assert!(top.len() <= 2);
+    }
+}
+
+#[test]
+fn a_stop_token_ends_the_text_without_being_part_of_it() {
+    let m = model();
+    for stream in [true, false] {
+        let mut t = translator(
+            &m,
+            Setup {
+                stream,
+                ..Setup::default()
+            },
+        );
+        let mut tokens = ids(&m, "all done");
+        tokens.push(STOP_TOKEN);
+        let mut out = Vec::new();
+        if stream {
+            out.extend(t.push(&chunk(Protocol::Vllm, 0, &tokens, false)).unwrap());
+            out.extend(
+                t.push(&complete(Protocol::Vllm, 0, &[STOP_TOKEN], "stop", false))
+                    .unwrap(),
+            );
+        } else {
+            t.push(&complete(Protocol::Vllm, 0, &tokens, "stop", false)).unwrap();
+        }
+        out.extend(t.finish());
+        let text = if stream {
+            per_index(&events(&out), 1).0.remove(0)
+        } else {
+            let v: Value = serde_json::from_slice(&out).unwrap();
+            v["choices"][0]["text"].as_str().unwrap().to_string()
+        };
+        assert_eq!(text, "all done", "stream={stream}");
+        assert_eq!(
+            t.usage.completion_tokens,
+            tokens.len() as u32,
+            "the stop token still counts"
+        );
     }
 }
