@@ -7,6 +7,7 @@
 //! response-headers reply before any response body; trailers last.
 
 mod batch;
+mod epp;
 mod replies;
 mod request;
 mod response;
@@ -71,6 +72,8 @@ pub struct PendingAbort {
 
 /// The engine call in flight, once the request was routed.
 struct Exchange {
+    model: Arc<ServedModel>,
+    prompt_tokens: u64,
     endpoint: String,
     protocol: Protocol,
     engine_request_id: String,
@@ -86,6 +89,8 @@ pub struct RequestStream {
     endpoint: Option<Endpoint>,
     /// `x-session-id`: the consistent-hash key, if the client sent one.
     session: Option<String>,
+    /// Envoy's subset hint: the engines this request may go to (`None`: any).
+    subset: Option<Vec<String>>,
     body: Vec<u8>,
     exchange: Option<Exchange>,
     batch: Option<batch::Batch>,
@@ -109,6 +114,7 @@ impl RequestStream {
             phase: Phase::RequestHeaders,
             endpoint: None,
             session: None,
+            subset: None,
             body: Vec::new(),
             exchange: None,
             batch: None,
@@ -177,11 +183,17 @@ impl RequestStream {
 
     fn dispatch(&mut self, request: ProcessingRequest) -> Vec<ProcessingResponse> {
         match (self.phase, request.request) {
-            (Phase::RequestHeaders, Some(Request::RequestHeaders(h))) => self.on_request_headers(h),
+            (Phase::RequestHeaders, Some(Request::RequestHeaders(h))) => {
+                self.subset = epp::subset_hint(request.metadata_context.as_ref());
+                self.on_request_headers(h)
+            }
             (Phase::RequestBody, Some(Request::RequestBody(b))) => self.on_request_body(b),
             // Trailers after the body also end it (a client sending HTTP trailers).
             (Phase::RequestBody, Some(Request::RequestTrailers(_))) => self.forward(),
-            (Phase::ResponseHeaders, Some(Request::ResponseHeaders(h))) => self.on_response_headers(h),
+            (Phase::ResponseHeaders, Some(Request::ResponseHeaders(h))) => {
+                self.follow_upstream(epp::upstream_address(&request.attributes));
+                self.on_response_headers(h)
+            }
             (Phase::ResponseBody, Some(Request::ResponseBody(b))) => self.on_response_body(b),
             (Phase::ResponseBody, Some(Request::ResponseTrailers(t))) => {
                 self.on_response_trailers(t.trailers.unwrap_or_default())
@@ -349,11 +361,20 @@ impl RequestStream {
         let prompt = request::prompt(&model, &req.input)?;
         request::check_context(&model, prompt.input_ids.len(), &req)?;
         let session = self.session.as_deref().or(req.user.as_deref());
-        let pick = model
-            .pick(&prompt.input_ids, session)
-            .ok_or_else(|| ApiError::unavailable(format!("no engine is ready to serve model '{}'", model.name)))?;
+        let subset: Option<Vec<&str>> = self.subset.as_ref().map(|s| s.iter().map(String::as_str).collect());
+        let pick = model.pick_in(&prompt.input_ids, session, subset.as_deref()).ok_or_else(|| {
+            let within = if subset.is_some() { " among the engines of the subset hint" } else { "" };
+            ApiError::unavailable(format!("no engine is ready to serve model '{}'{within}", model.name))
+        })?;
         let endpoint = pick.primary.to_string();
         let protocol = model.protocol(&endpoint);
+        // Fallbacks must take the same request bytes: only engines of the primary's protocol.
+        let destination = epp::destination(
+            &endpoint,
+            pick.fallbacks.iter().filter(|f| model.protocol(f) == protocol),
+            self.gateway.limits.destination_fallbacks,
+        );
+        let prompt_tokens = prompt.input_ids.len() as u64;
 
         let engine_request_id = self.engine_request_id();
         let echo = req.echo.then(|| model.files.tokenizer.decode(&prompt.input_ids, false));
@@ -385,11 +406,13 @@ impl RequestStream {
             n: req.sampling.n,
             logprobs: req.sampling.logprobs,
         };
-        let translator = ResponseTranslator::new(model, shape, self.gateway.limits.max_engine_message);
+        let translator = ResponseTranslator::new(model.clone(), shape, self.gateway.limits.max_engine_message);
         self.summary.endpoint = endpoint.clone();
-        let mut out = vec![replies::route_to_engine(&endpoint, protocol.generate_path())];
+        let mut out = vec![replies::route_to_engine(&destination, protocol.generate_path())];
         out.extend(replies::body_chunks(&framed, true, true));
         self.exchange = Some(Exchange {
+            model: model.clone(),
+            prompt_tokens,
             endpoint,
             protocol,
             engine_request_id,
@@ -399,6 +422,17 @@ impl RequestStream {
         });
         self.phase = Phase::ResponseHeaders;
         Ok(out)
+    }
+
+    /// Envoy reports which engine answered: after a fallback it is not the one picked, and aborts,
+    /// load accounting and logs must follow it.
+    fn follow_upstream(&mut self, upstream: Option<&str>) {
+        let Some(exchange) = self.exchange.as_mut() else { return };
+        let Some(upstream) = upstream.filter(|u| *u != exchange.endpoint) else { return };
+        let Some(in_flight) = exchange.model.router.begin(upstream, exchange.prompt_tokens) else { return };
+        exchange.in_flight = Some(in_flight);
+        exchange.endpoint = upstream.to_string();
+        self.summary.endpoint = exchange.endpoint.clone();
     }
 
     fn on_response_headers(&mut self, h: HttpHeaders) -> Vec<ProcessingResponse> {
