@@ -423,7 +423,10 @@ fn a_stop_token_ends_the_text_without_being_part_of_it() {
         let mut out = Vec::new();
         if stream {
             out.extend(t.push(&chunk(Protocol::Vllm, 0, &tokens, false)).unwrap());
-            out.extend(t.push(&complete(Protocol::Vllm, 0, &[STOP_TOKEN], "stop", false)).unwrap());
+            out.extend(
+                t.push(&complete(Protocol::Vllm, 0, &[STOP_TOKEN], "stop", false))
+                    .unwrap(),
+            );
         } else {
             t.push(&complete(Protocol::Vllm, 0, &tokens, "stop", false)).unwrap();
         }
@@ -435,6 +438,10 @@ fn a_stop_token_ends_the_text_without_being_part_of_it() {
             v["choices"][0]["text"].as_str().unwrap().to_string()
         };
         assert_eq!(text, "all done", "stream={stream}");
-        assert_eq!(t.usage.completion_tokens, tokens.len() as u32, "the stop token still counts");
+        assert_eq!(
+            t.usage.completion_tokens,
+            tokens.len() as u32,
+            "the stop token still counts"
+        );
     }
 }
