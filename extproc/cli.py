@@ -34,6 +34,7 @@ _HELP: dict[str, str] = {
     "max_body_bytes": f"largest request body, bytes or e.g. 8MiB (default {_D.max_body_bytes})",
     "log_level": f"extproc log level: debug, info, warning, error (default {_D.log_level})",
     "routing_policy": f"engine picking policy: {', '.join(ROUTING_POLICIES)} (default {_D.routing_policy})",
+    "routing_config": "router settings, a JSON object, e.g. '{\"spill_abs\": 4}' (docs/routing.md)",
     "engine_protocol": (
         f"engines' gRPC protocol: {', '.join(ENGINE_PROTOCOLS)}; auto probes each engine "
         f"(default {_D.engine_protocol})"
@@ -61,6 +62,7 @@ _METAVARS: dict[str, str] = {
     "max_body_bytes": "BYTES",
     "log_level": "LEVEL",
     "routing_policy": "POLICY",
+    "routing_config": "JSON",
     "engine_protocol": "PROTOCOL",
     "load_interval": "SECONDS",
     "destination_fallbacks": "N",
@@ -81,6 +83,7 @@ _SERVE_FIELDS = (
     "engines",
     "max_body_bytes",
     "routing_policy",
+    "routing_config",
     "engine_protocol",
     "load_interval",
     "destination_fallbacks",

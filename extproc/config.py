@@ -48,6 +48,7 @@ class ModelConfig:
     model_dir: Path | None = None
     engines: tuple[EngineConfig, ...] = ()
     routing_policy: str | None = None
+    routing_config: str | None = None
     engine_protocol: str | None = None
     sim: int | None = None
 
@@ -72,6 +73,8 @@ class Settings:
     max_body_bytes: int = 8 * MiB
     # How an engine is picked per request (docs/routing.md).
     routing_policy: str = "kv_events"
+    # The router's settings (docs/routing.md, "Settings"), a JSON object; None keeps every default.
+    routing_config: str | None = None
     # The engines' gRPC protocol, unless an engine or model says otherwise: "auto" probes each engine.
     engine_protocol: str = "auto"
     # Seconds between GetLoads polls of each healthy engine; 0 turns polling off.
@@ -152,6 +155,19 @@ def _parse_count(raw: Any) -> int:
 
 def _parse_fallbacks(raw: Any) -> int:
     return _int(raw, 0, 16, "expected an integer 0-16")
+
+
+def _parse_routing_config(raw: Any) -> str:
+    """A JSON object (a TOML table in a config file); its keys are checked by the router at startup."""
+    value = raw
+    if isinstance(raw, str):
+        try:
+            value = json.loads(raw)
+        except json.JSONDecodeError:
+            raise _Bad("expected a JSON object of router settings (docs/routing.md)") from None
+    if not isinstance(value, dict):
+        raise _Bad("expected a JSON object of router settings (docs/routing.md)")
+    return json.dumps(value, sort_keys=True)
 
 
 def _parse_size(raw: Any) -> int:
@@ -320,6 +336,7 @@ _MODEL_PARSERS: dict[str, Callable[[Any], Any]] = {
     "model_dir": _parse_model_dir,
     "engines": _parse_model_engines,
     "routing_policy": _choice(ROUTING_POLICIES),
+    "routing_config": _parse_routing_config,
     "engine_protocol": _choice(ENGINE_PROTOCOLS),
     "sim": _parse_count,
 }
@@ -383,6 +400,7 @@ _PARSERS: dict[str, Callable[[Any], Any]] = {
     "engines": _parse_engines,
     "max_body_bytes": _parse_size,
     "routing_policy": _choice(ROUTING_POLICIES),
+    "routing_config": _parse_routing_config,
     "engine_protocol": _choice(ENGINE_PROTOCOLS),
     "load_interval": _parse_interval,
     "destination_fallbacks": _parse_fallbacks,
@@ -501,6 +519,8 @@ class ServedModel:
     model_dir: Path
     engines: tuple[EngineConfig, ...]
     routing_policy: str
+    # The router's settings as a JSON object (None: defaults).
+    routing_config: str | None
     # The model's protocol setting ("auto" unless configured); each engine may still name its own.
     engine_protocol: str
     # Simulated engines `up` starts for it when it has no engines.
@@ -537,6 +557,7 @@ def served_models(settings: Settings) -> tuple[ServedModel, ...]:
                 model_dir=model_dir,
                 engines=engines,
                 routing_policy=table.routing_policy or settings.routing_policy,
+                routing_config=table.routing_config or settings.routing_config,
                 engine_protocol=protocol,
                 sim=settings.sim if table.sim is None else table.sim,
             )
@@ -562,6 +583,7 @@ def models_toml(models: Iterable[ServedModel]) -> str:
             f"model_dir = {_toml_string(str(model.model_dir))}",
             f"engines = [{engines}]",
             f"routing_policy = {_toml_string(model.routing_policy)}",
+            *([f"routing_config = {_toml_string(model.routing_config)}"] if model.routing_config else []),
             f"engine_protocol = {_toml_string(model.engine_protocol)}",
             "",
         ]

@@ -364,6 +364,16 @@ def _engine_retry_policy(opts: EnvoyOptions) -> dict[str, Any]:
         # Failures before the engine started answering; a generation is never retried once it streams.
         "retry_on": "connect-failure,refused-stream,reset-before-request,unavailable",
         "num_retries": opts.engine_retries,
+        # Once extproc's list is spent, the policy's round robin must not pick a failed engine again.
+        "retry_host_predicate": [
+            {
+                "name": "envoy.retry_host_predicates.previous_hosts",
+                "typed_config": {
+                    "@type": _TYPE + "envoy.extensions.retry.host.previous_hosts.v3.PreviousHostsPredicate"
+                },
+            }
+        ],
+        "host_selection_retry_max_attempts": 5,
     }
 
 

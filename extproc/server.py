@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import structlog
 
 from extproc import _native
-from extproc.config import Settings, served_models
+from extproc.config import ConfigError, Settings, served_models
 from extproc.pool import EnginePool
 
 log = structlog.get_logger("extproc.server")
@@ -99,7 +99,15 @@ async def start(settings: Settings, *, engine_wait_s: float = ENGINE_WAIT_S) -> 
     )
     pools: dict[str, EnginePool] = {}
     for model in served_models(settings):
-        gateway.add_model(model.name, str(model.model_dir), policy=model.routing_policy)
+        try:
+            gateway.add_model(
+                model.name,
+                str(model.model_dir),
+                policy=model.routing_policy,
+                routing_config=model.routing_config,
+            )
+        except ValueError as e:  # the router refused its settings, or the model directory is unusable
+            raise ConfigError(f"model {model.name!r}: {e}") from None
         pools[model.name] = EnginePool.create(
             gateway, model.name, model.engines, load_interval_s=settings.load_interval
         )

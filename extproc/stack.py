@@ -394,9 +394,11 @@ def stack_specs(
             model_name=model.name,
             engines=tuple(e.url for e in model.engines),
             engine_protocol=model.engine_protocol,
+            routing_config=model.routing_config,
             destination_fallbacks=known_engines(served)[1],
         )
-        fields = (*common, "model_dir", "model_name", "engines", "routing_policy", "engine_protocol")
+        fields = (*common, "model_dir", "model_name", "engines", "routing_policy", "routing_config")
+        fields = (*fields, "engine_protocol")
         fields = (*fields, "destination_fallbacks")
         argv = [sys.executable, "-m", "extproc", "serve", *settings_to_flags(single, fields)]
     socket_path = envoy_bootstrap.unix_socket_path(settings.listen)

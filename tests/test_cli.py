@@ -274,3 +274,14 @@ def test_up_hands_the_single_model_settings_to_the_server(
     ]:
         assert server[server.index(flag) + 1] == value
     assert stack.describe(served, sims) == "model llama3-default, 1 simulated engine"
+
+
+def test_serve_refuses_unknown_router_settings_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    # The router itself checks the keys (the real extension, before any engine is contacted).
+    argv = ["serve", "--engine", "grpc://127.0.0.1:1", "--routing-config", '{"no_such_knob": 1}']
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(
+        "extproc: model 'llama3-default': invalid routing config: unknown field `no_such_knob`"
+    )
+    assert err.count("\n") == 1

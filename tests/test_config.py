@@ -248,6 +248,7 @@ def test_models_tables_resolve_with_the_global_settings(tmp_path: Path, model_di
         model_dir=model_dir.resolve(),  # relative to the file
         engines=(EngineConfig("grpc://10.0.0.1:1", "vllm"), EngineConfig("grpc://10.0.0.2:2", "sglang")),
         routing_policy="round_robin",
+        routing_config=None,
         engine_protocol="vllm",
         sim=3,
     )
@@ -337,3 +338,32 @@ def test_models_tables_exclude_the_single_model_settings(tmp_path: Path) -> None
 
 def test_models_have_no_environment_form() -> None:
     assert load_settings(env={"EXTPROC_MODELS": "a,b"}).models == ()
+
+
+def test_routing_config_from_a_flag_a_table_or_per_model(tmp_path: Path) -> None:
+    flags = {"routing_config": '{"request_cost_tokens": 8, "spill_abs": 4}'}
+    settings = load_settings(flags, env={})
+    assert settings.routing_config == '{"request_cost_tokens": 8, "spill_abs": 4}'
+    # A TOML table is the file form; the environment takes JSON.
+    table = _toml(tmp_path, "[routing_config]\nspill_ratio = 2.0\n")
+    assert load_settings(config_file=table, env={}).routing_config == '{"spill_ratio": 2.0}'
+    env = {"EXTPROC_ROUTING_CONFIG": '{"max_fallbacks": 1}'}
+    assert load_settings(env=env).routing_config == '{"max_fallbacks": 1}'
+    # A model's own table wins over the global one, and survives the file `up` hands to the server.
+    models = _toml(
+        tmp_path,
+        '[routing_config]\nspill_abs = 4\n[[models]]\nname = "a"\nrouting_config = { spill_abs = 2 }\n'
+        '[[models]]\nname = "b"\n',
+    )
+    a, b = served_models(load_settings(config_file=models, env={}))
+    assert (a.routing_config, b.routing_config) == ('{"spill_abs": 2}', '{"spill_abs": 4}')
+    written = tmp_path / "resolved.toml"
+    written.write_text(models_toml((a, b)))
+    again = served_models(load_settings(config_file=written, env={}))
+    assert [m.routing_config for m in again] == [a.routing_config, b.routing_config]
+
+
+@pytest.mark.parametrize("raw", ["[1]", "{not json", "3"])
+def test_routing_config_must_be_a_json_object(raw: str) -> None:
+    with pytest.raises(ConfigError, match="expected a JSON object of router settings"):
+        load_settings({"routing_config": raw}, env={})
