@@ -163,3 +163,20 @@ def test_a_client_gone_mid_stream_gets_its_sglang_request_aborted(tmp_path: Path
         conn.close()
         assert wait_for(lambda: engine.stats.active == 0, timeout=5), "the engine kept generating the batch"
         assert engine.stats.completed == 0
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_an_sglang_engine_refusal_keeps_its_status(tmp_path: Path, stream: bool) -> None:
+    # 4 blocks of 16 tokens: a longer prompt is refused by the engine itself (INVALID_ARGUMENT).
+    with local_stack(
+        FreePorts(), tmp_path, protocol="sglang", engines=1, sim=SimOptions(num_blocks=4)
+    ) as small:
+        client = openai.OpenAI(base_url=f"{small.base_url}/v1", api_key="unused", max_retries=0, timeout=30)
+        with pytest.raises(openai.BadRequestError) as e:
+            answer = client.completions.create(
+                model=small.model, prompt="word " * 100, max_tokens=4, stream=stream
+            )
+            if stream:
+                list(answer)
+        assert "KV cache" in e.value.message
+        assert small.generate_requests() == 1
