@@ -1,0 +1,85 @@
+"""The request stream (`Gateway.new_stream`) writes each engine's own Generate request, checked against
+the real generated stubs of both protocols, and names the protocol to abort with."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from envoy.config.core.v3 import base_pb2 as core
+from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
+from smg_grpc_proto.generated import sglang_scheduler_pb2 as sglang
+from smg_grpc_proto.generated import vllm_engine_pb2 as vllm
+
+from extproc import _native
+from extproc.models import default_model_dir, served_model_name
+
+MODEL = served_model_name(default_model_dir())
+ENGINE = "127.0.0.1:9"
+
+
+@pytest.fixture(scope="module")
+def gateway() -> _native.Gateway:
+    gateway = _native.Gateway(max_body_bytes=1 << 20)
+    gateway.add_model(MODEL, str(default_model_dir()))
+    return gateway
+
+
+def send(gateway: _native.Gateway, body: dict) -> tuple[_native.Stream, list[ep.ProcessingResponse]]:
+    stream = gateway.new_stream()
+    pairs = {":method": "POST", ":path": "/v1/completions", "x-request-id": "req-1"}
+    headers = core.HeaderMap(
+        headers=[core.HeaderValue(key=k, raw_value=v.encode()) for k, v in pairs.items()]
+    )
+    assert (
+        stream.process(
+            ep.ProcessingRequest(request_headers=ep.HttpHeaders(headers=headers)).SerializeToString()
+        )
+        == []
+    )
+    message = ep.ProcessingRequest(
+        request_body=ep.HttpBody(body=json.dumps(body).encode(), end_of_stream=True)
+    )
+    return stream, [ep.ProcessingResponse.FromString(r) for r in stream.process(message.SerializeToString())]
+
+
+def routed(replies: list[ep.ProcessingResponse]) -> tuple[str, bytes]:
+    """The engine method path and the unframed Generate request the stream sends."""
+    mutation = replies[0].request_headers.response.header_mutation
+    path = next(o.header.raw_value.decode() for o in mutation.set_headers if o.header.key == ":path")
+    framed = b"".join(r.request_body.response.body_mutation.streamed_response.body for r in replies[1:])
+    assert framed[0] == 0 and int.from_bytes(framed[1:5], "big") == len(framed) - 5
+    return path, framed[5:]
+
+
+def test_sglang_engines_get_sglangs_request_with_its_defaults(gateway: _native.Gateway) -> None:
+    gateway.set_endpoints(MODEL, [(ENGINE, 0, "sglang")])
+    stream, replies = send(gateway, {"model": MODEL, "prompt": "Hi", "n": 2, "logprobs": 3, "max_tokens": 5})
+    path, body = routed(replies)
+    assert path == "/sglang.grpc.scheduler.SglangScheduler/Generate"
+    request = sglang.GenerateRequest.FromString(body)
+    params = request.sampling_params
+    assert (params.temperature, params.top_p, params.top_k, params.repetition_penalty) == (1.0, 1.0, -1, 1.0)
+    assert (params.n, params.max_new_tokens) == (2, 5)
+    assert request.return_logprob and request.top_logprobs_num == 3 and request.logprob_start_len == -1
+    assert request.request_id == "req-1"
+    assert stream.pending_abort() == (ENGINE, "req-1", "sglang")
+
+
+def test_vllm_engines_get_vllms_request(gateway: _native.Gateway) -> None:
+    gateway.set_endpoints(MODEL, [(ENGINE, 0)])
+    stream, replies = send(gateway, {"model": MODEL, "prompt": "Hi", "n": 3, "logprobs": 0, "seed": 5})
+    path, body = routed(replies)
+    assert path == "/vllm.grpc.engine.VllmEngine/Generate"
+    params = vllm.GenerateRequest.FromString(body).sampling_params
+    assert not params.HasField("temperature")
+    assert (params.n, params.logprobs, params.seed) == (3, 0, 5)
+    assert stream.pending_abort() == (ENGINE, "req-1", "vllm")
+
+
+def test_a_batch_needs_the_native_server(gateway: _native.Gateway) -> None:
+    gateway.set_endpoints(MODEL, [(ENGINE, 0)])
+    stream, replies = send(gateway, {"model": MODEL, "prompt": ["a", "b"]})
+    immediate = replies[-1].immediate_response
+    assert immediate.status.code == 501
+    assert stream.done and stream.pending_abort() is None
