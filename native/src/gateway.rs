@@ -10,7 +10,7 @@ use serde_json::json;
 
 use crate::engine::Protocol;
 use crate::model::ModelFiles;
-use crate::routing::{Pick, PickRequest, Router, RouterConfig, RoutingError};
+use crate::routing::{NoRoute, Pick, PickRequest, Router, RouterConfig, RoutingError};
 
 pub fn unix_now() -> u64 {
     SystemTime::now()
@@ -36,9 +36,14 @@ impl ServedModel {
         self.router.pick(token_ids, session_key)
     }
 
-    /// The engine for a prompt among `subset` (Envoy's subset hint; `None`: any engine).
-    pub fn pick_in(&self, token_ids: &[u32], session_key: Option<&str>, subset: Option<&[&str]>) -> Option<Pick> {
-        self.router.pick_with(&PickRequest {
+    /// The engine for a prompt among `subset` (Envoy's subset hint; `None`: any engine), or why none.
+    pub fn pick_in(
+        &self,
+        token_ids: &[u32],
+        session_key: Option<&str>,
+        subset: Option<&[&str]>,
+    ) -> Result<Pick, NoRoute> {
+        self.router.route(&PickRequest {
             token_ids,
             session_key,
             subset,

@@ -179,6 +179,7 @@ def local_stack(
     models: Sequence[SimModel] | None = None,
     load_interval: float | None = None,
     fallbacks: int = 0,
+    routing_config: str | None = None,
 ) -> Iterator[Stack]:
     """`engines`, `protocol` and `sim` describe the single default model; `models` several instead.
     `fallbacks` > 0 (single model): Envoy knows the engines and follows that many fallbacks, as under
@@ -193,6 +194,8 @@ def local_stack(
         extra["max_body_bytes"] = max_body_bytes
     if load_interval is not None:
         extra["load_interval"] = load_interval
+    if routing_config is not None:
+        extra["routing_config"] = routing_config
     known: tuple[str, ...] = ()
     if single:
         first = next(iter(clusters.values()))

@@ -28,6 +28,9 @@ pub struct RouterConfig {
     /// Affinity policies: what one request already on an endpoint adds to its expected wait, in
     /// prefill tokens (see `policy/affinity.rs`).
     pub request_cost_tokens: u32,
+    /// Load shedding: when every candidate has at least this many queued requests (`Load::queue`), the
+    /// request is refused (HTTP 429) instead of queued deeper; 0 never sheds.
+    pub shed_queue_depth: u32,
     /// Weighted policy: scorer type name → weight.
     pub scorers: BTreeMap<String, f64>,
     /// Weighted policy: which index the `prefix` scorer reads, "events" (precise) or "routed".
@@ -46,6 +49,7 @@ impl Default for RouterConfig {
             spill_abs: 8,
             spill_ratio: 1.5,
             request_cost_tokens: 16,
+            shed_queue_depth: 0,
             scorers: [("prefix", 3.0), ("queue", 2.0), ("load", 1.0), ("kv_usage", 1.0)]
                 .into_iter()
                 .map(|(k, v)| (k.to_string(), v))

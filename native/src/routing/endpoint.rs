@@ -68,7 +68,8 @@ impl EndpointState {
         self.running.store(l.running, Ordering::Relaxed);
         self.waiting.store(l.waiting, Ordering::Relaxed);
         self.max_running.store(l.max_running, Ordering::Relaxed);
-        self.waiting_uncached.store(l.waiting_uncached_tokens, Ordering::Relaxed);
+        self.waiting_uncached
+            .store(l.waiting_uncached_tokens, Ordering::Relaxed);
         self.kv_usage_bits
             .store(l.kv_usage.clamp(0.0, 1.0).to_bits(), Ordering::Relaxed);
     }

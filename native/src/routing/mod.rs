@@ -32,4 +32,4 @@ pub use endpoint::InFlight;
 pub use error::RoutingError;
 pub use events::{ApplyStats, BatchResult, EventOutcome, OnGap};
 pub use load::{EngineLoad, Load};
-pub use router::{EndpointInfo, IndexStats, Pick, PickRequest, Router};
+pub use router::{EndpointInfo, IndexStats, NoRoute, Pick, PickRequest, Router};

@@ -52,6 +52,15 @@ impl Pick {
     }
 }
 
+/// Why a request got no endpoint.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NoRoute {
+    /// No healthy endpoint (inside the subset, when one was given).
+    NoEndpoint,
+    /// Shedding: every candidate's queue is at `shed_queue_depth` or deeper.
+    Overloaded,
+}
+
 /// One endpoint as the router sees it (for metrics and debugging).
 #[derive(Clone, Debug, PartialEq)]
 pub struct EndpointInfo {
@@ -218,9 +227,14 @@ impl Router {
         })
     }
 
-    /// The endpoint for a request plus ordered fallbacks; `None` when no healthy endpoint is in the
-    /// subset. The primary is charged one request and the prompt's tokens until `Pick::in_flight` drops.
+    /// `route`, for callers that need no reason.
     pub fn pick_with(&self, req: &PickRequest<'_>) -> Option<Pick> {
+        self.route(req).ok()
+    }
+
+    /// The endpoint for a request plus ordered fallbacks, or why there is none. The primary is charged
+    /// one request and the prompt's tokens until `Pick::in_flight` drops.
+    pub fn route(&self, req: &PickRequest<'_>) -> Result<Pick, NoRoute> {
         let table = self.read_table();
         let mut states: Vec<&Arc<EndpointState>> = Vec::with_capacity(table.by_address.len());
         let mut candidates: Vec<Candidate> = Vec::with_capacity(table.by_address.len());
@@ -239,7 +253,11 @@ impl Router {
             states.push(st);
         }
         if candidates.is_empty() {
-            return None;
+            return Err(NoRoute::NoEndpoint);
+        }
+        let depth = self.config.shed_queue_depth;
+        if depth > 0 && candidates.iter().all(|c| c.load.queue() >= depth) {
+            return Err(NoRoute::Overloaded);
         }
         let block_sizes: Vec<u32> = states.iter().map(|s| s.block_size()).collect();
         let now = self.now();
@@ -256,7 +274,7 @@ impl Router {
                 self.routed.record_routed(candidates[p].id, hashes, now, self.ttl);
             }
         }
-        Some(Pick {
+        Ok(Pick {
             primary: states[p].address.clone(),
             fallbacks: ranking[1..]
                 .iter()

@@ -281,7 +281,11 @@ fn prefill_work_counts_until_the_first_token() {
     assert_eq!(prefill(&r), u64::from(4 * B), "a cold prompt adds all of its tokens");
     a.in_flight.first_token();
     a.in_flight.first_token();
-    assert_eq!(prefill(&r), u64::from(3 * B), "the first token releases the share, once");
+    assert_eq!(
+        prefill(&r),
+        u64::from(3 * B),
+        "the first token releases the share, once"
+    );
     drop(b);
     drop(a);
     assert_eq!(prefill(&r), 0);
@@ -436,4 +440,41 @@ fn picks_run_while_events_are_applied() {
     for t in readers {
         t.join().unwrap();
     }
+}
+
+#[test]
+fn shedding_refuses_only_when_every_queue_is_full() {
+    let cfg = RouterConfig {
+        seed: Some(1),
+        shed_queue_depth: 2,
+        ..Default::default()
+    };
+    let r = router_with("least_load", 2, cfg);
+    let tokens = prompt(1, 2);
+    let req = PickRequest {
+        token_ids: &tokens,
+        ..Default::default()
+    };
+    // With no engine reports, requests in flight count as queued: two each fill both queues.
+    let held: Vec<Pick> = (0..4).map(|_| r.route(&req).unwrap()).collect();
+    assert_eq!(r.route(&req).unwrap_err(), NoRoute::Overloaded);
+    drop(held);
+    assert!(r.route(&req).is_ok());
+    // An engine that reports running them has no queue: nothing is shed.
+    for i in 0..2 {
+        r.set_engine_load(
+            &addr(i),
+            &EngineLoad {
+                running: 8,
+                max_running: 8,
+                ..Default::default()
+            },
+        );
+    }
+    let _held: Vec<Pick> = (0..6).map(|_| r.route(&req).unwrap()).collect();
+    // No healthy endpoint is a different reason.
+    for i in 0..2 {
+        r.set_health(&addr(i), false);
+    }
+    assert_eq!(r.route(&req).unwrap_err(), NoRoute::NoEndpoint);
 }

@@ -30,7 +30,7 @@ use crate::openai::tokenize::{
 use crate::pb::ext_proc::{
     processing_request::Request, HeaderMap, HttpBody, HttpHeaders, ProcessingRequest, ProcessingResponse,
 };
-use crate::routing::InFlight;
+use crate::routing::{InFlight, NoRoute};
 use response::{ResponseShape, ResponseTranslator};
 
 pub use batch::{CallOutcome, FanoutCall};
@@ -362,10 +362,26 @@ impl RequestStream {
         request::check_context(&model, prompt.input_ids.len(), &req)?;
         let session = self.session.as_deref().or(req.user.as_deref());
         let subset: Option<Vec<&str>> = self.subset.as_ref().map(|s| s.iter().map(String::as_str).collect());
-        let pick = model.pick_in(&prompt.input_ids, session, subset.as_deref()).ok_or_else(|| {
-            let within = if subset.is_some() { " among the engines of the subset hint" } else { "" };
-            ApiError::unavailable(format!("no engine is ready to serve model '{}'{within}", model.name))
-        })?;
+        let pick = model
+            .pick_in(&prompt.input_ids, session, subset.as_deref())
+            .map_err(|why| match why {
+                NoRoute::NoEndpoint => {
+                    let within = if subset.is_some() {
+                        " among the engines of the subset hint"
+                    } else {
+                        ""
+                    };
+                    ApiError::unavailable(format!("no engine is ready to serve model '{}'{within}", model.name))
+                }
+                NoRoute::Overloaded => ApiError::new(
+                    429,
+                    "rate_limit_error",
+                    format!(
+                        "every engine of model '{}' is at its queue limit; retry later",
+                        model.name
+                    ),
+                ),
+            })?;
         let endpoint = pick.primary.to_string();
         let protocol = model.protocol(&endpoint);
         // Fallbacks must take the same request bytes: only engines of the primary's protocol.
@@ -428,8 +444,12 @@ impl RequestStream {
     /// load accounting and logs must follow it.
     fn follow_upstream(&mut self, upstream: Option<&str>) {
         let Some(exchange) = self.exchange.as_mut() else { return };
-        let Some(upstream) = upstream.filter(|u| *u != exchange.endpoint) else { return };
-        let Some(in_flight) = exchange.model.router.begin(upstream, exchange.prompt_tokens) else { return };
+        let Some(upstream) = upstream.filter(|u| *u != exchange.endpoint) else {
+            return;
+        };
+        let Some(in_flight) = exchange.model.router.begin(upstream, exchange.prompt_tokens) else {
+            return;
+        };
         exchange.in_flight = Some(in_flight);
         exchange.endpoint = upstream.to_string();
         self.summary.endpoint = exchange.endpoint.clone();

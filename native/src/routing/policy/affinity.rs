@@ -112,6 +112,10 @@ mod tests {
         reported.load.engine.waiting_uncached_tokens = 1000;
         assert_eq!(rank(&affinity(8, 1), &[reported, idle])[0], 1);
         busy.load.prefill_tokens = 100;
-        assert_eq!(rank(&affinity(8, 1), &[busy, idle])[0], 0, "a small backlog: the hit wins");
+        assert_eq!(
+            rank(&affinity(8, 1), &[busy, idle])[0],
+            0,
+            "a small backlog: the hit wins"
+        );
     }
 }
