@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import subprocess
 import threading
 import time
@@ -27,7 +28,7 @@ from smg_grpc_proto.generated import vllm_engine_pb2_grpc as vllm_grpc
 
 from extproc import server
 from extproc.config import EngineConfig, ModelConfig, Settings
-from extproc.envoy_bootstrap import EnvoyOptions, envoy_binary, render_bootstrap
+from extproc.envoy_bootstrap import EnvoyOptions, build_bootstrap, envoy_binary
 from extproc.models import default_model_dir
 from load.simulator import SimCluster, SimOptions, start_engines
 from load.simulator.cluster import STOP_GRACE_S, SimEngine
@@ -180,10 +181,13 @@ def local_stack(
     load_interval: float | None = None,
     fallbacks: int = 0,
     routing_config: str | None = None,
+    filters_before: Callable[[list[str]], Sequence[dict[str, Any]]] | None = None,
 ) -> Iterator[Stack]:
     """`engines`, `protocol` and `sim` describe the single default model; `models` several instead.
     `fallbacks` > 0 (single model): Envoy knows the engines and follows that many fallbacks, as under
-    `extproc up`; 0 leaves Envoy one address per request (ORIGINAL_DST)."""
+    `extproc up`; 0 leaves Envoy one address per request (ORIGINAL_DST). `filters_before`: given the
+    first model's engine addresses, Envoy HTTP filters to run before ext_proc (as a gateway in front of
+    extproc would)."""
     loop = LoopThread()
     single = models is None
     if models is None:
@@ -233,7 +237,11 @@ def local_stack(
         engine_retries=fallbacks if known else 0,
     )
     config = tmp / "envoy.json"
-    config.write_text(render_bootstrap(options))
+    bootstrap = build_bootstrap(options)
+    hcm = bootstrap["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+    if filters_before is not None:
+        hcm["http_filters"][:0] = list(filters_before(list(next(iter(clusters.values())).addresses)))
+    config.write_text(json.dumps(bootstrap))
     envoy = subprocess.Popen(
         [
             envoy_binary(),
