@@ -39,6 +39,10 @@ _HELP: dict[str, str] = {
         f"engines' gRPC protocol: {', '.join(ENGINE_PROTOCOLS)}; auto probes each engine "
         f"(default {_D.engine_protocol})"
     ),
+    "kv_events": (
+        "engines' KV-event source: grpc (SubscribeKvEvents) or off; a ZMQ publisher is set per engine in "
+        f"a [[models]] engine table (default {_D.kv_events})"
+    ),
     "load_interval": f"seconds between engine GetLoads polls, 0 for none (default {_D.load_interval:g})",
     "destination_fallbacks": (
         "fallback engines listed after the primary for Envoy's override_host policy; 0 for an ORIGINAL_DST "
@@ -64,6 +68,7 @@ _METAVARS: dict[str, str] = {
     "routing_policy": "POLICY",
     "routing_config": "JSON",
     "engine_protocol": "PROTOCOL",
+    "kv_events": "SOURCE",
     "load_interval": "SECONDS",
     "destination_fallbacks": "N",
     "host": "IP",
@@ -85,6 +90,7 @@ _SERVE_FIELDS = (
     "routing_policy",
     "routing_config",
     "engine_protocol",
+    "kv_events",
     "load_interval",
     "destination_fallbacks",
     "log_level",
@@ -96,7 +102,8 @@ _UP_FIELDS = (*_UP_FIELDS, "startup_timeout", "envoy_access_log")
 _EPILOG = (
     "Settings come from defaults < config file (--config or $EXTPROC_CONFIG, TOML, keys = setting names "
     "with underscores) < environment (EXTPROC_<SETTING>, e.g. EXTPROC_PORT) < flags. Several models: "
-    "[[models]] tables in the config file (name, model_dir, engines, routing_policy, engine_protocol, sim)."
+    "[[models]] tables in the config file (name, model_dir, engines, routing_policy, engine_protocol, "
+    "kv_events, sim)."
 )
 
 

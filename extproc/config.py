@@ -30,14 +30,20 @@ ENV_PREFIX = "EXTPROC_"
 
 
 ENGINE_PROTOCOLS = ("auto", "vllm", "sglang")
+# Where an engine's KV events come from: SubscribeKvEvents on its gRPC address, nowhere, or (per engine
+# only) vLLM's ZMQ publisher, `zmq://host:port[?replay=PORT&topic=T]`.
+KV_EVENT_SOURCES = ("grpc", "off")
+ZMQ_SCHEMES = ("zmq://", "tcp://", "ipc://")
 
 
 @dataclass(frozen=True)
 class EngineConfig:
-    """One engine of a model: its URL and the protocol it speaks ("auto": detected at registration)."""
+    """One engine of a model: its URL, the protocol it speaks ("auto": detected at registration) and where
+    its KV events come from ("grpc", "off" or a ZMQ URL; None: the model's setting, else the global one)."""
 
     url: str
     protocol: str = "auto"
+    kv_events: str | None = None
 
 
 @dataclass(frozen=True)
@@ -51,6 +57,8 @@ class ModelConfig:
     routing_config: str | None = None
     engine_protocol: str | None = None
     sim: int | None = None
+    # "grpc" or "off" for the engines that do not name their own source.
+    kv_events: str | None = None
 
     def served_name(self) -> str:
         """The name clients ask for, without touching the disk."""
@@ -77,6 +85,8 @@ class Settings:
     routing_config: str | None = None
     # The engines' gRPC protocol, unless an engine or model says otherwise: "auto" probes each engine.
     engine_protocol: str = "auto"
+    # Where engines' KV events come from unless an engine says otherwise: "grpc" or "off".
+    kv_events: str = "grpc"
     # Seconds between GetLoads polls of each healthy engine; 0 turns polling off.
     load_interval: float = 0.5
     # Fallback engines extproc lists after the primary in the destination (the endpoint-picker protocol).
@@ -312,18 +322,74 @@ def _parse_model_dir(raw: Any) -> Path:
     return path
 
 
+_ZMQ_EXPECTED = "expected grpc, off or zmq://host:port[?replay=PORT&topic=TOPIC] (or tcp://, ipc://)"
+
+
+def _zmq_endpoint_ok(endpoint: str) -> bool:
+    """A connectable tcp://host:port or ipc://path (what ZmqEndpoint.parse leaves)."""
+    if endpoint.startswith("ipc://"):
+        return len(endpoint) > len("ipc://")
+    if not endpoint.startswith("tcp://"):
+        return False
+    try:
+        parse_host_port(endpoint.removeprefix("tcp://"))
+    except _Bad:
+        return False
+    return True
+
+
+def _parse_engine_kv_events(raw: Any) -> str:
+    """An engine's KV-event source: "grpc", "off" or vLLM's ZMQ publisher (kept as given, parsed again by
+    the pool)."""
+    if not isinstance(raw, str):
+        raise _Bad(_ZMQ_EXPECTED)
+    value = raw.strip()
+    if value.lower() in KV_EVENT_SOURCES:
+        return value.lower()
+    if not value.lower().startswith(ZMQ_SCHEMES):
+        raise _Bad(_ZMQ_EXPECTED)
+    # Imported only for a ZMQ source: it brings pyzmq, which nothing else at config time needs.
+    from extproc.kv_events_zmq import ZmqEndpoint
+
+    try:
+        endpoint = ZmqEndpoint.parse(value)
+    except ValueError:
+        raise _Bad(_ZMQ_EXPECTED) from None
+    if not all(_zmq_endpoint_ok(e) for e in (endpoint.events, endpoint.replay) if e is not None):
+        raise _Bad(_ZMQ_EXPECTED)
+    return value
+
+
+def _parse_kv_events(raw: Any) -> str:
+    """The global (or a model's) source: a ZMQ URL names one engine's publisher, so only grpc or off."""
+    value = raw.strip().lower() if isinstance(raw, str) else None
+    if value is not None and value.startswith(ZMQ_SCHEMES):
+        raise _Bad(
+            "expected grpc or off: a ZMQ publisher is one engine's, set it in that engine's [[models]] "
+            'table, { url = "grpc://...", kv_events = "zmq://..." }'
+        )
+    if value not in KV_EVENT_SOURCES:
+        raise _Bad("expected one of " + ", ".join(KV_EVENT_SOURCES))
+    return value
+
+
 def _parse_model_engines(raw: Any) -> tuple[EngineConfig, ...]:
-    """A model's engines: URLs, or tables `{ url = "grpc://...", protocol = "sglang" }`."""
+    """A model's engines: URLs, or tables `{ url = "grpc://...", protocol = "sglang", kv_events = "..." }`."""
     if not isinstance(raw, list):
         raise _Bad('expected a list of "grpc://host:port" or { url = ..., protocol = ... } tables')
     engines: list[EngineConfig] = []
     for item in raw:
         if isinstance(item, dict):
-            unknown = set(item) - {"url", "protocol"}
+            unknown = set(item) - {"url", "protocol", "kv_events"}
             if unknown or "url" not in item:
-                raise _Bad("expected engine tables with url and optionally protocol")
+                raise _Bad("expected engine tables with url and optionally protocol and kv_events")
             protocol = _choice(ENGINE_PROTOCOLS)(item.get("protocol", "auto"))
-            engines.append(EngineConfig(_parse_engine(item["url"]), protocol))
+            source = item.get("kv_events")
+            try:
+                kv_events = None if source is None else _parse_engine_kv_events(source)
+            except _Bad as exc:
+                raise _Bad(f"kv_events {source!r}: {exc}") from None
+            engines.append(EngineConfig(_parse_engine(item["url"]), protocol, kv_events))
         else:
             engines.append(EngineConfig(_parse_engine(item)))
     if len({e.url for e in engines}) != len(engines):
@@ -339,6 +405,7 @@ _MODEL_PARSERS: dict[str, Callable[[Any], Any]] = {
     "routing_config": _parse_routing_config,
     "engine_protocol": _choice(ENGINE_PROTOCOLS),
     "sim": _parse_count,
+    "kv_events": _parse_kv_events,
 }
 
 
@@ -374,10 +441,22 @@ def _parse_models(raw: Any, base: Path | None = None, origin: str = "") -> tuple
     return tuple(parsed)
 
 
+def is_zmq_source(kv_events: str | None) -> bool:
+    return kv_events is not None and kv_events.lower().startswith(ZMQ_SCHEMES)
+
+
+def _zmq_publisher(kv_events: str) -> str:
+    from extproc.kv_events_zmq import ZmqEndpoint
+
+    return ZmqEndpoint.parse(kv_events).events
+
+
 def _check_models(models: list[ModelConfig], origin: str) -> None:
-    """Names are distinct (they key the routing table) and no engine serves two models."""
+    """Names are distinct (they key the routing table), no engine serves two models and no ZMQ publisher
+    feeds two engines (each would be credited with the other's cache)."""
     names: dict[str, int] = {}
     owners: dict[str, str] = {}
+    publishers: dict[str, str] = {}
     for i, model in enumerate(models):
         name = model.served_name()
         if name in names:
@@ -391,6 +470,13 @@ def _check_models(models: list[ModelConfig], origin: str) -> None:
                 message = f"engine {engine.url} is given to both {first!r} and {name!r}"
                 raise ConfigError(f"invalid models{origin}: {message}")
             owners[engine.url] = name
+            if engine.kv_events is not None and is_zmq_source(engine.kv_events):
+                publisher = _zmq_publisher(engine.kv_events)
+                if publisher in publishers:
+                    first = publishers[publisher]
+                    message = f"engines {first} and {engine.url} both take KV events from {publisher}"
+                    raise ConfigError(f"invalid models{origin}: {message}")
+                publishers[publisher] = engine.url
 
 
 _PARSERS: dict[str, Callable[[Any], Any]] = {
@@ -402,6 +488,7 @@ _PARSERS: dict[str, Callable[[Any], Any]] = {
     "routing_policy": _choice(ROUTING_POLICIES),
     "routing_config": _parse_routing_config,
     "engine_protocol": _choice(ENGINE_PROTOCOLS),
+    "kv_events": _parse_kv_events,
     "load_interval": _parse_interval,
     "destination_fallbacks": _parse_fallbacks,
     "models": _parse_models,
@@ -505,7 +592,28 @@ def load_settings(
         if mixed:
             given = ", ".join(f"{f} ({flag_name(f)}/{env_name(f)})" for f in mixed)
             raise ConfigError(f"[[models]] in the config file replaces {given}: configure one or the other")
+    _check_zmq_protocols(settings)
     return settings
+
+
+def _engine_protocol(engine: EngineConfig, table: ModelConfig, settings: Settings) -> str:
+    """An engine's own protocol, else its model's, else the global one."""
+    if engine.protocol != "auto":
+        return engine.protocol
+    return table.engine_protocol or settings.engine_protocol
+
+
+def _check_zmq_protocols(settings: Settings) -> None:
+    """ZMQ sources are vLLM's publisher: refused for an engine configured as SGLang (one detected as SGLang
+    falls back to gRPC in the pool, with a warning)."""
+    for table in settings.models:
+        for engine in table.engines:
+            if is_zmq_source(engine.kv_events) and _engine_protocol(engine, table, settings) == "sglang":
+                where = f"engine {engine.url} of model {table.served_name()!r}"
+                raise ConfigError(
+                    f"{where}: kv_events {engine.kv_events!r} is vLLM's ZMQ publisher but the engine speaks "
+                    'sglang: use kv_events = "grpc"'
+                )
 
 
 # --- what is served -----------------------------------------------------------------------------------------
@@ -525,6 +633,9 @@ class ServedModel:
     engine_protocol: str
     # Simulated engines `up` starts for it when it has no engines.
     sim: int
+    # The model's KV-event source ("grpc" or "off") for engines without their own; each engine's is
+    # resolved in `engines`.
+    kv_events: str = "grpc"
 
     @property
     def sim_protocol(self) -> str:
@@ -544,12 +655,15 @@ def served_models(settings: Settings) -> tuple[ServedModel, ...]:
             engines=tuple(EngineConfig(url) for url in settings.engines),
         ),
     )
+    _check_zmq_protocols(settings)
     served: list[ServedModel] = []
     for table in tables:
         model_dir = model_files.resolve_model_dir(table.model_dir)
         protocol = table.engine_protocol or settings.engine_protocol
+        kv_events = table.kv_events or settings.kv_events
         engines = tuple(
-            EngineConfig(e.url, protocol if e.protocol == "auto" else e.protocol) for e in table.engines
+            EngineConfig(e.url, protocol if e.protocol == "auto" else e.protocol, e.kv_events or kv_events)
+            for e in table.engines
         )
         served.append(
             ServedModel(
@@ -560,6 +674,7 @@ def served_models(settings: Settings) -> tuple[ServedModel, ...]:
                 routing_config=table.routing_config or settings.routing_config,
                 engine_protocol=protocol,
                 sim=settings.sim if table.sim is None else table.sim,
+                kv_events=kv_events,
             )
         )
     return tuple(served)
@@ -575,7 +690,9 @@ def models_toml(models: Iterable[ServedModel]) -> str:
     lines: list[str] = []
     for model in models:
         engines = ", ".join(
-            f"{{ url = {_toml_string(e.url)}, protocol = {_toml_string(e.protocol)} }}" for e in model.engines
+            f"{{ url = {_toml_string(e.url)}, protocol = {_toml_string(e.protocol)}, "
+            f"kv_events = {_toml_string(e.kv_events or model.kv_events)} }}"
+            for e in model.engines
         )
         lines += [
             "[[models]]",
@@ -585,6 +702,7 @@ def models_toml(models: Iterable[ServedModel]) -> str:
             f"routing_policy = {_toml_string(model.routing_policy)}",
             *([f"routing_config = {_toml_string(model.routing_config)}"] if model.routing_config else []),
             f"engine_protocol = {_toml_string(model.engine_protocol)}",
+            f"kv_events = {_toml_string(model.kv_events)}",
             "",
         ]
     return "\n".join(lines)

@@ -178,6 +178,24 @@ def test_cli_stays_light() -> None:
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parents[1])
 
 
+def test_zmq_is_imported_only_for_an_engine_that_uses_it(tmp_path: Path) -> None:
+    """pyzmq is a dependency, but settings and the pool without ZMQ sources leave it unimported."""
+    grpc_only = tmp_path / "grpc.toml"
+    grpc_only.write_text('[[models]]\nengines = [{ url = "grpc://10.0.0.1:1", kv_events = "off" }]\n')
+    with_zmq = tmp_path / "zmq.toml"
+    with_zmq.write_text('[[models]]\nengines = [{ url = "grpc://10.0.0.1:1", kv_events = "zmq://h:5557" }]\n')
+    code = (
+        "import sys\n"
+        "from extproc.config import load_settings\n"
+        "import extproc.pool\n"
+        f"load_settings(config_file={str(grpc_only)!r}, env={{}})\n"
+        "assert 'zmq' not in sys.modules\n"
+        f"load_settings(config_file={str(with_zmq)!r}, env={{}})\n"
+        "assert 'zmq' in sys.modules\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parents[1])
+
+
 def test_python_dash_m_extproc() -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "extproc", "up", "--port", "x"],

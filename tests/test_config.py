@@ -11,6 +11,7 @@ from extproc.config import (
     ConfigError,
     EngineConfig,
     MiB,
+    ModelConfig,
     ServedModel,
     Settings,
     load_settings,
@@ -246,7 +247,11 @@ def test_models_tables_resolve_with_the_global_settings(tmp_path: Path, model_di
     assert chat == ServedModel(
         name="chat",
         model_dir=model_dir.resolve(),  # relative to the file
-        engines=(EngineConfig("grpc://10.0.0.1:1", "vllm"), EngineConfig("grpc://10.0.0.2:2", "sglang")),
+        # Every engine's KV-event source resolved too: the global default, gRPC.
+        engines=(
+            EngineConfig("grpc://10.0.0.1:1", "vllm", "grpc"),
+            EngineConfig("grpc://10.0.0.2:2", "sglang", "grpc"),
+        ),
         routing_policy="round_robin",
         routing_config=None,
         engine_protocol="vllm",
@@ -266,7 +271,7 @@ def test_models_tables_resolve_with_the_global_settings(tmp_path: Path, model_di
 def test_the_single_model_form_is_one_served_model(model_dir: Path) -> None:
     flags = {"model_dir": str(model_dir), "engines": ["grpc://10.0.0.1:1"], "engine_protocol": "sglang"}
     (only,) = served_models(load_settings(flags, env={}))
-    assert (only.name, only.engines) == ("my-model", (EngineConfig("grpc://10.0.0.1:1", "sglang"),))
+    assert (only.name, only.engines) == ("my-model", (EngineConfig("grpc://10.0.0.1:1", "sglang", "grpc"),))
     assert only.sim_protocol == "sglang"
 
 
@@ -367,3 +372,138 @@ def test_routing_config_from_a_flag_a_table_or_per_model(tmp_path: Path) -> None
 def test_routing_config_must_be_a_json_object(raw: str) -> None:
     with pytest.raises(ConfigError, match="expected a JSON object of router settings"):
         load_settings({"routing_config": raw}, env={})
+
+
+# --- KV-event sources ---------------------------------------------------------------------------------------
+
+KV_SOURCES = """
+kv_events = "off"
+
+[[models]]
+name = "a"
+engines = [
+    "grpc://10.0.0.1:1",
+    { url = "grpc://10.0.0.2:2", kv_events = "zmq://10.0.0.2:5557?replay=5567&topic=kv-events" },
+    { url = "grpc://10.0.0.3:3", protocol = "vllm", kv_events = "ipc:///run/vllm/kv.ipc" },
+]
+
+[[models]]
+name = "b"
+kv_events = "GRPC"
+engines = ["grpc://10.0.1.1:1", { url = "grpc://10.0.1.2:2", kv_events = "off" }]
+"""
+
+
+def test_kv_events_resolve_per_engine_then_model_then_global(tmp_path: Path) -> None:
+    assert Settings().kv_events == "grpc"
+    a, b = served_models(load_settings(config_file=_toml(tmp_path, KV_SOURCES), env={}))
+    assert [e.kv_events for e in a.engines] == [
+        "off",  # the global setting
+        "zmq://10.0.0.2:5557?replay=5567&topic=kv-events",
+        "ipc:///run/vllm/kv.ipc",
+    ]
+    assert (a.kv_events, b.kv_events) == ("off", "grpc")
+    assert [e.kv_events for e in b.engines] == ["grpc", "off"]  # the model's, then the engine's own
+
+
+def test_kv_events_from_the_environment_and_flags(tmp_path: Path) -> None:
+    config = _toml(tmp_path, 'kv_events = "off"\n')
+    assert load_settings(config_file=config, env={}).kv_events == "off"
+    assert load_settings(config_file=config, env={"EXTPROC_KV_EVENTS": "grpc"}).kv_events == "grpc"
+    flags = {"kv_events": "Off", "engines": ["grpc://10.0.0.1:1"]}
+    settings = load_settings(flags, env={"EXTPROC_KV_EVENTS": "grpc"})
+    (only,) = served_models(settings)
+    assert (settings.kv_events, only.engines[0].kv_events) == ("off", "off")
+
+
+def test_kv_events_round_trip_through_the_generated_file(tmp_path: Path) -> None:
+    served = served_models(load_settings(config_file=_toml(tmp_path, KV_SOURCES), env={}))
+    written = tmp_path / "generated" / "models.toml"
+    written.parent.mkdir()
+    written.write_text(models_toml(served))
+    # The server reads it without the global setting: each engine's source is written out.
+    again = served_models(load_settings(config_file=written, env={}))
+    assert [replace(m, sim=0) for m in again] == [replace(m, sim=0) for m in served]
+    # Engines `up` adds for a model without any (simulated ones) take the model's source.
+    (a, _) = served
+    sims = replace(a, engines=(EngineConfig("grpc://127.0.0.1:9"),))
+    written.write_text(models_toml([sims]))
+    (again_a,) = served_models(load_settings(config_file=written, env={}))
+    assert again_a.engines == (EngineConfig("grpc://127.0.0.1:9", "auto", "off"),)
+
+
+@pytest.mark.parametrize(
+    ("flags", "env", "message"),
+    [
+        ({"kv_events": "zeromq"}, {}, "invalid --kv-events 'zeromq': expected one of grpc, off"),
+        (
+            {"kv_events": "zmq://10.0.0.1:5557"},
+            {},
+            "invalid --kv-events 'zmq://10.0.0.1:5557': expected grpc or off: a ZMQ publisher is one",
+        ),
+        (
+            {},
+            {"EXTPROC_KV_EVENTS": "tcp://*:5557"},
+            "invalid EXTPROC_KV_EVENTS 'tcp://*:5557': expected",
+        ),
+    ],
+)
+def test_a_global_kv_events_is_grpc_or_off(flags: dict[str, str], env: dict[str, str], message: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_settings(flags, env=env)
+    assert str(err.value).startswith(message)
+    assert "\n" not in str(err.value)
+
+
+def _engine_table(kv_events: str, protocol: str = "auto") -> str:
+    table = f'{{ url = "grpc://10.0.0.1:1", protocol = "{protocol}", kv_events = "{kv_events}" }}'
+    return f"[[models]]\nengines = [{table}]\n"
+
+
+BAD_KV_EVENTS = [
+    (
+        _engine_table("nats://10.0.0.1:1"),
+        r"engines in .*extproc.toml 'grpc://10.0.0.1:1': kv_events 'nats://",
+    ),
+    (_engine_table("zmq://10.0.0.1"), r"kv_events 'zmq://10.0.0.1': expected grpc, off or zmq://host:port"),
+    (_engine_table("zmq://10.0.0.1:99999"), r"kv_events 'zmq://10.0.0.1:99999': expected grpc, off or zmq"),
+    (_engine_table("zmq://10.0.0.1:5557?replay=r"), r"kv_events 'zmq://10.0.0.1:5557\?replay=r': expected"),
+    (_engine_table("ipc:///tmp/kv.ipc?replay=5567"), r"kv_events 'ipc:///tmp/kv.ipc\?replay=5567': expected"),
+    (_engine_table("ipc://"), r"kv_events 'ipc://': expected grpc, off or zmq"),
+    (
+        '[[models]]\nkv_events = "zmq://10.0.0.1:5557"\n',
+        r"models\[0\]\.kv_events in .*extproc.toml 'zmq://10.0.0.1:5557': expected grpc or off: a ZMQ",
+    ),
+    (
+        '[[models]]\nengines = [{ url = "grpc://10.0.0.1:1", kv_events = "zmq://10.0.0.9:5557" },'
+        ' { url = "grpc://10.0.0.2:1", kv_events = "tcp://10.0.0.9:5557?topic=x" }]\n',
+        r"engines grpc://10.0.0.1:1 and grpc://10.0.0.2:1 both take KV events from tcp://10.0.0.9:5557",
+    ),
+    # vLLM's publisher on an engine configured as SGLang: refused (a detected one falls back to gRPC).
+    (
+        _engine_table("zmq://10.0.0.1:5557", "sglang"),
+        r"^engine grpc://10.0.0.1:1 of model 'llama3-default': kv_events 'zmq://10.0.0.1:5557' is vLLM's ZMQ "
+        r"publisher but the engine speaks sglang: use kv_events = \"grpc\"$",
+    ),
+    (
+        'engine_protocol = "sglang"\n' + _engine_table("zmq://10.0.0.1:5557"),
+        r"engine grpc://10.0.0.1:1 of model 'llama3-default': .* speaks sglang",
+    ),
+]
+
+
+@pytest.mark.parametrize(("text", "pattern"), BAD_KV_EVENTS)
+def test_bad_kv_event_sources_get_one_line_errors(tmp_path: Path, text: str, pattern: str) -> None:
+    with pytest.raises(ConfigError, match=pattern) as err:
+        load_settings(config_file=_toml(tmp_path, text), env={})
+    assert "\n" not in str(err.value)
+
+
+def test_a_model_configured_as_sglang_refuses_zmq_also_when_built_in_code() -> None:
+    engine = EngineConfig("grpc://10.0.0.1:1", kv_events="zmq://10.0.0.1:5557")
+    settings = Settings(models=(ModelConfig(name="m", engines=(engine,), engine_protocol="sglang"),))
+    with pytest.raises(ConfigError, match="speaks sglang"):
+        served_models(settings)
+    # Detected protocols are the pool's business: "auto" passes.
+    (served,) = served_models(replace(settings, models=(ModelConfig(name="m", engines=(engine,)),)))
+    assert served.engines[0].kv_events == "zmq://10.0.0.1:5557"
