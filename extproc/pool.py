@@ -5,8 +5,10 @@ Python owns this control plane; the native gateway reads the state it is given.
 
 Per engine, each health round: find its protocol (configured, or probed with HealthCheck under each
 service name) → HealthCheck → on the first healthy answer, register it (context length, KV block size,
-protocol) with the gateway and subscribe to its KV events. Separately, every `load_interval_s`, each
-healthy engine's GetLoads goes to the router.
+protocol) with the gateway and subscribe to its KV events on the engine's channel: SubscribeKvEvents over
+its gRPC address ("grpc"), vLLM's ZMQ publisher ("zmq://..."), or none ("off"). Exactly one channel per
+engine: both would feed the router's one sequence cursor per endpoint. Separately, every `load_interval_s`,
+each healthy engine's GetLoads goes to the router (ZMQ messages carry no load).
 """
 
 from __future__ import annotations
@@ -15,12 +17,13 @@ import asyncio
 import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import grpc
 import structlog
 
 from extproc import _native
-from extproc.config import EngineConfig, engine_address
+from extproc.config import EngineConfig, engine_address, is_zmq_source
 from extproc.engine_client import (
     EngineClient,
     NoKnownProtocol,
@@ -29,7 +32,10 @@ from extproc.engine_client import (
     detect_protocol,
     subscribe_method,
 )
-from extproc.kv_events import KvEventSubscriptions
+from extproc.kv_events import KvEventSubscriber, KvEventSubscriptions
+
+if TYPE_CHECKING:  # imported at run time only when an engine uses ZMQ: it brings pyzmq
+    from extproc.kv_events_zmq import ZmqKvEventSubscriber, ZmqKvEventSubscriptions
 
 log = structlog.get_logger("extproc.pool")
 
@@ -55,6 +61,10 @@ class Engine:
     problem: str | None = None
     # False once GetLoads answered UNIMPLEMENTED (until the engine registers again).
     reports_load: bool = True
+    # Where its KV events come from: "grpc", "off" or vLLM's ZMQ publisher ("zmq://...").
+    kv_events: str = "grpc"
+    # Whether the ZMQ source was refused for an SGLang engine (warned once).
+    zmq_refused: bool = False
 
     @property
     def protocol(self) -> Protocol | None:
@@ -72,6 +82,7 @@ class EnginePool:
     kv_events: bool = True
     load_interval_s: float = LOAD_INTERVAL_S
     _subscriptions: KvEventSubscriptions | None = None
+    _zmq_subscriptions: ZmqKvEventSubscriptions | None = None
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
     @classmethod
@@ -84,14 +95,15 @@ class EnginePool:
         kv_events: bool = True,
         load_interval_s: float = LOAD_INTERVAL_S,
     ) -> EnginePool:
-        """`engines`: URLs (protocol detected) or EngineConfigs ("auto", "vllm" or "sglang")."""
+        """`engines`: URLs (protocol detected, KV events over gRPC) or EngineConfigs (protocol "auto", "vllm"
+        or "sglang"; kv_events "grpc", "off" or a ZMQ URL, None meaning "grpc")."""
         pool = cls(gateway=gateway, model=model, kv_events=kv_events, load_interval_s=load_interval_s)
         for item in engines:
             config = item if isinstance(item, EngineConfig) else EngineConfig(item)
             address = engine_address(config.url)
             channel = grpc.aio.insecure_channel(address)
             configured = configured_protocol(config.protocol)
-            engine = Engine(address, channel, configured)
+            engine = Engine(address, channel, configured, kv_events=config.kv_events or "grpc")
             if configured is not None:
                 engine.client = EngineClient(channel, configured)
             pool.engines.append(engine)
@@ -110,6 +122,10 @@ class EnginePool:
         """Probe every engine once (waiting up to `wait_s` for at least one), then keep checking."""
         if self.kv_events:
             self._subscriptions = KvEventSubscriptions(self._on_batch, self._on_reset)
+            if any(is_zmq_source(e.kv_events) for e in self.engines):
+                from extproc.kv_events_zmq import ZmqKvEventSubscriptions
+
+                self._zmq_subscriptions = ZmqKvEventSubscriptions(self._on_zmq_message, self._on_reset)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait_s
         while True:
@@ -124,8 +140,43 @@ class EnginePool:
     def _on_batch(self, address: str, data: bytes) -> str:
         return self.gateway.apply_kv_events(self.model, address, data)
 
+    def _on_zmq_message(self, address: str, sequence: int, payload: bytes) -> str:
+        return self.gateway.apply_zmq_kv_events(self.model, address, sequence, payload)
+
     def _on_reset(self, address: str) -> None:
         self.gateway.reset_kv_events(self.model, address)
+
+    def kv_event_subscriber(self, address: str) -> KvEventSubscriber | ZmqKvEventSubscriber | None:
+        """The engine's KV-event subscription, on whichever channel it uses; None when it has none."""
+        for subscriptions in (self._subscriptions, self._zmq_subscriptions):
+            sub = subscriptions.get(address) if subscriptions is not None else None
+            if sub is not None:
+                return sub
+        return None
+
+    def _subscribe(self, engine: Engine) -> None:
+        """Subscribes a healthy engine of known protocol to its KV events on its one channel."""
+        if self._subscriptions is None or engine.protocol is None or engine.kv_events == "off":
+            return
+        if is_zmq_source(engine.kv_events):
+            if engine.protocol == "vllm" and self._zmq_subscriptions is not None:
+                self._zmq_subscriptions.add(engine.address, engine.kv_events)
+                return
+            if not engine.zmq_refused:
+                # Only a detected protocol gets here: a configured SGLang engine with ZMQ is a config error.
+                log.warning(
+                    "kv_events is vLLM's ZMQ publisher but the engine speaks SGLang: using SubscribeKvEvents",
+                    model=self.model,
+                    engine=engine.address,
+                    kv_events=engine.kv_events,
+                )
+                engine.zmq_refused = True
+        self._subscriptions.add(engine.address, engine.channel, method=subscribe_method(engine.protocol))
+
+    async def _unsubscribe(self, engine: Engine) -> None:
+        for subscriptions in (self._subscriptions, self._zmq_subscriptions):
+            if subscriptions is not None:
+                await subscriptions.remove(engine.address)
 
     async def _health_loop(self) -> None:
         while True:
@@ -161,8 +212,8 @@ class EnginePool:
                     # A detected engine was replaced by one of the other protocol: detect again, and
                     # subscribe to its events under the new service name once it is back.
                     engine.client = None
-                    if self._subscriptions is not None:
-                        await self._subscriptions.remove(engine.address)
+                    engine.zmq_refused = False
+                    await self._unsubscribe(engine)
             else:
                 self._report_problem(engine, f"health check failed: {e.code().name}")
         if healthy and not engine.healthy:
@@ -174,9 +225,7 @@ class EnginePool:
                 max_context=engine.max_context,
                 block_size=engine.block_size,
             )
-            if self._subscriptions is not None and engine.protocol is not None:
-                method = subscribe_method(engine.protocol)
-                self._subscriptions.add(engine.address, engine.channel, method=method)
+            self._subscribe(engine)
         if not healthy:
             # Whatever comes back (a restart, another build) is registered afresh.
             engine.registered = False
@@ -235,7 +284,8 @@ class EnginePool:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks.clear()
-        if self._subscriptions is not None:
-            await self._subscriptions.close()
+        await asyncio.gather(
+            *(s.close() for s in (self._subscriptions, self._zmq_subscriptions) if s is not None)
+        )
         for engine in self.engines:
             await engine.channel.close()
