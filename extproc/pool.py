@@ -163,7 +163,7 @@ class EnginePool:
                 self._zmq_subscriptions.add(engine.address, engine.kv_events)
                 return
             if not engine.zmq_refused:
-                # Only a detected protocol gets here: a configured SGLang engine with ZMQ is a config error.
+                # The config refuses ZMQ for a configured SGLang engine; a detected one falls back to gRPC.
                 log.warning(
                     "kv_events is vLLM's ZMQ publisher but the engine speaks SGLang: using SubscribeKvEvents",
                     model=self.model,
