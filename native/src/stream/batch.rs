@@ -27,6 +27,13 @@ pub struct FanoutCall {
     pub body: Vec<u8>,
 }
 
+/// How the batch's prompts are routed: the session key and Envoy's subset hint, as for one prompt.
+#[derive(Debug, Clone, Copy)]
+pub struct Route<'a> {
+    pub session: Option<&'a str>,
+    pub subset: Option<&'a [&'a str]>,
+}
+
 /// What became of one call: the engine's messages, or the error it ended with.
 pub type CallOutcome = Result<Vec<Bytes>, ApiError>;
 
@@ -51,7 +58,7 @@ impl Batch {
         req: &GenerationRequest,
         prompts: &[PromptInput],
         request_id: &str,
-        session: Option<&str>,
+        route: Route<'_>,
         max_message: usize,
     ) -> Result<Batch, ApiError> {
         let meta = ResponseMeta {
@@ -66,9 +73,7 @@ impl Batch {
         for (i, input) in prompts.iter().enumerate() {
             let prompt = request::prompt(model, input)?;
             request::check_context(model, prompt.input_ids.len(), req)?;
-            let pick = model
-                .pick(&prompt.input_ids, session)
-                .ok_or_else(|| ApiError::unavailable(format!("no engine is ready to serve model '{}'", model.name)))?;
+            let pick = request::pick(model, &prompt.input_ids, route.session, route.subset)?;
             let endpoint = pick.primary.to_string();
             let protocol = model.protocol(&endpoint);
             let echo = req.echo.then(|| model.files.tokenizer.decode(&prompt.input_ids, false));

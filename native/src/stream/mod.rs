@@ -30,7 +30,7 @@ use crate::openai::tokenize::{
 use crate::pb::ext_proc::{
     processing_request::Request, HeaderMap, HttpBody, HttpHeaders, ProcessingRequest, ProcessingResponse,
 };
-use crate::routing::{InFlight, NoRoute};
+use crate::routing::InFlight;
 use response::{ResponseShape, ResponseTranslator};
 
 pub use batch::{CallOutcome, FanoutCall};
@@ -348,11 +348,16 @@ impl RequestStream {
 
     fn generate(&mut self, req: GenerationRequest) -> Result<Vec<ProcessingResponse>, ApiError> {
         let model = self.model(&req.model)?;
+        let session = self.session.as_deref().or(req.user.as_deref());
+        let subset: Option<Vec<&str>> = self.subset.as_ref().map(|s| s.iter().map(String::as_str).collect());
         if let PromptInput::Batch(prompts) = &req.input {
-            let session = self.session.as_deref().or(req.user.as_deref());
             let id = self.engine_request_id();
             let limit = self.gateway.limits.max_engine_message;
-            let batch = batch::Batch::new(&model, &req, prompts, &id, session, limit)?;
+            let route = batch::Route {
+                session,
+                subset: subset.as_deref(),
+            };
+            let batch = batch::Batch::new(&model, &req, prompts, &id, route, limit)?;
             self.summary.endpoint = batch.endpoints.join(",");
             self.batch = Some(batch);
             self.phase = Phase::Fanout;
@@ -360,28 +365,7 @@ impl RequestStream {
         }
         let prompt = request::prompt(&model, &req.input)?;
         request::check_context(&model, prompt.input_ids.len(), &req)?;
-        let session = self.session.as_deref().or(req.user.as_deref());
-        let subset: Option<Vec<&str>> = self.subset.as_ref().map(|s| s.iter().map(String::as_str).collect());
-        let pick = model
-            .pick_in(&prompt.input_ids, session, subset.as_deref())
-            .map_err(|why| match why {
-                NoRoute::NoEndpoint => {
-                    let within = if subset.is_some() {
-                        " among the engines of the subset hint"
-                    } else {
-                        ""
-                    };
-                    ApiError::unavailable(format!("no engine is ready to serve model '{}'{within}", model.name))
-                }
-                NoRoute::Overloaded => ApiError::new(
-                    429,
-                    "rate_limit_error",
-                    format!(
-                        "every engine of model '{}' is at its queue limit; retry later",
-                        model.name
-                    ),
-                ),
-            })?;
+        let pick = request::pick(&model, &prompt.input_ids, session, subset.as_deref())?;
         let endpoint = pick.primary.to_string();
         let protocol = model.protocol(&endpoint);
         // Fallbacks must take the same request bytes: only engines of the primary's protocol.

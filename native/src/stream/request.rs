@@ -3,6 +3,7 @@
 use crate::error::ApiError;
 use crate::gateway::ServedModel;
 use crate::openai::request::{ChatInput, GenerationRequest, PromptInput};
+use crate::routing::{NoRoute, Pick};
 use crate::template::{ChatInputs, RenderError};
 
 /// The prompt as token ids, ready to send.
@@ -65,6 +66,34 @@ pub fn chat_prompt(model: &ServedModel, request: &ChatInput) -> Result<Prompt, A
     })?;
     let input_ids = model.files.tokenizer.encode(&text).map_err(ApiError::internal)?;
     Ok(Prompt { input_ids })
+}
+
+/// The engine for a prompt, among Envoy's subset hint when there is one; 503 when none is ready, 429
+/// when every one is at its queue limit.
+pub fn pick(
+    model: &ServedModel,
+    token_ids: &[u32],
+    session: Option<&str>,
+    subset: Option<&[&str]>,
+) -> Result<Pick, ApiError> {
+    model.pick_in(token_ids, session, subset).map_err(|why| match why {
+        NoRoute::NoEndpoint => {
+            let within = if subset.is_some() {
+                " among the engines of the subset hint"
+            } else {
+                ""
+            };
+            ApiError::unavailable(format!("no engine is ready to serve model '{}'{within}", model.name))
+        }
+        NoRoute::Overloaded => ApiError::new(
+            429,
+            "rate_limit_error",
+            format!(
+                "every engine of model '{}' is at its queue limit; retry later",
+                model.name
+            ),
+        ),
+    })
 }
 
 /// The tokens that end a choice when sampled: the request's stop token ids and, unless `ignore_eos`,
