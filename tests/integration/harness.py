@@ -130,6 +130,16 @@ async def until(predicate: Callable[[], bool], within_s: float = 10.0) -> None:
         await asyncio.sleep(0.02)
 
 
+def wait_for(predicate: Callable[[], bool], timeout: float = 10.0) -> bool:
+    """Poll `predicate` from a test's thread until it holds (True) or `timeout` passes (False)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return False
+
+
 def wait_ready(admin_url: str, proc: subprocess.Popen[bytes], timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

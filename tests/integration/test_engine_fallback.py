@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import http.client
 import json
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -15,7 +14,7 @@ from openai import OpenAI
 
 from load.simulator import SimOptions
 from tests.conftest import FreePorts
-from tests.integration.harness import Stack, local_stack
+from tests.integration.harness import Stack, local_stack, wait_for
 
 
 @pytest.fixture
@@ -72,15 +71,6 @@ def test_the_abort_follows_the_engine_that_answered(tmp_path: Path) -> None:
             assert response.read(6) == b"data: "  # the stream is flowing
             conn.close()  # the client goes away
         assert refusing.stats.faults == 1
-        assert _wait(lambda: healthy.stats.abort_calls == 2), healthy.stats
-        assert _wait(lambda: healthy.stats.active == 0), "the engine kept generating"
+        assert wait_for(lambda: healthy.stats.abort_calls == 2), healthy.stats
+        assert wait_for(lambda: healthy.stats.active == 0), "the engine kept generating"
         assert refusing.stats.abort_calls == 0
-
-
-def _wait(predicate: Callable[[], bool], timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return False

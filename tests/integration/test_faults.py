@@ -12,7 +12,7 @@ import pytest
 
 from load.simulator import SimOptions
 from tests.conftest import FreePorts
-from tests.integration.harness import Stack, local_stack
+from tests.integration.harness import Stack, local_stack, wait_for
 
 
 @pytest.fixture
@@ -20,15 +20,6 @@ def slow_stack(tmp_path: Path) -> Iterator[Stack]:
     # 50 ms per token: a 200-token generation takes 10 s, long enough to walk away from.
     with local_stack(FreePorts(), tmp_path, sim=SimOptions(itl_ms=50.0)) as s:
         yield s
-
-
-def wait_for(predicate, timeout: float = 10.0) -> bool:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return False
 
 
 def test_client_disconnect_mid_stream_aborts_the_engine_request(slow_stack: Stack) -> None:

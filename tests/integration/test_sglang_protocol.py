@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import http.client
 import json
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,7 +13,7 @@ import pytest
 
 from load.simulator import SimOptions
 from tests.conftest import FreePorts
-from tests.integration.harness import Stack, local_stack
+from tests.integration.harness import Stack, local_stack, wait_for
 
 MESSAGES = [{"role": "user", "content": "Tell me about the mountains."}]
 
@@ -121,15 +120,6 @@ def test_batched_prompts_over_sglang(client: openai.OpenAI, stack: Stack) -> Non
     batch = client.completions.create(prompt=prompts, **kwargs)
     alone = [client.completions.create(prompt=p, **kwargs).choices[0].text for p in prompts]
     assert [c.text for c in batch.choices] == alone
-
-
-def wait_for(predicate, timeout: float = 10.0) -> bool:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return False
 
 
 def test_a_client_gone_mid_stream_gets_its_sglang_request_aborted(tmp_path: Path) -> None:
