@@ -59,6 +59,51 @@ pub struct Output {
     pub finish_reason: Option<String>,
 }
 
+/// Where an engine message stands: its choice and the request's token counts.
+pub(super) struct Place {
+    pub index: u32,
+    pub prompt_tokens: u32,
+    pub cached_tokens: u32,
+}
+
+impl Output {
+    /// A streamed chunk: new tokens of one choice.
+    pub(super) fn chunk(at: Place, token_ids: Vec<u32>, lp: Option<crate::pb::logprobs::OutputLogProbs>) -> Self {
+        Output {
+            index: at.index,
+            token_ids,
+            logprobs: logprobs_of(lp),
+            prompt_tokens: at.prompt_tokens,
+            cached_tokens: at.cached_tokens,
+            finish_reason: None,
+        }
+    }
+
+    /// A choice's end. Streamed, it repeats the last chunk's tokens and carries cumulative logprobs:
+    /// both were sent already. Non-streamed, it carries the whole output.
+    pub(super) fn complete(
+        at: Place,
+        stream: bool,
+        output_ids: Vec<u32>,
+        lp: Option<crate::pb::logprobs::OutputLogProbs>,
+        finish_reason: String,
+    ) -> Self {
+        let (token_ids, logprobs) = if stream {
+            (Vec::new(), Vec::new())
+        } else {
+            (output_ids, logprobs_of(lp))
+        };
+        Output {
+            index: at.index,
+            token_ids,
+            logprobs,
+            prompt_tokens: at.prompt_tokens,
+            cached_tokens: at.cached_tokens,
+            finish_reason: Some(finish_reason),
+        }
+    }
+}
+
 impl Protocol {
     /// The gRPC method path of `Generate`.
     pub fn generate_path(self) -> &'static str {

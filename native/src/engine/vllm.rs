@@ -2,7 +2,7 @@
 
 use prost::Message;
 
-use super::{logprobs_of, GenerateCall, Output};
+use super::{GenerateCall, Output, Place};
 use crate::pb::vllm::{
     generate_response::Response, AbortRequest, GenerateRequest, GenerateResponse, SamplingParams, TokenizedInput,
 };
@@ -47,28 +47,27 @@ pub fn encode_generate(call: GenerateCall<'_>) -> Vec<u8> {
 pub fn decode_response(message: &[u8], stream: bool) -> Result<Option<Output>, String> {
     let message = GenerateResponse::decode(message).map_err(|e| e.to_string())?;
     Ok(match message.response {
-        Some(Response::Chunk(c)) => Some(Output {
-            index: c.index,
-            token_ids: c.token_ids,
-            logprobs: logprobs_of(c.output_logprobs),
-            prompt_tokens: c.prompt_tokens,
-            cached_tokens: c.cached_tokens,
-            finish_reason: None,
-        }),
-        Some(Response::Complete(c)) => {
-            let (token_ids, logprobs) = if stream {
-                (Vec::new(), Vec::new())
-            } else {
-                (c.output_ids, logprobs_of(c.output_logprobs))
-            };
-            Some(Output {
+        Some(Response::Chunk(c)) => {
+            let at = Place {
                 index: c.index,
-                token_ids,
-                logprobs,
                 prompt_tokens: c.prompt_tokens,
                 cached_tokens: c.cached_tokens,
-                finish_reason: Some(c.finish_reason),
-            })
+            };
+            Some(Output::chunk(at, c.token_ids, c.output_logprobs))
+        }
+        Some(Response::Complete(c)) => {
+            let at = Place {
+                index: c.index,
+                prompt_tokens: c.prompt_tokens,
+                cached_tokens: c.cached_tokens,
+            };
+            Some(Output::complete(
+                at,
+                stream,
+                c.output_ids,
+                c.output_logprobs,
+                c.finish_reason,
+            ))
         }
         None => None,
     })
