@@ -17,6 +17,7 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Generic, Protocol, TypeVar
 
 import grpc
 import structlog
@@ -148,28 +149,30 @@ class KvEventSubscriber:
             call.cancel()
 
 
-class KvEventSubscriptions:
-    """The subscribers of a set of engines, added and removed as the pool changes."""
+class Subscriber(Protocol):
+    def start(self) -> None: ...
+    async def close(self) -> None: ...
 
-    def __init__(self, on_batch: OnBatch, on_reset: OnReset, *, backoff: Backoff | None = None) -> None:
-        self._on_batch = on_batch
-        self._on_reset = on_reset
-        self._backoff = backoff
-        self._subscribers: dict[str, KvEventSubscriber] = {}
+
+S = TypeVar("S", bound=Subscriber)
+
+
+class Subscriptions(Generic[S]):
+    """Subscribers keyed by engine address, started when added and closed when removed, as the pool
+    changes; one per address (adding it again keeps the running one)."""
+
+    def __init__(self) -> None:
+        self._subscribers: dict[str, S] = {}
 
     def __contains__(self, address: str) -> bool:
         return address in self._subscribers
 
-    def get(self, address: str) -> KvEventSubscriber | None:
+    def get(self, address: str) -> S | None:
         return self._subscribers.get(address)
 
-    def add(
-        self, address: str, channel: grpc.aio.Channel | None = None, *, method: str = SUBSCRIBE_METHOD
-    ) -> KvEventSubscriber:
+    def _add(self, address: str, make: Callable[[], S]) -> S:
         if address not in self._subscribers:
-            sub = KvEventSubscriber(
-                address, self._on_batch, self._on_reset, backoff=self._backoff, channel=channel, method=method
-            )
+            sub = make()
             self._subscribers[address] = sub
             sub.start()
         return self._subscribers[address]
@@ -183,3 +186,23 @@ class KvEventSubscriptions:
         subs = list(self._subscribers.values())
         self._subscribers.clear()
         await asyncio.gather(*(s.close() for s in subs))
+
+
+class KvEventSubscriptions(Subscriptions[KvEventSubscriber]):
+    """The gRPC subscribers of a set of engines."""
+
+    def __init__(self, on_batch: OnBatch, on_reset: OnReset, *, backoff: Backoff | None = None) -> None:
+        super().__init__()
+        self._on_batch = on_batch
+        self._on_reset = on_reset
+        self._backoff = backoff
+
+    def add(
+        self, address: str, channel: grpc.aio.Channel | None = None, *, method: str = SUBSCRIBE_METHOD
+    ) -> KvEventSubscriber:
+        return self._add(
+            address,
+            lambda: KvEventSubscriber(
+                address, self._on_batch, self._on_reset, backoff=self._backoff, channel=channel, method=method
+            ),
+        )

@@ -35,7 +35,7 @@ import zmq
 import zmq.asyncio
 from zmq.utils.monitor import recv_monitor_message
 
-from extproc.kv_events import Backoff
+from extproc.kv_events import Backoff, Subscriptions
 
 log = structlog.get_logger("extproc.kv_events_zmq")
 
@@ -271,7 +271,7 @@ class ZmqKvEventSubscriber:
             dealer.close(linger=0)
 
 
-class ZmqKvEventSubscriptions:
+class ZmqKvEventSubscriptions(Subscriptions[ZmqKvEventSubscriber]):
     """The ZMQ subscribers of a set of engines, added and removed as the pool changes (the counterpart of
     `kv_events.KvEventSubscriptions`)."""
 
@@ -283,41 +283,24 @@ class ZmqKvEventSubscriptions:
         backoff: Backoff | None = None,
         replay_timeout_s: float = REPLAY_TIMEOUT_S,
     ) -> None:
+        super().__init__()
         self._on_message = on_message
         self._on_reset = on_reset
         self._backoff = backoff
         self._replay_timeout_s = replay_timeout_s
-        self._subscribers: dict[str, ZmqKvEventSubscriber] = {}
-
-    def __contains__(self, address: str) -> bool:
-        return address in self._subscribers
-
-    def get(self, address: str) -> ZmqKvEventSubscriber | None:
-        return self._subscribers.get(address)
 
     def add(self, address: str, endpoint: ZmqEndpoint | str) -> ZmqKvEventSubscriber:
         """Subscribes `address` (the engine's gRPC address, as the router knows it) to `endpoint`; a no-op
         when it is subscribed already (remove it first to change the endpoint)."""
-        if address not in self._subscribers:
-            where = endpoint if isinstance(endpoint, ZmqEndpoint) else ZmqEndpoint.parse(endpoint)
-            sub = ZmqKvEventSubscriber(
+        where = endpoint if isinstance(endpoint, ZmqEndpoint) else ZmqEndpoint.parse(endpoint)
+        return self._add(
+            address,
+            lambda: ZmqKvEventSubscriber(
                 address,
                 where,
                 self._on_message,
                 self._on_reset,
                 backoff=self._backoff,
                 replay_timeout_s=self._replay_timeout_s,
-            )
-            self._subscribers[address] = sub
-            sub.start()
-        return self._subscribers[address]
-
-    async def remove(self, address: str) -> None:
-        sub = self._subscribers.pop(address, None)
-        if sub is not None:
-            await sub.close()
-
-    async def close(self) -> None:
-        subs = list(self._subscribers.values())
-        self._subscribers.clear()
-        await asyncio.gather(*(s.close() for s in subs))
+            ),
+        )
