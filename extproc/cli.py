@@ -19,6 +19,7 @@ from extproc.config import (
     ROUTING_POLICIES,
     ConfigError,
     Settings,
+    engine_address,
     env_name,
     flag_name,
     load_settings,
@@ -95,7 +96,8 @@ _SERVE_FIELDS = (
     "destination_fallbacks",
     "log_level",
 )
-_ENVOY_FIELDS = ("host", "port", "admin_port", "listen", "max_body_bytes", "envoy_access_log")
+_ENVOY_FIELDS = ("host", "port", "admin_port", "listen", "max_body_bytes", "envoy_access_log", "engines")
+_ENVOY_FIELDS = (*_ENVOY_FIELDS, "destination_fallbacks")
 _UP_FIELDS = (*_SERVE_FIELDS, "host", "port", "admin_port", "sim", "sim_port", "envoy_log_level")
 _UP_FIELDS = (*_UP_FIELDS, "startup_timeout", "envoy_access_log")
 
@@ -210,7 +212,16 @@ def _cmd_envoy_config(args: argparse.Namespace) -> int:
     from extproc.envoy_bootstrap import render_bootstrap
     from extproc.stack import envoy_options
 
-    text = render_bootstrap(envoy_options(_settings(args, _ENVOY_FIELDS)))
+    settings = _settings(args, _ENVOY_FIELDS)
+    # With engines given, Envoy knows them and follows extproc's fallback list: one retry per fallback
+    # `extproc serve --destination-fallbacks N` lists (default: as many as `up` would).
+    engines = tuple(engine_address(url) for url in settings.engines)
+    if settings.destination_fallbacks and not engines:
+        raise ConfigError(
+            "--destination-fallbacks needs the engines (--engine): Envoy must know them to follow it"
+        )
+    retries = settings.destination_fallbacks or None
+    text = render_bootstrap(envoy_options(settings, engines, retries))
     if args.output:
         with open(args.output, "w") as file:
             file.write(text)

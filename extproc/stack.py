@@ -449,7 +449,13 @@ def known_engines(served: tuple[ServedModel, ...]) -> tuple[tuple[str, ...], int
     return addresses, min(UP_FALLBACKS, max(len(addresses) - 1, 0))
 
 
-def envoy_options(settings: Settings, engines: tuple[str, ...] = ()) -> envoy_bootstrap.EnvoyOptions:
+def envoy_options(
+    settings: Settings, engines: tuple[str, ...] = (), retries: int | None = None
+) -> envoy_bootstrap.EnvoyOptions:
+    """`engines` known to Envoy (override_host) get `retries` attempts after the first (default: one per
+    fallback `up` lists); none means ORIGINAL_DST."""
+    if retries is None:
+        retries = min(UP_FALLBACKS, max(len(engines) - 1, 0))
     return envoy_bootstrap.EnvoyOptions(
         listen_host=settings.host,
         listen_port=settings.port,
@@ -458,7 +464,7 @@ def envoy_options(settings: Settings, engines: tuple[str, ...] = ()) -> envoy_bo
         max_request_bytes=settings.max_body_bytes,
         access_log=settings.envoy_access_log,
         engines=engines,
-        engine_retries=min(UP_FALLBACKS, max(len(engines) - 1, 0)),
+        engine_retries=retries if engines else 0,
     )
 
 

@@ -303,3 +303,29 @@ def test_serve_refuses_unknown_router_settings_in_one_line(capsys: pytest.Captur
         "extproc: model 'llama3-default': invalid routing config: unknown field `no_such_knob`"
     )
     assert err.count("\n") == 1
+
+
+def test_envoy_config_with_engines_follows_fallbacks(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "envoy.json"
+    argv = ["envoy-config", "--engine", "grpc://10.0.0.1:1", "--engine", "grpc://10.0.0.2:2", "-o", str(out)]
+    assert cli.main([*argv, "--engine", "grpc://10.0.0.3:3", "--destination-fallbacks", "1"]) == 0
+    written = json.loads(out.read_text())
+    engines = next(c for c in written["static_resources"]["clusters"] if c["name"] == "engines")
+    assert engines["type"] == "STATIC"
+    hosts = [
+        e["endpoint"]["address"]["socket_address"]
+        for e in engines["load_assignment"]["endpoints"][0]["lb_endpoints"]
+    ]
+    assert [(h["address"], h["port_value"]) for h in hosts] == [
+        ("10.0.0.1", 1),
+        ("10.0.0.2", 2),
+        ("10.0.0.3", 3),
+    ]
+    route = written["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+    to_engine = route["route_config"]["virtual_hosts"][0]["routes"][0]["route"]
+    assert to_engine["retry_policy"]["num_retries"] == 1
+    # Without engines Envoy cannot follow a list: refused in one line.
+    assert cli.main(["envoy-config", "--destination-fallbacks", "2"]) == 2
+    assert "needs the engines" in capsys.readouterr().err
