@@ -17,7 +17,7 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Generic, Protocol, TypeVar
+from typing import Generic, TypeVar
 
 import grpc
 import structlog
@@ -51,8 +51,37 @@ class Backoff:
         return base * (1 + self.jitter * (2 * random.random() - 1))
 
 
-class KvEventSubscriber:
+class BackgroundSubscriber:
+    """One engine's subscription, run as a task from `start()` until `close()`; subclasses write `_run`."""
+
+    TASK_NAME = "subscription"
+
+    def __init__(self, address: str) -> None:
+        self.address = address
+        self._task: asyncio.Task[None] | None = None
+        self._closed = False
+
+    def start(self) -> None:
+        if self._task is None and not self._closed:
+            self._task = asyncio.create_task(self._run(), name=f"{self.TASK_NAME} {self.address}")
+
+    async def close(self) -> None:
+        """Stops the subscription and waits for its task to end."""
+        self._closed = True
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    async def _run(self) -> None:
+        raise NotImplementedError
+
+
+class KvEventSubscriber(BackgroundSubscriber):
     """Keeps one engine's KV-event stream flowing into `on_batch` until `close()`."""
+
+    TASK_NAME = "kv-events"
 
     def __init__(
         self,
@@ -64,7 +93,7 @@ class KvEventSubscriber:
         channel: grpc.aio.Channel | None = None,
         method: str = SUBSCRIBE_METHOD,
     ) -> None:
-        self.address = address
+        super().__init__(address)
         self._on_batch = on_batch
         self._on_reset = on_reset
         self._backoff = backoff or Backoff()
@@ -75,8 +104,6 @@ class KvEventSubscriber:
             request_serializer=common_pb2.SubscribeKvEventsRequest.SerializeToString,
             response_deserializer=None,
         )
-        self._task: asyncio.Task[None] | None = None
-        self._closed = False
         # What happened so far (for metrics and tests).
         self.subscriptions = 0
         self.batches = 0
@@ -85,18 +112,10 @@ class KvEventSubscriber:
         # False once the engine answered UNIMPLEMENTED: it publishes no events.
         self.publishes: bool | None = None
 
-    def start(self) -> None:
-        if self._task is None and not self._closed:
-            self._task = asyncio.create_task(self._run(), name=f"kv-events {self.address}")
-
     async def close(self) -> None:
-        """Stops the subscription (cancelling the stream) and waits for the task to end."""
-        self._closed = True
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        """Stops the subscription (cancelling the stream), waits for the task to end, closes the channel
+        it opened."""
+        await super().close()
         if self._own_channel:
             await self._channel.close()
 
@@ -149,12 +168,7 @@ class KvEventSubscriber:
             call.cancel()
 
 
-class Subscriber(Protocol):
-    def start(self) -> None: ...
-    async def close(self) -> None: ...
-
-
-S = TypeVar("S", bound=Subscriber)
+S = TypeVar("S", bound=BackgroundSubscriber)
 
 
 class Subscriptions(Generic[S]):

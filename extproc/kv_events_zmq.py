@@ -24,7 +24,6 @@ error ends the subscription: a new one starts, after a reset, once the backoff h
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -35,7 +34,7 @@ import zmq
 import zmq.asyncio
 from zmq.utils.monitor import recv_monitor_message
 
-from extproc.kv_events import Backoff, Subscriptions
+from extproc.kv_events import BackgroundSubscriber, Backoff, Subscriptions
 
 log = structlog.get_logger("extproc.kv_events_zmq")
 
@@ -87,8 +86,11 @@ class _Restart(Exception):
     """The subscription must start over (the reason is the message)."""
 
 
-class ZmqKvEventSubscriber:
-    """Keeps one engine's ZMQ KV events flowing into `on_message` until `close()`."""
+class ZmqKvEventSubscriber(BackgroundSubscriber):
+    """Keeps one engine's ZMQ KV events flowing into `on_message` until `close()` (which closes its
+    sockets: they live inside the task)."""
+
+    TASK_NAME = "kv-events-zmq"
 
     def __init__(
         self,
@@ -101,15 +103,13 @@ class ZmqKvEventSubscriber:
         replay_timeout_s: float = REPLAY_TIMEOUT_S,
         context: zmq.asyncio.Context | None = None,
     ) -> None:
-        self.address = address
+        super().__init__(address)
         self.endpoint = endpoint
         self._on_message = on_message
         self._on_reset = on_reset
         self._backoff = backoff or Backoff()
         self._replay_timeout_ms = int(replay_timeout_s * 1000)
         self._context = context or zmq.asyncio.Context.instance()
-        self._task: asyncio.Task[None] | None = None
-        self._closed = False
         # The last sequence the router applied, and the last one heard on the SUB socket.
         self._applied: int | None = None
         self._heard: int | None = None
@@ -128,19 +128,6 @@ class ZmqKvEventSubscriber:
     def applied(self) -> int | None:
         """The last sequence the router applied (None after a reset until the next one)."""
         return self._applied
-
-    def start(self) -> None:
-        if self._task is None and not self._closed:
-            self._task = asyncio.create_task(self._run(), name=f"kv-events-zmq {self.address}")
-
-    async def close(self) -> None:
-        """Stops the subscription (its sockets closed) and waits for the task to end."""
-        self._closed = True
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
 
     async def _run(self) -> None:
         attempt = 0
