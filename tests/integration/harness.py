@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import http.client
 import json
 import subprocess
 import threading
@@ -128,6 +129,15 @@ async def until(predicate: Callable[[], bool], within_s: float = 10.0) -> None:
     while not predicate():
         assert time.monotonic() < deadline, "condition not reached in time"
         await asyncio.sleep(0.02)
+
+
+def post_json(base_url: str, path: str, body: Any, timeout: float = 10.0) -> http.client.HTTPConnection:
+    """POST `body` as JSON to the stack; the caller reads the response (`getresponse()`) when it wants
+    (a queued stream answers only with its first token) or walks away (`close()`)."""
+    host, port = base_url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=timeout)
+    conn.request("POST", path, json.dumps(body), {"content-type": "application/json"})
+    return conn
 
 
 def wait_for(predicate: Callable[[], bool], timeout: float = 10.0) -> bool:

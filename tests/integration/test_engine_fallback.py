@@ -4,8 +4,6 @@ listed, and extproc follows the engine that actually answered."""
 
 from __future__ import annotations
 
-import http.client
-import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,7 +12,7 @@ from openai import OpenAI
 
 from load.simulator import SimOptions
 from tests.conftest import FreePorts
-from tests.integration.harness import Stack, local_stack, wait_for
+from tests.integration.harness import Stack, local_stack, post_json, wait_for
 
 
 @pytest.fixture
@@ -59,13 +57,9 @@ def test_the_abort_follows_the_engine_that_answered(tmp_path: Path) -> None:
         refusing, healthy = stack.engines.engines
         refusing.faults.set(fail_code="UNAVAILABLE", fail_message="draining")
         for _ in range(2):  # one of the two picks is the refusing engine
-            host, port = stack.base_url.removeprefix("http://").split(":")
-            conn = http.client.HTTPConnection(host, int(port), timeout=10)
             body = {"model": stack.model, "messages": [{"role": "user", "content": "x"}], "stream": True}
             body |= {"max_tokens": 200, "ignore_eos": True}
-            conn.request(
-                "POST", "/v1/chat/completions", json.dumps(body), {"content-type": "application/json"}
-            )
+            conn = post_json(stack.base_url, "/v1/chat/completions", body)
             response = conn.getresponse()
             assert response.status == 200
             assert response.read(6) == b"data: "  # the stream is flowing

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import http.client
 import json
 import time
 from collections.abc import Iterator
@@ -12,7 +11,7 @@ import pytest
 
 from load.simulator import SimOptions
 from tests.conftest import FreePorts
-from tests.integration.harness import Stack, local_stack, wait_for
+from tests.integration.harness import Stack, local_stack, post_json, wait_for
 
 
 @pytest.fixture
@@ -23,11 +22,9 @@ def slow_stack(tmp_path: Path) -> Iterator[Stack]:
 
 
 def test_client_disconnect_mid_stream_aborts_the_engine_request(slow_stack: Stack) -> None:
-    host, port = slow_stack.base_url.removeprefix("http://").split(":")
-    conn = http.client.HTTPConnection(host, int(port), timeout=10)
     body = {"model": slow_stack.model, "messages": [{"role": "user", "content": "x"}], "stream": True}
     body |= {"max_tokens": 200, "ignore_eos": True}
-    conn.request("POST", "/v1/chat/completions", json.dumps(body), {"content-type": "application/json"})
+    conn = post_json(slow_stack.base_url, "/v1/chat/completions", body)
     response = conn.getresponse()
     assert response.status == 200
     assert response.read(6) == b"data: "  # the stream is flowing
@@ -42,11 +39,9 @@ def test_client_disconnect_mid_stream_aborts_the_engine_request(slow_stack: Stac
 def test_all_engines_down_gives_503(slow_stack: Stack) -> None:
     slow_stack.loop.run(slow_stack.engines.stop())
     # The pool notices within one health interval; until then Envoy's connect failure is also a 503.
-    body = json.dumps({"model": slow_stack.model, "messages": [{"role": "user", "content": "x"}]})
-    host, port = slow_stack.base_url.removeprefix("http://").split(":")
+    body = {"model": slow_stack.model, "messages": [{"role": "user", "content": "x"}]}
     for _ in range(2):
-        conn = http.client.HTTPConnection(host, int(port), timeout=10)
-        conn.request("POST", "/v1/chat/completions", body, {"content-type": "application/json"})
+        conn = post_json(slow_stack.base_url, "/v1/chat/completions", body)
         r = conn.getresponse()
         payload = json.loads(r.read())
         assert r.status == 503, payload
@@ -58,11 +53,9 @@ def test_all_engines_down_gives_503(slow_stack: Stack) -> None:
 
 @pytest.mark.parametrize("stream", [True, False])
 def test_engine_dying_mid_generation_ends_the_request_with_an_error(slow_stack: Stack, stream: bool) -> None:
-    host, port = slow_stack.base_url.removeprefix("http://").split(":")
-    conn = http.client.HTTPConnection(host, int(port), timeout=20)
     body = {"model": slow_stack.model, "messages": [{"role": "user", "content": "x"}], "stream": stream}
     body |= {"max_tokens": 200, "ignore_eos": True}
-    conn.request("POST", "/v1/chat/completions", json.dumps(body), {"content-type": "application/json"})
+    conn = post_json(slow_stack.base_url, "/v1/chat/completions", body, timeout=20)
     engines = slow_stack.engines.engines
     assert wait_for(lambda: sum(e.stats.active for e in engines) == 1)
     time.sleep(0.3)
@@ -87,10 +80,7 @@ def test_engine_errors_map_to_http_statuses(slow_stack: Stack, code: str, status
     for engine in slow_stack.engines.engines:
         engine.faults.set(fail_code=code, fail_message="refused by the engine")
     body = {"model": slow_stack.model, "messages": [{"role": "user", "content": "x"}], "stream": stream}
-    host, port = slow_stack.base_url.removeprefix("http://").split(":")
-    conn = http.client.HTTPConnection(host, int(port), timeout=10)
-    conn.request("POST", "/v1/chat/completions", json.dumps(body), {"content-type": "application/json"})
-    r = conn.getresponse()
+    r = post_json(slow_stack.base_url, "/v1/chat/completions", body).getresponse()
     payload = json.loads(r.read())
     assert r.status == status, payload
     assert r.getheader("content-type") == "application/json"
@@ -103,10 +93,7 @@ def test_engine_cut_mid_stream_gives_an_error_event(slow_stack: Stack) -> None:
         engine.faults.set(die_after_tokens=3)
     body = {"model": slow_stack.model, "messages": [{"role": "user", "content": "x"}], "stream": True}
     body |= {"max_tokens": 50, "ignore_eos": True}
-    host, port = slow_stack.base_url.removeprefix("http://").split(":")
-    conn = http.client.HTTPConnection(host, int(port), timeout=10)
-    conn.request("POST", "/v1/chat/completions", json.dumps(body), {"content-type": "application/json"})
-    r = conn.getresponse()
+    r = post_json(slow_stack.base_url, "/v1/chat/completions", body).getresponse()
     events = [e for e in r.read().decode().split("\n\n") if e]
     assert r.status == 200
     assert events[-1] == "data: [DONE]"

@@ -3,8 +3,6 @@ detects the protocol, the gateway speaks it — Generate, n choices, logprobs, s
 
 from __future__ import annotations
 
-import http.client
-import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,7 +11,7 @@ import pytest
 
 from load.simulator import SimOptions
 from tests.conftest import FreePorts
-from tests.integration.harness import Stack, local_stack, wait_for
+from tests.integration.harness import Stack, local_stack, post_json, wait_for
 
 MESSAGES = [{"role": "user", "content": "Tell me about the mountains."}]
 
@@ -126,8 +124,6 @@ def test_a_client_gone_mid_stream_gets_its_sglang_request_aborted(tmp_path: Path
     with local_stack(
         FreePorts(), tmp_path, protocol="sglang", engines=1, sim=SimOptions(itl_ms=50.0)
     ) as slow:
-        host, port = slow.base_url.removeprefix("http://").split(":")
-        conn = http.client.HTTPConnection(host, int(port), timeout=10)
         body = {
             "model": slow.model,
             "messages": MESSAGES,
@@ -135,7 +131,7 @@ def test_a_client_gone_mid_stream_gets_its_sglang_request_aborted(tmp_path: Path
             "max_tokens": 200,
             "ignore_eos": True,
         }
-        conn.request("POST", "/v1/chat/completions", json.dumps(body), {"content-type": "application/json"})
+        conn = post_json(slow.base_url, "/v1/chat/completions", body)
         response = conn.getresponse()
         assert response.status == 200
         assert response.read(6) == b"data: "
@@ -146,9 +142,8 @@ def test_a_client_gone_mid_stream_gets_its_sglang_request_aborted(tmp_path: Path
         assert engine.stats.completed == 0
 
         # A batch's calls are the gateway's own: a client gone cancels them.
-        conn = http.client.HTTPConnection(host, int(port), timeout=10)
         body = {"model": slow.model, "prompt": ["a", "b"], "max_tokens": 200, "ignore_eos": True}
-        conn.request("POST", "/v1/completions", json.dumps(body), {"content-type": "application/json"})
+        conn = post_json(slow.base_url, "/v1/completions", body)
         assert wait_for(lambda: engine.stats.active == 2), "the batch never reached the engine"
         conn.close()
         assert wait_for(lambda: engine.stats.active == 0, timeout=5), "the engine kept generating the batch"

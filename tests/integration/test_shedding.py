@@ -14,7 +14,7 @@ import pytest
 
 from load.simulator import SimOptions
 from tests.conftest import FreePorts
-from tests.integration.harness import Stack, local_stack
+from tests.integration.harness import Stack, local_stack, post_json
 
 # GetLoads polls: the router learns that the engine runs the first request (so it is not queued).
 LOAD_INTERVAL_S = 0.05
@@ -34,12 +34,9 @@ def stack(tmp_path: Path) -> Iterator[Stack]:
 def _send(stack: Stack, max_tokens: int) -> http.client.HTTPConnection:
     """Send a streamed chat request; its response is read later (a queued stream answers only once its
     first token comes)."""
-    host, port = stack.base_url.removeprefix("http://").split(":")
-    conn = http.client.HTTPConnection(host, int(port), timeout=20)
     body = {"model": stack.model, "messages": [{"role": "user", "content": "x"}], "stream": True}
     body |= {"max_tokens": max_tokens, "ignore_eos": True}
-    conn.request("POST", "/v1/chat/completions", json.dumps(body), {"content-type": "application/json"})
-    return conn
+    return post_json(stack.base_url, "/v1/chat/completions", body, timeout=20)
 
 
 def test_a_request_that_would_only_queue_is_refused_with_429(stack: Stack) -> None:
