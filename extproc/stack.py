@@ -446,7 +446,12 @@ def known_engines(served: tuple[ServedModel, ...]) -> tuple[tuple[str, ...], int
     if len(served) != 1:
         return (), 0
     addresses = tuple(engine_address(e.url) for e in served[0].engines)
-    return addresses, min(UP_FALLBACKS, max(len(addresses) - 1, 0))
+    return addresses, up_fallbacks(len(addresses))
+
+
+def up_fallbacks(engines: int) -> int:
+    """Fallbacks (and Envoy retries) `up` uses for `engines` engines: the others, at most UP_FALLBACKS."""
+    return min(UP_FALLBACKS, max(engines - 1, 0))
 
 
 def envoy_options(
@@ -455,7 +460,7 @@ def envoy_options(
     """`engines` known to Envoy (override_host) get `retries` attempts after the first (default: one per
     fallback `up` lists); none means ORIGINAL_DST."""
     if retries is None:
-        retries = min(UP_FALLBACKS, max(len(engines) - 1, 0))
+        retries = up_fallbacks(len(engines))
     return envoy_bootstrap.EnvoyOptions(
         listen_host=settings.host,
         listen_port=settings.port,
