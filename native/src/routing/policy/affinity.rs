@@ -15,6 +15,7 @@
 use super::filter::SpillGate;
 use super::picker::{by_load, load_key};
 use super::{Candidate, PickContext, PrefixSource};
+use crate::routing::config::RouterConfig;
 
 pub struct Affinity {
     pub source: PrefixSource,
@@ -24,6 +25,19 @@ pub struct Affinity {
 }
 
 impl Affinity {
+    /// The affinity policy reading `source`, with the spill gate and request cost from `cfg`.
+    pub fn from_config(source: PrefixSource, cfg: &RouterConfig) -> Self {
+        Affinity {
+            source,
+            gate: SpillGate {
+                enabled: cfg.spill_enabled,
+                abs: cfg.spill_abs,
+                ratio: cfg.spill_ratio,
+            },
+            request_cost: cfg.request_cost_tokens,
+        }
+    }
+
     /// Expected prefill work ahead of the first token on `c`, in tokens.
     pub fn expected_wait(&self, c: &Candidate) -> u64 {
         c.load.prefill_backlog()

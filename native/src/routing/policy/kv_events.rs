@@ -2,7 +2,6 @@
 //! an endpoint counts as holding a block from its engine's Stored event until its Removed event.
 
 use super::affinity::Affinity;
-use super::filter::SpillGate;
 use super::{PickContext, Policy, PrefixSource};
 use crate::routing::config::RouterConfig;
 
@@ -10,15 +9,7 @@ pub struct KvEvents(Affinity);
 
 impl KvEvents {
     pub fn new(cfg: &RouterConfig) -> Self {
-        KvEvents(Affinity {
-            source: PrefixSource::Events,
-            gate: SpillGate {
-                enabled: cfg.spill_enabled,
-                abs: cfg.spill_abs,
-                ratio: cfg.spill_ratio,
-            },
-            request_cost: cfg.request_cost_tokens,
-        })
+        KvEvents(Affinity::from_config(PrefixSource::Events, cfg))
     }
 }
 

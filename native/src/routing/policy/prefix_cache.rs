@@ -3,7 +3,6 @@
 //! no KV events.
 
 use super::affinity::Affinity;
-use super::filter::SpillGate;
 use super::{PickContext, Policy, PrefixSource};
 use crate::routing::config::RouterConfig;
 
@@ -11,15 +10,7 @@ pub struct PrefixCache(Affinity);
 
 impl PrefixCache {
     pub fn new(cfg: &RouterConfig) -> Self {
-        PrefixCache(Affinity {
-            source: PrefixSource::Routed,
-            gate: SpillGate {
-                enabled: cfg.spill_enabled,
-                abs: cfg.spill_abs,
-                ratio: cfg.spill_ratio,
-            },
-            request_cost: cfg.request_cost_tokens,
-        })
+        PrefixCache(Affinity::from_config(PrefixSource::Routed, cfg))
     }
 }
 
