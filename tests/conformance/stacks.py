@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import json
 import shutil
-import subprocess
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -32,10 +31,10 @@ import load.simulator.engine as sim_vllm
 import load.simulator.sglang as sim_sglang
 from extproc import server
 from extproc.config import Settings
-from extproc.envoy_bootstrap import EnvoyOptions, envoy_binary, render_bootstrap
+from extproc.envoy_bootstrap import EnvoyOptions, render_bootstrap
 from extproc.models import default_model_dir
 from tests.conftest import FreePorts
-from tests.integration.harness import LoopThread, wait_ready
+from tests.integration.harness import LoopThread, envoy_running
 
 PROTOCOLS = ("vllm", "sglang")
 MODEL_NAME = "conformance"
@@ -47,10 +46,9 @@ THINKING_SWITCH = (
     "{%- endif %}\n"
 )
 EMPTY_THINKING = "<think>\n\n</think>\n\n"
+
+
 # As the harness runs Envoy: several stacks side by side, one worker.
-ENVOY_FLAGS = ("--log-level", "warning", "--use-dynamic-base-id", "--concurrency", "1")
-
-
 class EngineSpy:
     """Every GenerateRequest the simulated engines received (either protocol), by request id."""
 
@@ -185,21 +183,10 @@ def gateway_in_front_of(engines: list[str], model_dir: Path, tmp: Path) -> Itera
             )
         )
     )
-    envoy = subprocess.Popen(
-        [envoy_binary(), "-c", str(config), *ENVOY_FLAGS],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
     try:
-        wait_ready(f"http://127.0.0.1:{admin_port}", envoy)
-        yield Gateway(f"http://127.0.0.1:{port}", running.model, "vllm", "vllm", model_dir)
+        with envoy_running(config, admin_port):
+            yield Gateway(f"http://127.0.0.1:{port}", running.model, "vllm", "vllm", model_dir)
     finally:
-        envoy.terminate()
-        try:
-            envoy.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            envoy.kill()
-            envoy.wait()
         loop.run(running.stop(grace=1))
         loop.close()
 

@@ -150,6 +150,24 @@ def wait_for(predicate: Callable[[], bool], timeout: float = 10.0) -> bool:
     return False
 
 
+@contextlib.contextmanager
+def envoy_running(config: Path, admin_port: int) -> Iterator[subprocess.Popen[bytes]]:
+    """The real Envoy on `config`, ready, until the block ends (then terminated; killed after 10 s)."""
+    argv = [envoy_binary(), "-c", str(config), "--log-level", "warning", "--use-dynamic-base-id"]
+    argv += ["--concurrency", "1"]
+    envoy = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        wait_ready(f"http://127.0.0.1:{admin_port}", envoy)
+        yield envoy
+    finally:
+        envoy.terminate()
+        try:
+            envoy.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            envoy.kill()
+            envoy.wait()
+
+
 def wait_ready(admin_url: str, proc: subprocess.Popen[bytes], timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -262,40 +280,19 @@ def local_stack(
     if filters_before is not None:
         hcm["http_filters"][:0] = list(filters_before(list(next(iter(clusters.values())).addresses)))
     config.write_text(json.dumps(bootstrap))
-    envoy = subprocess.Popen(
-        [
-            envoy_binary(),
-            "-c",
-            str(config),
-            "--log-level",
-            "warning",
-            "--use-dynamic-base-id",
-            "--concurrency",
-            "1",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
-    stack = Stack(
-        f"http://127.0.0.1:{port}",
-        f"http://127.0.0.1:{admin_port}",
-        running.model,
-        clusters[running.model],
-        running,
-        envoy,
-        loop,
-        clusters,
-    )
     try:
-        wait_ready(stack.admin_url, envoy)
-        yield stack
+        with envoy_running(config, admin_port) as envoy:
+            yield Stack(
+                f"http://127.0.0.1:{port}",
+                f"http://127.0.0.1:{admin_port}",
+                running.model,
+                clusters[running.model],
+                running,
+                envoy,
+                loop,
+                clusters,
+            )
     finally:
-        envoy.terminate()
-        try:
-            envoy.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            envoy.kill()
-            envoy.wait()
         loop.run(running.stop(grace=1))
         loop.run(_stop_clusters(clusters, STOP_GRACE_S))
         loop.close()
