@@ -1,9 +1,11 @@
 """`python -m load.bench_routing`: which engine-picking policy wins, on simulated engines where prefill is
 the cost and the KV cache is too small for one engine to hold every shared prefix.
 
-1. Capacity: a closed-loop probe through our gateway with round_robin on fresh engines measures the
-   requests/s the four engines sustain on this trace's requests.
-2. The trace: Poisson arrivals at --load (0.7) times that capacity, mixing multi-turn chats, users sharing
+1. Capacity: closed-loop probes on fresh engines measure the requests/s the four engines sustain on this
+   trace's requests: through ours with round_robin (the cache-blind baseline, whose capacity sets the
+   rate by default), with kv_events, and through SMG cache_aware (ours against SMG at saturation: the
+   benchmark's throughput comparison, since open loop every run's throughput is the arrival rate).
+2. The trace: Poisson arrivals at --load (0.7) times the capacity, mixing multi-turn chats, users sharing
    a few long system prompts and RAG over a shared document set (load/bench_routing/trace.py).
 3. One run per policy of ours and one of SMG with --policy cache_aware, each on freshly started engines,
    all with the same trace. Reported over the requests that arrived after the warm-up: prefix-hit token
@@ -51,6 +53,8 @@ FULL = Mode(50.0, 10.0, 16.0, POLICIES)
 QUICK = Mode(18.0, 5.0, 8.0, ("kv_events", "round_robin"))
 PROBE_CONCURRENCY = 32
 PROBE_REQUESTS = 2000  # more than a probe completes: it ends on time
+BASELINE = RunSpec("ours", "round_robin")
+CAPACITY_FROM = ("smg", "round_robin")
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -65,7 +69,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--warmup", type=float, default=None, help="seconds not measured (default 10, quick 5)"
     )
     parser.add_argument("--load", type=float, default=0.7, help="arrival rate as a share of capacity (0.7)")
-    parser.add_argument("--rate", type=float, default=None, help="requests/s; skips the capacity probe")
+    parser.add_argument("--rate", type=float, default=None, help="requests/s; skips the capacity probes")
+    parser.add_argument(
+        "--capacity-from",
+        choices=CAPACITY_FROM,
+        default="round_robin",
+        help="whose closed-loop capacity --load is a share of: round_robin (the cache-blind baseline, the "
+        "default) or smg (cache_aware; a heavier load: caching lifts capacity)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--num-blocks", type=int, default=EngineConfig.num_blocks, help="KV blocks per engine"
@@ -143,12 +154,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     capacity: dict[str, Any] | None = None
     rate = args.rate
     if rate is None:
-        print(f"capacity probe: round_robin, closed loop, {PROBE_CONCURRENCY} clients", file=sys.stderr)
-        probe_specs = trace.requests(vocab, PROBE_REQUESTS, seed=args.seed + 1000)
-        capacity = measure_capacity(ctx, probe_specs, args.probe_s, PROBE_CONCURRENCY)
-        mean_prompt = sum(s.prompt_tokens for s in probe_specs) / len(probe_specs)
-        capacity["zero_hit_requests_per_s"] = args.config.zero_hit_capacity(mean_prompt)
-        rate = args.load * capacity["requests_per_s"]
+        capacity = probe_capacities(args, ctx, vocab)
+        rate = args.load * capacity["probes"][capacity["from"]]["requests_per_s"]
     the_trace = trace.build_trace(vocab, rate=rate, duration_s=args.duration, seed=args.seed)
     print(
         f"trace: {len(the_trace)} requests at {rate:.2f}/s for {args.duration:.0f} s "
@@ -190,21 +197,45 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     print()
     if capacity:
-        print(
-            f"capacity (round_robin, closed loop, {PROBE_CONCURRENCY} clients): "
-            f"{capacity['requests_per_s']:.2f} req/s (timing model, no cache hits: "
-            f"{capacity['zero_hit_requests_per_s']:.2f}); CPU: ours {100 * capacity['own_cpu_share']:.0f}%, "
-            f"machine {100 * capacity['machine_cpu_share']:.0f}%; trace at {rate:.2f} req/s ({args.load:.0%})"
-        )
+        print(report.capacity_text(capacity, rate, args.load))
     print(report.table(runs))
     print()
     print(report.by_kind_table(runs))
+    print()
+    print(report.floor_table(runs))
     print()
     print(report.engines_table(runs))
     print()
     print(report.targets_text(checks))
     print(f"wall time {result['wall_s']:.0f} s; results in {path}")
     return 0
+
+
+def probe_capacities(args: argparse.Namespace, ctx: Context, vocab: Any) -> dict[str, Any]:
+    """Closed-loop capacity through round_robin, kv_events (when it runs) and SMG cache_aware (when SMG
+    is here); `from` names the one --load is a share of. Ours and SMG's side by side are the
+    benchmark's throughput comparison: open loop, every run's throughput is the arrival rate."""
+    runs = [BASELINE]
+    if "kv_events" in args.policies:
+        runs.append(RunSpec("ours", "kv_events"))
+    if ctx.smg_binary is not None:
+        runs.append(RunSpec("smg", SMG_POLICY))
+    source = "smg" if args.capacity_from == "smg" and ctx.smg_binary is not None else "round_robin"
+    if source != args.capacity_from:
+        print("capacity from round_robin: SMG is not available", file=sys.stderr)
+    probe_specs = trace.requests(vocab, PROBE_REQUESTS, seed=args.seed + 1000)
+    probes: dict[str, Any] = {}
+    for spec in runs:
+        print(f"capacity probe: {spec.name}, closed loop, {PROBE_CONCURRENCY} clients", file=sys.stderr)
+        key = "smg" if spec.gateway == "smg" else spec.policy
+        probes[key] = measure_capacity(spec, ctx, probe_specs, args.probe_s, PROBE_CONCURRENCY)
+    mean_prompt = sum(s.prompt_tokens for s in probe_specs) / len(probe_specs)
+    return {
+        "from": source,
+        "concurrency": PROBE_CONCURRENCY,
+        "probes": probes,
+        "zero_hit_requests_per_s": args.config.zero_hit_capacity(mean_prompt),
+    }
 
 
 def environment(args: argparse.Namespace, ctx: Context) -> dict[str, Any]:

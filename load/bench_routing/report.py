@@ -92,6 +92,29 @@ def by_kind_table(runs: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def floor_table(runs: list[dict[str, Any]]) -> str:
+    """Mean TTFT split into the floor (one prefill step over the uncached tokens, no wait) and what sits
+    above it (waiting and transport), with the spread of the latter."""
+    smg = next((r for r in runs if r["run"] == SMG_RUN), None)
+    smg_over = _num(smg["summary"]["floor"]["over_floor_ms"]["mean"]) if smg else math.nan
+    head = (
+        f"{'run':<18} {'TTFT mean':>9} {'= floor':>8} {'+ above':>8} {'above p10':>9} {'p50':>6} "
+        f"{'p90':>6} {'above/SMG':>9}"
+    )
+    lines = [head + "   (ms)", "-" * len(head)]
+    for run in runs:
+        f = run["summary"].get("floor")
+        if not f:
+            continue
+        over = f["over_floor_ms"]
+        lines.append(
+            f"{run['run']:<18} {_fmt(run['summary']['ttft_ms']['mean']):>9} {_fmt(f['floor_ms'], '.1f'):>8} "
+            f"{_fmt(over['mean'], '.1f'):>8} {_fmt(over['p10'], '.1f'):>9} {_fmt(over['p50'], '.1f'):>6} "
+            f"{_fmt(over['p90'], '.1f'):>6} {_fmt(_ratio(over['mean'], smg_over), '.2f'):>9}"
+        )
+    return "\n".join(lines)
+
+
 def engines_table(runs: list[dict[str, Any]]) -> str:
     """Per engine: requests served, peak in flight, and cache turnover (blocks filled / capacity; above 1
     the engine evicted)."""
@@ -146,3 +169,27 @@ def targets_text(checks: dict[str, Any] | None) -> str:
             f"{_fmt(100 * hit['smg'], '.1f')}%  {verdict(hit)}",
         ]
     )
+
+
+def capacity_text(capacity: dict[str, Any], rate: float, load: float) -> str:
+    """One line per closed-loop probe, then the rate the trace ran at and whose capacity set it."""
+    lines = []
+    for key, probe in capacity["probes"].items():
+        lines.append(
+            f"capacity {probe['run']} (closed loop, {capacity['concurrency']} clients): "
+            f"{probe['requests_per_s']:.2f} req/s, TTFT mean {_fmt(probe['ttft_ms']['mean'])} ms; "
+            f"CPU: ours {100 * probe['own_cpu_share']:.0f}%, machine {100 * probe['machine_cpu_share']:.0f}%"
+            + ("  <- the trace's rate" if key == capacity["from"] else "")
+        )
+    ours, smg = capacity["probes"].get("kv_events"), capacity["probes"].get("smg")
+    if ours and smg:
+        lines.append(
+            f"at saturation, kv_events / SMG cache_aware: "
+            f"{_fmt(_ratio(ours['requests_per_s'], smg['requests_per_s']), '.2f')}x req/s, "
+            f"{_fmt(_ratio(ours['ttft_ms']['mean'], smg['ttft_ms']['mean']), '.2f')}x TTFT mean"
+        )
+    lines.append(
+        f"timing model with no cache hits: {capacity['zero_hit_requests_per_s']:.2f} req/s; "
+        f"trace at {rate:.2f} req/s ({load:.0%} of {capacity['probes'][capacity['from']]['run']})"
+    )
+    return "\n".join(lines)

@@ -105,6 +105,7 @@ def run_trace(spec: RunSpec, ctx: Context, trace: Trace, warmup_s: float) -> dic
         engines.stop()
     records, watch, smg_metrics, wall_s = measured
     summary = summarize(records, warmup_s, trace.duration_s)
+    summary["floor"] = floor_summary(records, warmup_s, ctx.config)
     summary["by_kind"] = {
         kind: summarize([r for r in records if r.kind == kind], warmup_s, trace.duration_s, brief=True)
         for kind in sorted({r.kind for r in records})
@@ -117,6 +118,7 @@ def run_trace(spec: RunSpec, ctx: Context, trace: Trace, warmup_s: float) -> dic
         "summary": summary,
         "engines": {**watch, "cache_turnover": cache_turnover(watch, ctx.config)},
         "index": index_memory(index, smg_metrics, spec.gateway),
+        "requests": per_request(records, trace),
     }
     if smg_metrics is not None:
         out["smg_metrics"] = smg_metrics
@@ -141,6 +143,33 @@ async def _send(
         target.close()
 
 
+def floor_summary(records: Sequence[Record], warmup_s: float, config: EngineConfig) -> dict[str, Any]:
+    """What routing can still win: each measured request's floor is one prefill step over the prompt
+    tokens its engine did not have cached, with no wait (the timing model's `prefill_s`); the TTFT above
+    it is waiting (the engine's step in progress, other prompts' prefill, queues) and transport. A
+    better hit rate lowers the floor; better load spreading lowers what sits above it."""
+    floors, over = [], []
+    for r in records:
+        if r.start < warmup_s or not r.ok or r.ttft is None or r.prompt_tokens is None:
+            continue
+        floor = config.prefill_s(r.prompt_tokens - (r.cached_tokens or 0))
+        floors.append(floor)
+        over.append(r.ttft - floor)
+    return {"floor_ms": _ms(floors)["mean"], "over_floor_ms": _ms(over)}
+
+
+def per_request(records: Sequence[Record], trace: Trace) -> list[list[Any]]:
+    """Each request in arrival order as [due s, shared part, prompt tokens, cached tokens, TTFT ms]
+    (None where it failed): enough to find which misses cost a run its mean."""
+    by_due = {r.start: r for r in records}
+    rows: list[list[Any]] = []
+    for due, spec in zip(trace.arrivals, trace.specs, strict=True):
+        r = by_due.get(due)
+        ttft = None if r is None or r.ttft is None else round(1000 * r.ttft, 1)
+        rows.append([round(due, 3), spec.shares, spec.prompt_tokens, r and r.cached_tokens, ttft])
+    return rows
+
+
 def cache_turnover(watch: dict[str, Any], config: EngineConfig) -> list[float]:
     """Per engine: blocks it filled (uncached prompt and generated tokens) over its capacity. Above 1,
     the engine must have evicted cached blocks to make room (a freed block is only reused when evicted)."""
@@ -156,10 +185,11 @@ def cache_turnover(watch: dict[str, Any], config: EngineConfig) -> list[float]:
 def _ms(values: Sequence[float]) -> dict[str, float]:
     ordered = sorted(1000 * v for v in values)
     if not ordered:
-        return {"count": 0, "mean": math.nan, "p50": math.nan, "p90": math.nan, "p99": math.nan}
+        return {"count": 0, **dict.fromkeys(("mean", "p10", "p50", "p90", "p99"), math.nan)}
     return {
         "count": len(ordered),
         "mean": sum(ordered) / len(ordered),
+        "p10": percentile(ordered, 10),
         "p50": percentile(ordered, 50),
         "p90": percentile(ordered, 90),
         "p99": percentile(ordered, 99),
@@ -244,19 +274,18 @@ def index_memory(probe: dict[str, Any] | None, smg: dict[str, float] | None, gat
 
 
 def measure_capacity(
-    ctx: Context, specs: Sequence[RoutedSpec], probe_s: float, concurrency: int
+    spec: RunSpec, ctx: Context, specs: Sequence[RoutedSpec], probe_s: float, concurrency: int
 ) -> dict[str, Any]:
-    """Closed loop through ours with round_robin (the policy-neutral baseline) on fresh engines: the
-    completion rate over the probe's last three quarters (the first quarter fills queues and caches)."""
-    log_dir = ctx.log_dir / "capacity"
+    """Closed loop through one gateway and policy on fresh engines: the completion rate over the probe's
+    last three quarters (the first quarter fills queues and caches)."""
+    log_dir = ctx.log_dir / f"capacity-{_slug(spec.name)}"
     engines = start_engines(ctx.config, log_dir)
     try:
-        started = gateways.start_ours(
-            "round_robin", engines.addresses, ctx.model, log_dir, ctx.envoy_concurrency
-        )
+        started = _start_gateway(spec, ctx, engines.addresses, log_dir)
         try:
             pids = [engines.child.pid, *started.gateway.processes.values()]
-            return asyncio.run(_probe_capacity(started, ctx, specs, probe_s, concurrency, pids))
+            probe = asyncio.run(_probe_capacity(started, ctx, specs, probe_s, concurrency, pids))
+            return {"run": spec.name, **probe}
         finally:
             started.gateway.stop()
     finally:

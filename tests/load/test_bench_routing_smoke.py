@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from extproc.models import default_model_dir
 from load.bench_routing import report, trace
 from load.loadgen.text import load_vocab
@@ -20,7 +22,7 @@ def test_routing_bench_runs_policies_on_one_trace_and_reports(tmp_path: Path) ->
     argv += ["--duration", "7", "--warmup", "1", "--rate", "5", "--out", str(tmp_path)]
     proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=150, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "TTFT mean" in proc.stdout and "served per engine" in proc.stdout
+    assert "TTFT mean" in proc.stdout and "served per engine" in proc.stdout and "= floor" in proc.stdout
     assert "need both the kv_events and the SMG cache_aware runs" in proc.stdout
 
     result = json.loads((tmp_path / "routing-latest.json").read_text())
@@ -35,6 +37,13 @@ def test_routing_bench_runs_policies_on_one_trace_and_reports(tmp_path: Path) ->
         assert sum(run["engines"]["served"]) == sent
         assert run["engines"]["samples"] > 0 and max(run["engines"]["peak_in_flight"]) >= 1
         assert 40 < run["index"]["ours_bytes_per_block"] < 1000
+        # Every request is listed in arrival order; the TTFT splits into a floor (one prefill step over
+        # the uncached tokens, >= the engines' 10 ms step) and a non-negative wait above it.
+        assert [r[0] for r in run["requests"]] == sorted(r[0] for r in run["requests"])
+        assert len(run["requests"]) == sent and all(r[4] is not None for r in run["requests"])
+        floor = s["floor"]
+        assert floor["floor_ms"] >= 10 and floor["over_floor_ms"]["p50"] > 0
+        assert floor["floor_ms"] + floor["over_floor_ms"]["mean"] == pytest.approx(s["ttft_ms"]["mean"])
     # Same trace for both: the same prompts after the warm-up.
     assert runs["kv_events"]["summary"]["prompt_tokens"] == runs["round_robin"]["summary"]["prompt_tokens"]
     # The engines' cache hits come back through the gateway, and following them beats spreading requests.
