@@ -128,7 +128,8 @@ async def test_models_are_listed_at_once(native: _native.ExtProcServer) -> None:
     assert native.address is not None
     async with channel_for(native.address) as channel:
         envoy = Envoy(channel)
-        request = headers(**{":method": "GET", ":path": "/v1/models", "x-request-id": "m-1"})
+        objective = {"x-gateway-inference-objective": "batch"}
+        request = headers(**{":method": "GET", ":path": "/v1/models", "x-request-id": "m-1"}, **objective)
         request.end_of_stream = True
         await envoy.send(request_headers=request)
         answer = (await envoy.reply()).immediate_response
@@ -139,6 +140,7 @@ async def test_models_are_listed_at_once(native: _native.ExtProcServer) -> None:
     assert await wait_for(lambda: native.stats()["streams_finished"] == 1)
     [summary] = native.take_summaries()
     assert summary["request_id"] == "m-1" and summary["status"] == 200 and summary["aborted"] is False
+    assert summary["objective"] == "batch"
 
 
 async def test_a_chat_request_is_routed_to_the_engine_and_its_answer_translated(

@@ -36,17 +36,20 @@ impl ServedModel {
         self.router.pick(token_ids, session_key)
     }
 
-    /// The engine for a prompt among `subset` (Envoy's subset hint; `None`: any engine), or why none.
+    /// The engine for a prompt among `subset` (Envoy's subset hint; `None`: any engine), or why none;
+    /// `objective` (the `x-gateway-inference-objective` header) gives the request's priority.
     pub fn pick_in(
         &self,
         token_ids: &[u32],
         session_key: Option<&str>,
         subset: Option<&[&str]>,
+        objective: Option<&str>,
     ) -> Result<Pick, NoRoute> {
         self.router.route(&PickRequest {
             token_ids,
             session_key,
             subset,
+            objective,
             ..Default::default()
         })
     }

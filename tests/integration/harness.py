@@ -16,7 +16,7 @@ import subprocess
 import threading
 import time
 import urllib.request
-from collections.abc import Callable, Coroutine, Iterator, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -131,12 +131,15 @@ async def until(predicate: Callable[[], bool], within_s: float = 10.0) -> None:
         await asyncio.sleep(0.02)
 
 
-def post_json(base_url: str, path: str, body: Any, timeout: float = 10.0) -> http.client.HTTPConnection:
-    """POST `body` as JSON to the stack; the caller reads the response (`getresponse()`) when it wants
-    (a queued stream answers only with its first token) or walks away (`close()`)."""
+def post_json(
+    base_url: str, path: str, body: Any, timeout: float = 10.0, headers: Mapping[str, str] | None = None
+) -> http.client.HTTPConnection:
+    """POST `body` as JSON to the stack, with `headers` besides the content type; the caller reads the
+    response (`getresponse()`) when it wants (a queued stream answers only with its first token) or walks
+    away (`close()`)."""
     host, port = base_url.removeprefix("http://").split(":")
     conn = http.client.HTTPConnection(host, int(port), timeout=timeout)
-    conn.request("POST", path, json.dumps(body), {"content-type": "application/json"})
+    conn.request("POST", path, json.dumps(body), {"content-type": "application/json", **(headers or {})})
     return conn
 
 

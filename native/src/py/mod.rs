@@ -282,6 +282,8 @@ pub(crate) fn summary_dict(py: Python<'_>, s: Summary) -> PyResult<Bound<'_, PyD
     d.set_item("cached_tokens", s.cached_tokens)?;
     d.set_item("finish_reason", s.finish_reason)?;
     d.set_item("error", s.error)?;
+    d.set_item("objective", s.objective)?;
+    d.set_item("priority", s.priority)?;
     Ok(d)
 }
 

@@ -28,9 +28,15 @@ pub struct RouterConfig {
     /// Affinity policies: what one request already on an endpoint adds to its expected wait, in
     /// prefill tokens (see `policy/affinity.rs`).
     pub request_cost_tokens: u32,
-    /// Load shedding: when every candidate has at least this many queued requests (`Load::queue`), the
-    /// request is refused (HTTP 429) instead of queued deeper; 0 never sheds.
+    /// Load shedding: when every candidate has at least this many queued requests (`Load::queue`), a
+    /// sheddable request (negative priority) is refused (HTTP 429) instead of queued deeper; 0 never sheds.
     pub shed_queue_depth: u32,
+    /// Request priorities (the Gateway API Inference Extension's InferenceObjectives): objective name, as
+    /// the `x-gateway-inference-objective` header gives it → priority. Higher is more important; a
+    /// negative priority makes the request sheddable.
+    pub objectives: BTreeMap<String, i32>,
+    /// The priority of a request naming no objective, or one not in `objectives`.
+    pub default_priority: i32,
     /// Weighted policy: scorer type name → weight.
     pub scorers: BTreeMap<String, f64>,
     /// Weighted policy: which index the `prefix` scorer reads, "events" (precise) or "routed".
@@ -50,6 +56,8 @@ impl Default for RouterConfig {
             spill_ratio: 1.5,
             request_cost_tokens: 16,
             shed_queue_depth: 0,
+            objectives: BTreeMap::new(),
+            default_priority: 0,
             scorers: [("prefix", 3.0), ("queue", 2.0), ("load", 1.0), ("kv_usage", 1.0)]
                 .into_iter()
                 .map(|(k, v)| (k.to_string(), v))
@@ -64,6 +72,14 @@ impl RouterConfig {
         let cfg: RouterConfig = serde_json::from_str(json).map_err(|e| RoutingError::BadConfig(e.to_string()))?;
         cfg.validate()?;
         Ok(cfg)
+    }
+
+    /// The priority of a request of `objective` (its `x-gateway-inference-objective` header).
+    pub fn priority(&self, objective: Option<&str>) -> i32 {
+        objective
+            .and_then(|name| self.objectives.get(name))
+            .copied()
+            .unwrap_or(self.default_priority)
     }
 
     pub fn validate(&self) -> Result<(), RoutingError> {
@@ -103,5 +119,26 @@ mod tests {
         ));
         assert!(RouterConfig::from_json(r#"{"spill_ratio": 0.5}"#).is_err());
         assert!(RouterConfig::from_json(r#"{"prefix_source": "guess"}"#).is_err());
+    }
+
+    #[test]
+    fn objectives_map_names_to_priorities_and_the_rest_get_the_default() {
+        let c = RouterConfig::default();
+        assert!(c.objectives.is_empty());
+        assert_eq!(
+            (c.default_priority, c.priority(None), c.priority(Some("batch"))),
+            (0, 0, 0)
+        );
+        let json = r#"{"shed_queue_depth": 4, "objectives": {"batch": -1, "chat": 10}, "default_priority": -2}"#;
+        let c = RouterConfig::from_json(json).unwrap();
+        assert_eq!(c.objectives.len(), 2);
+        assert_eq!(c.priority(Some("batch")), -1);
+        assert_eq!(c.priority(Some("chat")), 10);
+        assert_eq!(c.priority(Some("unknown")), -2);
+        assert_eq!(c.priority(None), -2);
+        // Unknown keys are still refused, and priorities are integers.
+        assert!(RouterConfig::from_json(r#"{"objective": {"batch": -1}}"#).is_err());
+        assert!(RouterConfig::from_json(r#"{"objectives": {"batch": "low"}}"#).is_err());
+        assert!(RouterConfig::from_json(r#"{"default_priority": 0.5}"#).is_err());
     }
 }

@@ -30,6 +30,9 @@ pub struct PickRequest<'a> {
     /// Cache namespace of the request (LoRA adapter, cache salt), as the engine hashes its blocks.
     pub lora_name: Option<&'a str>,
     pub cache_salt: Option<&'a str>,
+    /// The `x-gateway-inference-objective` header: the request's priority (`RouterConfig::priority`),
+    /// which decides whether it may be shed.
+    pub objective: Option<&'a str>,
 }
 
 /// The routing decision. The request counts as in flight on `primary` while `in_flight` lives.
@@ -57,7 +60,8 @@ impl Pick {
 pub enum NoRoute {
     /// No healthy endpoint (inside the subset, when one was given).
     NoEndpoint,
-    /// Shedding: every candidate's queue is at `shed_queue_depth` or deeper.
+    /// Shedding: the request is sheddable (negative priority) and every candidate's queue is at
+    /// `shed_queue_depth` or deeper.
     Overloaded,
 }
 
@@ -219,6 +223,11 @@ impl Router {
             .is_some()
     }
 
+    /// The priority of a request of `objective` under this model's objectives.
+    pub fn priority(&self, objective: Option<&str>) -> i32 {
+        self.config.priority(objective)
+    }
+
     pub fn pick(&self, token_ids: &[u32], session_key: Option<&str>) -> Option<Pick> {
         self.pick_with(&PickRequest {
             token_ids,
@@ -233,7 +242,8 @@ impl Router {
     }
 
     /// The endpoint for a request plus ordered fallbacks, or why there is none. The primary is charged
-    /// one request and the prompt's tokens until `Pick::in_flight` drops.
+    /// one request and the prompt's tokens until `Pick::in_flight` drops. Only a request of negative
+    /// priority is shed; any other queues at the engine.
     pub fn route(&self, req: &PickRequest<'_>) -> Result<Pick, NoRoute> {
         let table = self.read_table();
         let mut states: Vec<&Arc<EndpointState>> = Vec::with_capacity(table.by_address.len());
@@ -256,7 +266,7 @@ impl Router {
             return Err(NoRoute::NoEndpoint);
         }
         let depth = self.config.shed_queue_depth;
-        if depth > 0 && candidates.iter().all(|c| c.load.queue() >= depth) {
+        if depth > 0 && self.priority(req.objective) < 0 && candidates.iter().all(|c| c.load.queue() >= depth) {
             return Err(NoRoute::Overloaded);
         }
         let block_sizes: Vec<u32> = states.iter().map(|s| s.block_size()).collect();

@@ -447,6 +447,7 @@ fn shedding_refuses_only_when_every_queue_is_full() {
     let cfg = RouterConfig {
         seed: Some(1),
         shed_queue_depth: 2,
+        default_priority: -1,
         ..Default::default()
     };
     let r = router_with("least_load", 2, cfg);
@@ -477,4 +478,70 @@ fn shedding_refuses_only_when_every_queue_is_full() {
         r.set_health(&addr(i), false);
     }
     assert_eq!(r.route(&req).unwrap_err(), NoRoute::NoEndpoint);
+}
+
+#[test]
+fn only_requests_of_negative_priority_are_shed() {
+    let cfg = RouterConfig {
+        seed: Some(1),
+        shed_queue_depth: 2,
+        objectives: [("batch", -1), ("chat", 10), ("standard", 0), ("high", 5)]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v))
+            .collect(),
+        ..Default::default()
+    };
+    let r = router_with("least_load", 2, cfg);
+    let tokens = prompt(1, 2);
+    let of = |objective: Option<&'static str>| PickRequest {
+        token_ids: &tokens,
+        objective,
+        ..Default::default()
+    };
+    assert_eq!(r.priority(Some("batch")), -1);
+    assert_eq!(r.priority(Some("high")), 5);
+    assert_eq!(
+        r.priority(Some("unknown")),
+        0,
+        "an unknown objective has the default priority"
+    );
+    assert_eq!(r.priority(None), 0);
+    // Below the depth, a sheddable request is routed like any other.
+    let mut held: Vec<Pick> = (0..3).map(|_| r.route(&of(Some("batch"))).unwrap()).collect();
+    // Every queue full (two in flight each, no engine report): only the negative priority is shed.
+    held.push(r.route(&of(Some("chat"))).unwrap());
+    assert_eq!(r.route(&of(Some("batch"))).unwrap_err(), NoRoute::Overloaded);
+    for objective in [None, Some("standard"), Some("high"), Some("chat"), Some("unknown")] {
+        held.push(
+            r.route(&of(objective))
+                .unwrap_or_else(|e| panic!("{objective:?}: {e:?}")),
+        );
+    }
+    assert_eq!(r.route(&of(Some("batch"))).unwrap_err(), NoRoute::Overloaded);
+    // The queues drain: served again.
+    held.clear();
+    assert!(r.route(&of(Some("batch"))).is_ok());
+    // A default priority of -1 makes requests without a known objective sheddable too.
+    let cfg = RouterConfig {
+        seed: Some(1),
+        shed_queue_depth: 1,
+        default_priority: -1,
+        objectives: [("chat".to_string(), 0)].into_iter().collect(),
+        ..Default::default()
+    };
+    let r = router_with("least_load", 1, cfg);
+    let _held = r.route(&of(None)).unwrap();
+    assert_eq!(r.route(&of(None)).unwrap_err(), NoRoute::Overloaded);
+    assert_eq!(r.route(&of(Some("unknown"))).unwrap_err(), NoRoute::Overloaded);
+    assert!(r.route(&of(Some("chat"))).is_ok());
+    // Shedding off (depth 0): nothing is shed, whatever the priority.
+    let r = router_with(
+        "least_load",
+        1,
+        RouterConfig {
+            default_priority: -1,
+            ..Default::default()
+        },
+    );
+    let _held: Vec<Pick> = (0..5).map(|_| r.route(&of(None)).unwrap()).collect();
 }

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use serde_json::json;
 
-use super::request;
+use super::request::{self, Route};
 use super::response::{ResponseShape, ResponseTranslator};
 use crate::engine::GenerateCall;
 use crate::error::ApiError;
@@ -25,13 +25,6 @@ pub struct FanoutCall {
     pub path: &'static str,
     /// The serialized (unframed) `GenerateRequest`.
     pub body: Vec<u8>,
-}
-
-/// How the batch's prompts are routed: the session key and Envoy's subset hint, as for one prompt.
-#[derive(Debug, Clone, Copy)]
-pub struct Route<'a> {
-    pub session: Option<&'a str>,
-    pub subset: Option<&'a [&'a str]>,
 }
 
 /// What became of one call: the engine's messages, or the error it ended with.
@@ -73,7 +66,7 @@ impl Batch {
         for (i, input) in prompts.iter().enumerate() {
             let prompt = request::prompt(model, input)?;
             request::check_context(model, prompt.input_ids.len(), req)?;
-            let pick = request::pick(model, &prompt.input_ids, route.session, route.subset)?;
+            let pick = request::pick(model, &prompt.input_ids, route)?;
             let endpoint = pick.primary.to_string();
             let protocol = model.protocol(&endpoint);
             let echo = req.echo.then(|| model.files.tokenizer.decode(&prompt.input_ids, false));

@@ -36,6 +36,10 @@ use response::{ResponseShape, ResponseTranslator};
 pub use batch::{CallOutcome, FanoutCall};
 pub use replies::{DESTINATION_HEADER, MAX_BODY_CHUNK};
 
+/// The Gateway API Inference Extension's request header naming the request's InferenceObjective: its
+/// priority (`RouterConfig::objectives`) decides whether the request may be shed.
+pub const OBJECTIVE_HEADER: &str = "x-gateway-inference-objective";
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Phase {
     RequestHeaders,
@@ -60,6 +64,10 @@ pub struct Summary {
     pub cached_tokens: u32,
     pub finish_reason: String,
     pub error: String,
+    /// The `x-gateway-inference-objective` header (empty without one).
+    pub objective: String,
+    /// The priority the objective has under the model's router settings (0 until the model is known).
+    pub priority: i32,
 }
 
 /// An engine request to abort: the engine's address, its protocol and the request's id there.
@@ -89,6 +97,8 @@ pub struct RequestStream {
     endpoint: Option<Endpoint>,
     /// `x-session-id`: the consistent-hash key, if the client sent one.
     session: Option<String>,
+    /// `x-gateway-inference-objective`: names the request's priority class, if the client sent one.
+    objective: Option<String>,
     /// Envoy's subset hint: the engines this request may go to (`None`: any).
     subset: Option<Vec<String>>,
     body: Vec<u8>,
@@ -114,6 +124,7 @@ impl RequestStream {
             phase: Phase::RequestHeaders,
             endpoint: None,
             session: None,
+            objective: None,
             subset: None,
             body: Vec::new(),
             exchange: None,
@@ -229,6 +240,11 @@ impl RequestStream {
         let headers = h.headers.unwrap_or_default();
         self.summary.request_id = headers.get("x-request-id").unwrap_or_default().to_string();
         self.session = headers.get("x-session-id").map(str::to_string);
+        self.objective = headers
+            .get(OBJECTIVE_HEADER)
+            .filter(|o| !o.is_empty())
+            .map(str::to_string);
+        self.summary.objective = self.objective.clone().unwrap_or_default();
         let method = headers.get(":method").unwrap_or_default();
         let full_path = headers.get(":path").unwrap_or_default();
         let path = full_path.split('?').next().unwrap_or_default().to_string();
@@ -350,13 +366,16 @@ impl RequestStream {
         let model = self.model(&req.model)?;
         let session = self.session.as_deref().or(req.user.as_deref());
         let subset: Option<Vec<&str>> = self.subset.as_ref().map(|s| s.iter().map(String::as_str).collect());
+        let objective = self.objective.as_deref();
+        self.summary.priority = model.router.priority(objective);
+        let route = request::Route {
+            session,
+            subset: subset.as_deref(),
+            objective,
+        };
         if let PromptInput::Batch(prompts) = &req.input {
             let id = self.engine_request_id();
             let limit = self.gateway.limits.max_engine_message;
-            let route = batch::Route {
-                session,
-                subset: subset.as_deref(),
-            };
             let batch = batch::Batch::new(&model, &req, prompts, &id, route, limit)?;
             self.summary.endpoint = batch.endpoints.join(",");
             self.batch = Some(batch);
@@ -365,7 +384,7 @@ impl RequestStream {
         }
         let prompt = request::prompt(&model, &req.input)?;
         request::check_context(&model, prompt.input_ids.len(), &req)?;
-        let pick = request::pick(&model, &prompt.input_ids, session, subset.as_deref())?;
+        let pick = request::pick(&model, &prompt.input_ids, route)?;
         let endpoint = pick.primary.to_string();
         let protocol = model.protocol(&endpoint);
         // Fallbacks must take the same request bytes: only engines of the primary's protocol.

@@ -68,32 +68,50 @@ pub fn chat_prompt(model: &ServedModel, request: &ChatInput) -> Result<Prompt, A
     Ok(Prompt { input_ids })
 }
 
+/// How a request's prompts are routed: the session key, Envoy's subset hint and the request's objective.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Route<'a> {
+    pub session: Option<&'a str>,
+    pub subset: Option<&'a [&'a str]>,
+    /// The `x-gateway-inference-objective` header.
+    pub objective: Option<&'a str>,
+}
+
 /// The engine for a prompt, among Envoy's subset hint when there is one; 503 when none is ready, 429
-/// when every one is at its queue limit.
-pub fn pick(
-    model: &ServedModel,
-    token_ids: &[u32],
-    session: Option<&str>,
-    subset: Option<&[&str]>,
-) -> Result<Pick, ApiError> {
-    model.pick_in(token_ids, session, subset).map_err(|why| match why {
-        NoRoute::NoEndpoint => {
-            let within = if subset.is_some() {
-                " among the engines of the subset hint"
-            } else {
-                ""
-            };
-            ApiError::unavailable(format!("no engine is ready to serve model '{}'{within}", model.name))
-        }
-        NoRoute::Overloaded => ApiError::new(
-            429,
-            "rate_limit_error",
-            format!(
-                "every engine of model '{}' is at its queue limit; retry later",
-                model.name
-            ),
-        ),
-    })
+/// when every one is at its queue limit and the request's priority is sheddable.
+pub fn pick(model: &ServedModel, token_ids: &[u32], route: Route<'_>) -> Result<Pick, ApiError> {
+    let Route {
+        session,
+        subset,
+        objective,
+    } = route;
+    model
+        .pick_in(token_ids, session, subset, objective)
+        .map_err(|why| match why {
+            NoRoute::NoEndpoint => {
+                let within = if subset.is_some() {
+                    " among the engines of the subset hint"
+                } else {
+                    ""
+                };
+                ApiError::unavailable(format!("no engine is ready to serve model '{}'{within}", model.name))
+            }
+            NoRoute::Overloaded => {
+                let priority = model.router.priority(objective);
+                let class = match objective {
+                    Some(name) => format!("objective '{name}' (priority {priority})"),
+                    None => format!("no objective (priority {priority})"),
+                };
+                ApiError::new(
+                    429,
+                    "rate_limit_error",
+                    format!(
+                        "every engine of model '{}' is at its queue limit; requests of {class} are shed; retry later",
+                        model.name
+                    ),
+                )
+            }
+        })
 }
 
 /// The tokens that end a choice when sampled: the request's stop token ids and, unless `ignore_eos`,
