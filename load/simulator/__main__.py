@@ -49,6 +49,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     capacity.add_argument("--num-blocks", type=int, default=SimOptions.num_blocks)
     capacity.add_argument("--max-num-seqs", type=int, default=SimOptions.max_num_seqs)
     capacity.add_argument("--max-num-batched-tokens", type=int, default=SimOptions.max_num_batched_tokens)
+    capacity.add_argument(
+        "--data-parallel-size",
+        type=int,
+        default=SimOptions.data_parallel_size,
+        help="DP ranks per engine, each with its own scheduler and KV cache (capacity flags are per rank)",
+    )
     parser.add_argument(
         "--metrics-port",
         type=int,
@@ -82,6 +88,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
             num_blocks=args.num_blocks,
             max_num_seqs=args.max_num_seqs,
             max_num_batched_tokens=args.max_num_batched_tokens,
+            data_parallel_size=args.data_parallel_size,
             kv_events_zmq=args.kv_events_zmq,
             kv_events_zmq_replay=args.kv_events_zmq_replay,
             kv_events_zmq_topic=args.kv_events_zmq_topic,
@@ -102,9 +109,11 @@ def _check_zmq_endpoints(args: argparse.Namespace) -> None:
         from load.simulator.zmq_publisher import endpoint_for
     except ImportError as e:
         raise ValueError(f"--kv-events-zmq needs pyzmq and msgpack (pip install pyzmq msgpack): {e}") from e
+    # Every rank of every engine publishes on its own endpoint.
+    slots = args.engines * args.options.data_parallel_size
     for template in (args.kv_events_zmq, args.kv_events_zmq_replay):
         if template is not None:
-            endpoint_for(template, 0, args.engines)
+            endpoint_for(template, 0, slots)
 
 
 async def serve(args: argparse.Namespace) -> None:
@@ -128,8 +137,8 @@ async def serve(args: argparse.Namespace) -> None:
     try:
         for i, engine in enumerate(cluster.engines):
             extra = f" (metrics on port {engine.metrics_port})" if engine.metrics_port is not None else ""
-            if engine.kv_publisher is not None:
-                extra += f" (kv events on {engine.kv_publisher.endpoint})"
+            if engine.kv_publishers:  # one per DP rank
+                extra += f" (kv events on {', '.join(p.endpoint for p in engine.kv_publishers)})"
             print(f"engine {i} listening on {engine.address}{extra}", flush=True)
         await stop.wait()
     finally:

@@ -65,7 +65,8 @@ class SimEngine:
     port: int
     protocol: Protocol = "vllm"
     control: ControlServer | None = None
-    kv_publisher: ZmqKvPublisher | None = None  # vLLM's ZMQ KV-event channel, when switched on
+    # vLLM's ZMQ KV-event channel, when switched on: one publisher per DP rank, in rank order.
+    kv_publishers: list[ZmqKvPublisher] = field(default_factory=list)
     _refusal: asyncio.Task[None] | None = field(default=None, repr=False)
 
     @property
@@ -83,6 +84,11 @@ class SimEngine:
     @property
     def address(self) -> str:
         return format_address(self.host, self.port)
+
+    @property
+    def kv_publisher(self) -> ZmqKvPublisher | None:
+        """Rank 0's ZMQ publisher (the engine's only one without data parallelism)."""
+        return self.kv_publishers[0] if self.kv_publishers else None
 
     @property
     def metrics_port(self) -> int | None:
@@ -111,8 +117,7 @@ class SimEngine:
         await self.core.stop()
         if self.control is not None:
             await self.control.stop()
-        if self.kv_publisher is not None:
-            await self.kv_publisher.close()
+        await asyncio.gather(*(publisher.close() for publisher in self.kv_publishers))
 
 
 @dataclass
@@ -164,15 +169,18 @@ async def _serve(
     return engine
 
 
-def _kv_publisher(core: EngineCore, options: SimOptions, index: int, count: int) -> ZmqKvPublisher:
+def _kv_publishers(engine: SimEngine, options: SimOptions, index: int, count: int) -> None:
+    """Engine `index`'s ZMQ publishers, one per DP rank (each on its own endpoint, as in vLLM)."""
     # Imported here: pyzmq and msgpack are needed only when the channel is switched on.
     try:
         from load.simulator.zmq_publisher import ZmqKvPublisher
     except ImportError as e:
         raise RuntimeError(f"kv_events_zmq needs pyzmq and msgpack installed: {e}") from e
-    publisher = ZmqKvPublisher.for_engine(options, index, count)
-    publisher.attach(core.hub)
-    return publisher
+    for rank in range(options.data_parallel_size):
+        # Appended one by one: a later rank failing to bind still leaves the earlier ones to close.
+        publisher = ZmqKvPublisher.for_engine(options, index, count, rank)
+        engine.kv_publishers.append(publisher)
+        publisher.attach(engine.core.hub)
 
 
 async def start_engines(
@@ -189,7 +197,8 @@ async def start_engines(
     """Start `count` engines on base_port, base_port+1, ... (base_port 0: each on a free port).
 
     `metrics_base_port` serves each engine's /metrics and /faults on metrics_base_port + i (0: free
-    ports; None: no HTTP endpoint). `options.kv_events_zmq` adds vLLM's ZMQ KV-event publisher per engine.
+    ports; None: no HTTP endpoint). `options.kv_events_zmq` adds vLLM's ZMQ KV-event publisher per engine
+    and DP rank.
     """
     if count < 1:
         raise ValueError(f"count must be at least 1, got {count}")
@@ -215,7 +224,7 @@ async def start_engines(
             engine = await _serve(core, host, port, protocol, metrics_port)
             cluster.engines.append(engine)
             if options.kv_events_zmq is not None:
-                engine.kv_publisher = _kv_publisher(core, options, i, count)
+                _kv_publishers(engine, options, i, count)
     except BaseException:
         await cluster.stop(grace=None)
         raise

@@ -21,6 +21,7 @@ FLAGS = {
     "num_blocks": "--num-blocks",
     "max_num_seqs": "--max-num-seqs",
     "max_num_batched_tokens": "--max-num-batched-tokens",
+    "data_parallel_size": "--data-parallel-size",
     "kv_events_zmq": "--kv-events-zmq",
     "kv_events_zmq_replay": "--kv-events-zmq-replay",
     "kv_events_zmq_topic": "--kv-events-zmq-topic",

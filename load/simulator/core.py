@@ -1,6 +1,11 @@
-"""What one simulated engine is, whatever protocol it speaks: model facts, scheduler, KV cache, events,
+"""What one simulated engine is, whatever protocol it speaks: model facts, schedulers, KV caches, events,
 load figures, counters and faults. The protocol servicers (`engine.VllmEngine`, `sglang.SglangEngine`)
 translate their messages to and from this.
+
+With `data_parallel_size` > 1 the engine holds one scheduler (and KV cache) per data-parallel rank, as a
+vLLM or SGLang engine with DP ranks behind one address: a request pinned to a rank runs there, an unpinned
+one goes to the rank with the fewest running and waiting sequences (the lowest on ties), as vLLM's DP
+coordinator roughly balances. Faults, counters and the request table are the engine's, shared by ranks.
 """
 
 from __future__ import annotations
@@ -62,12 +67,13 @@ class EngineStats:
 
 
 class Request:
-    """An admitted request: its choices (n sequences) and where their tokens arrive."""
+    """An admitted request: its choices (n sequences), where their tokens arrive and the rank running it."""
 
-    def __init__(self, request_id: str, sequences: list[Sequence], mailbox: Mailbox) -> None:
+    def __init__(self, request_id: str, sequences: list[Sequence], mailbox: Mailbox, rank: int = 0) -> None:
         self.request_id = request_id
         self.sequences = sequences
         self.mailbox = mailbox
+        self.rank = rank
         self.aborted = False
         self.faulted = False  # ended by an injected fault, not by its caller
 
@@ -85,10 +91,12 @@ class EngineCore:
         self.options = options
         self.stats = EngineStats()
         self.faults = FaultPlan()
-        self.hub = KvEventHub(self.load_record)
-        self.scheduler = Scheduler(
-            options, self.hub.publish, self.faults.engine, hash_seed, counters=self.stats
-        )
+        self.hub = KvEventHub(self.load_record, options.data_parallel_size)
+        # One scheduler and cache per DP rank; the fault plan's stall and slow-down reach every rank.
+        self.schedulers = [
+            Scheduler(options, self.hub.publisher(rank), self.faults.engine, hash_seed, counters=self.stats)
+            for rank in range(options.data_parallel_size)
+        ]
         self.started = time.time()
         self.last_receive = 0.0
         self.finished: Counter[str] = Counter()  # requests by finish reason (per choice)
@@ -96,7 +104,31 @@ class EngineCore:
         self._requests: dict[str, list[Request]] = {}
         self._tokenizer_zip: tuple[bytes, str] | None = None
 
+    @property
+    def scheduler(self) -> Scheduler:
+        """Rank 0's scheduler: the engine's only one without data parallelism."""
+        return self.schedulers[0]
+
+    @property
+    def data_parallel_size(self) -> int:
+        return len(self.schedulers)
+
     # --- requests -----------------------------------------------------------------------------
+
+    def check_rank(self, rank: int | None) -> None:
+        """A pinned rank must exist (vLLM's message); a ValueError is the client's fault."""
+        size = self.data_parallel_size
+        if rank is not None and not 0 <= rank < size:
+            raise ValueError(f"data_parallel_rank {rank} is out of range [0, {size}).")
+
+    def pick_rank(self) -> int:
+        """The rank an unpinned request goes to: the fewest running and waiting sequences, lowest first."""
+
+        def queued(rank: int) -> tuple[int, int]:
+            scheduler = self.schedulers[rank]
+            return len(scheduler.running) + len(scheduler.waiting), rank
+
+        return min(range(self.data_parallel_size), key=queued)
 
     def submit(
         self,
@@ -105,7 +137,11 @@ class EngineCore:
         params: GenerationParams,
         n: int,
         cache_limit: int | None = None,
+        rank: int | None = None,
     ) -> Request:
+        """Admit a request on `rank` (checked by `check_rank` before), or on the least busy rank."""
+        rank = self.pick_rank() if rank is None else rank
+        scheduler = self.schedulers[rank]
         loop_time = time.monotonic()
         mailbox = Mailbox(n)
         sequences = []
@@ -124,17 +160,18 @@ class EngineCore:
                     cache_limit=cache_limit,
                 )
             )
-        request = Request(request_id, sequences, mailbox)
+        request = Request(request_id, sequences, mailbox, rank)
         self._requests.setdefault(request_id, []).append(request)
         self.stats.active += 1
         for sequence in sequences:
-            self.scheduler.add(sequence)
+            scheduler.add(sequence)
         return request
 
     def release(self, request: Request, *, cancelled: bool) -> None:
         """The handler is done with a request: free whatever it still holds."""
+        scheduler = self.schedulers[request.rank]
         for sequence in request.sequences:
-            self.scheduler.finish(sequence, None, notify=False)
+            scheduler.finish(sequence, None, notify=False)
         requests = self._requests.get(request.request_id, [])
         if request in requests:
             requests.remove(request)
@@ -146,31 +183,46 @@ class EngineCore:
 
     def abort(self, request_ids: list[str]) -> None:
         for request_id in request_ids:
-            # An unknown or finished id is not an error (vLLM ignores it too).
+            # An unknown or finished id is not an error (vLLM ignores it too). Each request remembers
+            # its rank, so an abort reaches whichever rank holds it.
             for request in self._requests.get(request_id, ()):
                 if request.aborted:
                     continue
                 request.aborted = True
+                scheduler = self.schedulers[request.rank]
                 for sequence in request.sequences:
                     if not sequence.finished:
-                        self.scheduler.finish(sequence, Step(-1, "abort"))
+                        scheduler.finish(sequence, Step(-1, "abort"))
 
     def fits(self, prompt_len: int) -> bool:
-        return self.scheduler.fits(prompt_len)
+        return self.scheduler.fits(prompt_len)  # every rank has the same cache size
+
+    def flush_cache(self) -> bool:
+        """Flush every rank's prefix cache, or none: refused while any rank's requests hold blocks."""
+        if any(scheduler.cache.used_blocks for scheduler in self.schedulers):
+            return False
+        return all([scheduler.flush_cache() for scheduler in self.schedulers])
 
     # --- load ---------------------------------------------------------------------------------
 
     @property
     def max_total_tokens(self) -> int:
+        """One rank's KV capacity in tokens."""
         return self.options.num_blocks * self.options.block_size
 
-    def load_fields(self) -> dict[str, int | float]:
-        """The GetLoads SchedulerLoad figures, as vLLM's servicer fills them."""
-        scheduler = self.scheduler
+    def ranks(self, dp_rank: int | None = None) -> list[int]:
+        """The ranks a GetLoads asks for: all, or the one it filters on (none when that does not exist)."""
+        if dp_rank is None:
+            return list(range(self.data_parallel_size))
+        return [dp_rank] if 0 <= dp_rank < self.data_parallel_size else []
+
+    def load_fields(self, rank: int = 0) -> dict[str, int | float]:
+        """A rank's GetLoads SchedulerLoad figures, as vLLM's servicer fills them."""
+        scheduler = self.schedulers[rank]
         usage = scheduler.cache.usage
         running, waiting = len(scheduler.running), len(scheduler.waiting)
         return {
-            "dp_rank": 0,
+            "dp_rank": rank,
             "num_running_reqs": running,
             "num_waiting_reqs": waiting,
             "num_total_reqs": running + waiting,
@@ -184,8 +236,9 @@ class EngineCore:
             "num_waiting_uncached_tokens": scheduler.waiting_uncached_tokens,
         }
 
-    def load_record(self) -> common_pb2.EngineLoad:
-        fields = self.load_fields()
+    def load_record(self, rank: int = 0) -> common_pb2.EngineLoad:
+        """A rank's load record, as the KV-event streams attach it."""
+        fields = self.load_fields(rank)
         return common_pb2.EngineLoad(
             running_requests=int(fields["num_running_reqs"]),
             waiting_requests=int(fields["num_waiting_reqs"]),
@@ -215,7 +268,7 @@ class EngineCore:
 
     async def stop(self) -> None:
         self.hub.close()
-        await self.scheduler.stop()
+        await asyncio.gather(*(scheduler.stop() for scheduler in self.schedulers))
 
 
 def build_tokenizer_zip(directory: Path) -> tuple[bytes, str]:

@@ -13,6 +13,7 @@ import os
 import time
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
+from typing import NamedTuple
 
 import grpc
 from smg_grpc_proto.generated import common_pb2, vllm_engine_pb2, vllm_engine_pb2_grpc
@@ -27,7 +28,20 @@ from load.simulator.vocab import PlausibleVocab
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["EngineStats", "VllmEngine", "resolve_request"]
+__all__ = ["EngineStats", "Resolved", "VllmEngine", "resolve_request"]
+
+
+class Resolved(NamedTuple):
+    """What `admit` made of a Generate request."""
+
+    prompt_ids: list[int]
+    params: GenerationParams
+    n: int
+    rank: int | None  # the DP rank it is pinned to; None lets the engine balance
+
+
+def pinned_rank(request: vllm_engine_pb2.GenerateRequest) -> int | None:
+    return request.data_parallel_rank if request.HasField("data_parallel_rank") else None
 
 
 def resolve_request(
@@ -53,10 +67,11 @@ async def admit(
     request: vllm_engine_pb2.GenerateRequest,
     context: grpc.aio.ServicerContext,
     check: Callable[[list[int]], None] | None = None,
-) -> tuple[list[int], GenerationParams, int]:
+) -> Resolved:
     """Every Generate's first step, whatever the protocol: count it, fail it if a fault says so, check
-    it (INVALID_ARGUMENT when the client is at fault; `check` adds the protocol's own checks of the
-    prompt ids); returns what `resolve_request` resolved."""
+    it (INVALID_ARGUMENT when the client is at fault, a pinned DP rank out of range included; `check`
+    adds the protocol's own checks of the prompt ids); returns what `resolve_request` resolved and the
+    pinned rank."""
     core.stats.generate_requests += 1
     core.last_receive = time.time()
     failure = core.faults.take_failure()
@@ -64,10 +79,12 @@ async def admit(
         core.stats.faults += 1
         await context.abort(*failure)
     try:
-        resolved = resolve_request(request, core)
+        prompt_ids, params, n = resolve_request(request, core)
         if check is not None:
-            check(resolved[0])
-        return resolved
+            check(prompt_ids)
+        rank = pinned_rank(request)
+        core.check_rank(rank)
+        return Resolved(prompt_ids, params, n, rank)
     except ValueError as e:
         core.stats.rejected += 1
         logger.info("Generate %s rejected: %s", request.request_id, e)
@@ -104,11 +121,11 @@ class VllmEngine(vllm_engine_pb2_grpc.VllmEngineServicer):
         self, request: vllm_engine_pb2.GenerateRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[vllm_engine_pb2.GenerateResponse]:
         core = self.core
-        prompt_ids, params, n = await admit(core, request, context)
+        prompt_ids, params, n, rank = await admit(core, request, context)
         sampling = request.sampling_params
         # vLLM computes a prompt whose logprobs are asked for: it reads nothing from the prefix cache.
         cache_limit = 0 if requested_prompt_logprobs(sampling) is not None else None
-        admitted = core.submit(request.request_id, prompt_ids, params, n, cache_limit)
+        admitted = core.submit(request.request_id, prompt_ids, params, n, cache_limit, rank)
         messages = responses.VllmMessages(prompt_ids, sampling, core.vocab)
         cancelled = True
         try:
@@ -164,7 +181,7 @@ class VllmEngine(vllm_engine_pb2_grpc.VllmEngineServicer):
     ) -> vllm_engine_pb2.GetServerInfoResponse:
         # vLLM's servicer fills these from the engine's config only: no counters, no server_type.
         return vllm_engine_pb2.GetServerInfoResponse(
-            data_parallel_size=1,
+            data_parallel_size=self.core.data_parallel_size,
             shm_namespace_id=shm_namespace_id(),
             kv_cache_dtype="auto",
             block_size=self.options.block_size,
@@ -177,11 +194,13 @@ class VllmEngine(vllm_engine_pb2_grpc.VllmEngineServicer):
     async def GetLoads(
         self, request: vllm_engine_pb2.GetLoadsRequest, context: grpc.aio.ServicerContext
     ) -> vllm_engine_pb2.GetLoadsResponse:
+        core = self.core
+        ranks = core.ranks(request.dp_rank if request.HasField("dp_rank") else None)
         return vllm_engine_pb2.GetLoadsResponse(
             timestamp=_iso_now(),
             version=self.options.version,
-            dp_rank_count=1,
-            loads=[vllm_engine_pb2.SchedulerLoad(**self.core.load_fields())],
+            dp_rank_count=core.data_parallel_size,
+            loads=[vllm_engine_pb2.SchedulerLoad(**core.load_fields(rank)) for rank in ranks],
         )
 
     async def GetTokenizer(
@@ -205,7 +224,7 @@ class VllmEngine(vllm_engine_pb2_grpc.VllmEngineServicer):
 async def flush_cache(
     core: EngineCore, request: common_pb2.FlushCacheRequest, context: grpc.aio.ServicerContext
 ) -> common_pb2.FlushCacheResponse:
-    """vLLM's servicer: retry until the cache is idle within timeout_s (0: one attempt)."""
+    """vLLM's servicer: retry until every rank's cache is idle within timeout_s (0: one attempt)."""
     timeout = request.timeout_s
     if not timeout >= 0 or timeout == float("inf"):
         context.set_code(grpc.StatusCode.INVALID_ARGUMENT)
@@ -214,7 +233,7 @@ async def flush_cache(
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     while True:
-        if core.scheduler.flush_cache():
+        if core.flush_cache():
             return common_pb2.FlushCacheResponse(
                 success=True, message="Local KV prefix cache flushed successfully"
             )

@@ -13,13 +13,20 @@ engine by tests/contract):
   every 100 ms) or after 1 s of silence (5 s once two heartbeats in a row were unchanged); nothing before
   the stream's first batch;
 - a non-zero `start_sequence_number` is refused with OUT_OF_RANGE: there is no history to resume from.
+
+With several data-parallel ranks each rank is a publisher of its own, as in vLLM: its batches carry its
+`dp_rank` and their own sequence from 0, its load record and heartbeats are that rank's (a rank's
+heartbeats start after its first batch on the stream, its telemetry rides its first record); `sample`
+still counts up per stream, over every rank's records. One stream carries every rank.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
+import itertools
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 
 import grpc
 from smg_grpc_proto.generated import common_pb2
@@ -34,6 +41,7 @@ MAX_BACKLOG = 10_000
 _TELEMETRY = ("cache_hit_rate", "num_used_tokens", "max_total_num_tokens")
 
 LoadSource = Callable[[], common_pb2.EngineLoad]
+RankLoadSource = Callable[[int], common_pb2.EngineLoad]  # a rank's load record
 
 
 def _stored(event: Stored) -> common_pb2.KvBlocksStored:
@@ -88,31 +96,36 @@ def load_changed(last: common_pb2.EngineLoad, current: common_pb2.EngineLoad) ->
 
 
 class _Recorder:
-    """One stream's load records: numbered, telemetry-trimmed, paced."""
+    """One rank's load records on one stream: numbered, telemetry-trimmed, paced."""
 
-    def __init__(self, source: LoadSource) -> None:
+    def __init__(self, source: LoadSource, rank: int, samples: Iterator[int]) -> None:
         self._source = source
-        self._sample = 0
+        self.rank = rank
+        self._samples = samples  # shared by the stream's ranks: `sample` counts up per stream
+        self._first = True
         self._last: common_pb2.EngineLoad | None = None
         self._last_sent = time.monotonic()
         self._unchanged = 0
         self.last_sequence: int | None = None
+        # When this rank's load is next looked at for a heartbeat: a tick after its last batch or look.
+        self.next_check = time.monotonic() + LOAD_TICK_S
 
     def _numbered(self, current: common_pb2.EngineLoad, *, load_only: bool) -> common_pb2.EngineLoad:
         record = common_pb2.EngineLoad()
         record.CopyFrom(current)
-        self._sample += 1
-        record.sample = self._sample
+        record.sample = next(self._samples)
         record.load_only = load_only
-        if not load_only and self._sample > 1:
+        if not load_only and not self._first:
             for name in _TELEMETRY:
                 record.ClearField(name)
+        self._first = False
         self._last = current
         return record
 
     def stamp(self, batch: common_pb2.KvEventBatch) -> common_pb2.KvEventBatch:
         self.last_sequence = batch.sequence_number
         self._last_sent = time.monotonic()
+        self.next_check = self._last_sent + LOAD_TICK_S
         self._unchanged = 0
         batch.load.CopyFrom(self._numbered(self._source(), load_only=False))
         return batch
@@ -128,40 +141,73 @@ class _Recorder:
         record = self._numbered(current, load_only=True)
         self._last_sent = time.monotonic()
         self._unchanged = 0 if changed else self._unchanged + 1
-        batch = common_pb2.KvEventBatch(sequence_number=self.last_sequence, timestamp=time.time(), dp_rank=0)
+        batch = common_pb2.KvEventBatch(
+            sequence_number=self.last_sequence, timestamp=time.time(), dp_rank=self.rank
+        )
         batch.load.CopyFrom(record)
         return batch
 
 
+def _due_heartbeats(recorders: list[_Recorder]) -> list[common_pb2.KvEventBatch]:
+    """Look at every rank whose tick has come (even while other ranks' batches keep the stream busy)."""
+    now = time.monotonic()
+    heartbeats = []
+    for recorder in recorders:
+        if recorder.next_check <= now:
+            recorder.next_check = now + LOAD_TICK_S
+            heartbeat = recorder.heartbeat()
+            if heartbeat is not None:
+                heartbeats.append(heartbeat)
+    return heartbeats
+
+
+def _until_due(recorders: list[_Recorder]) -> float:
+    return max(min(r.next_check for r in recorders) - time.monotonic(), 0.0)
+
+
+# A published batch as queued for a stream: (rank, sequence, timestamp, events); None ends the stream.
+_Item = tuple[int, int, float, list[KvEvent]]
+Listener = Callable[[list[KvEvent]], None]
+
+
 class KvEventHub:
-    """Fans one engine's event batches out to its subscribers."""
+    """Fans one engine's event batches out to its subscribers, each DP rank numbering its own."""
 
-    def __init__(self, load_source: LoadSource) -> None:
+    def __init__(self, load_source: RankLoadSource, ranks: int = 1) -> None:
         self._load_source = load_source
-        self._sequence = -1  # vLLM's publisher numbers its first batch 0
-        self._subscribers: set[asyncio.Queue[tuple[int, float, list[KvEvent]] | None]] = set()
-        # Other channels that publish every batch too (vLLM's ZMQ publisher), in the hub's order.
-        self._listeners: list[Callable[[list[KvEvent]], None]] = []
-        self.batches = 0
+        self.ranks = ranks
+        self._sequences = [-1] * ranks  # vLLM's publishers number their first batch 0, one per rank
+        self._subscribers: set[asyncio.Queue[_Item | None]] = set()
+        # Other channels that publish a rank's batches too (vLLM's ZMQ publisher), in the hub's order.
+        self._listeners: list[list[Listener]] = [[] for _ in range(ranks)]
+        self.batches = 0  # over every rank
 
-    def add_listener(self, listener: Callable[[list[KvEvent]], None]) -> None:
-        self._listeners.append(listener)
+    def add_listener(self, listener: Listener, rank: int = 0) -> None:
+        self._listeners[rank].append(listener)
+
+    def publisher(self, rank: int) -> Listener:
+        """What rank `rank`'s scheduler publishes its steps' events with."""
+
+        def publish(events: list[KvEvent]) -> None:
+            self.publish(events, rank)
+
+        return publish
 
     @property
     def subscribers(self) -> int:
         return len(self._subscribers)
 
-    def publish(self, events: list[KvEvent]) -> None:
-        self._sequence += 1
+    def publish(self, events: list[KvEvent], rank: int = 0) -> None:
+        self._sequences[rank] += 1
         self.batches += 1
-        item = (self._sequence, time.time(), events)
+        item = (rank, self._sequences[rank], time.time(), events)
         for queue in list(self._subscribers):
             if queue.qsize() >= MAX_BACKLOG:
                 self._subscribers.discard(queue)
                 queue.put_nowait(None)
             else:
                 queue.put_nowait(item)
-        for listener in self._listeners:
+        for listener in self._listeners[rank]:
             listener(events)
 
     def close(self) -> None:
@@ -172,32 +218,35 @@ class KvEventHub:
     async def subscribe(
         self, request: common_pb2.SubscribeKvEventsRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[common_pb2.KvEventBatch]:
+        # No rank keeps history, so no cursor (one rank's or several's) can be resumed.
         if request.start_sequence_number:
             await context.abort(
                 grpc.StatusCode.OUT_OF_RANGE,
                 "KV event replay cursors are per subscription; resubscribe with zero and rebuild",
             )
-        queue: asyncio.Queue[tuple[int, float, list[KvEvent]] | None] = asyncio.Queue()
+        queue: asyncio.Queue[_Item | None] = asyncio.Queue()
         self._subscribers.add(queue)
-        recorder = _Recorder(self._load_source)
+        samples = itertools.count(1)
+        recorders = [
+            _Recorder(functools.partial(self._load_source, rank), rank, samples) for rank in range(self.ranks)
+        ]
         event_id = 0
         try:
             await context.send_initial_metadata(())
             while True:
+                for heartbeat in _due_heartbeats(recorders):
+                    yield heartbeat
                 try:
-                    item = await asyncio.wait_for(queue.get(), LOAD_TICK_S)
+                    item = await asyncio.wait_for(queue.get(), _until_due(recorders))
                 except TimeoutError:
-                    heartbeat = recorder.heartbeat()
-                    if heartbeat is not None:
-                        yield heartbeat
                     continue
                 if item is None:
                     return
-                sequence, timestamp, events = item
-                batch = common_pb2.KvEventBatch(sequence_number=sequence, timestamp=timestamp, dp_rank=0)
+                rank, sequence, timestamp, events = item
+                batch = common_pb2.KvEventBatch(sequence_number=sequence, timestamp=timestamp, dp_rank=rank)
                 for event in events:
                     event_id += 1
                     batch.events.append(to_proto(event, event_id))
-                yield recorder.stamp(batch)
+                yield recorders[rank].stamp(batch)
         finally:
             self._subscribers.discard(queue)

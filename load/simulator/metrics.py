@@ -1,7 +1,9 @@
 """Prometheus text exposition of one engine's state, under vLLM's metric names.
 
 vLLM (v1) labels every series with `model_name` and `engine`; counters carry the `_total` suffix that
-its prometheus_client adds. Only what the simulator really models is exported.
+its prometheus_client adds. Only what the simulator really models is exported. With several DP ranks the
+series are the engine's totals over its ranks (KV usage over all their blocks, one TTFT histogram), so a
+benchmark reading `vllm:*` per engine sees the whole engine.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from load.simulator.core import EngineCore
+    from load.simulator.scheduler import Scheduler
 
 # vLLM's time-to-first-token buckets (seconds).
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
@@ -28,6 +31,22 @@ class Histogram:
         self.sum += value
         self.count += 1
 
+    @classmethod
+    def merged(cls, histograms: list[Histogram]) -> Histogram:
+        """One histogram of every observation of several (with the same buckets)."""
+        total = cls(histograms[0].buckets)
+        for histogram in histograms:
+            total.counts = [a + b for a, b in zip(total.counts, histogram.counts, strict=True)]
+            total.sum += histogram.sum
+            total.count += histogram.count
+        return total
+
+
+def _kv_usage(schedulers: list[Scheduler]) -> float:
+    """Blocks held over all ranks' blocks (one rank: its own usage)."""
+    used = sum(s.cache.used_blocks for s in schedulers)
+    return used / sum(s.cache.num_blocks for s in schedulers)
+
 
 def _labels(core: EngineCore, extra: str = "") -> str:
     name = core.spec.served_name.replace("\\", "\\\\").replace('"', '\\"')
@@ -35,7 +54,7 @@ def _labels(core: EngineCore, extra: str = "") -> str:
 
 
 def render(core: EngineCore) -> str:
-    scheduler = core.scheduler
+    schedulers = core.schedulers
     stats = core.stats
     labels = _labels(core)
     lines: list[str] = []
@@ -48,43 +67,43 @@ def render(core: EngineCore) -> str:
     metric(
         "vllm:num_requests_running",
         "gauge",
-        len(scheduler.running),
+        sum(len(s.running) for s in schedulers),
         "Number of requests in model execution batches.",
     )
     metric(
         "vllm:num_requests_waiting",
         "gauge",
-        len(scheduler.waiting),
+        sum(len(s.waiting) for s in schedulers),
         "Number of requests waiting to be processed.",
     )
     metric(
         "vllm:kv_cache_usage_perc",
         "gauge",
-        scheduler.cache.usage,
+        _kv_usage(schedulers),
         "KV-cache usage. 1 means 100 percent usage.",
     )
     metric(
         "vllm:prefix_cache_queries_total",
         "counter",
-        scheduler.stats.prompt_tokens,
+        sum(s.stats.prompt_tokens for s in schedulers),
         "Prefix cache queries, in terms of number of queried tokens.",
     )
     metric(
         "vllm:prefix_cache_hits_total",
         "counter",
-        scheduler.stats.cached_tokens,
+        sum(s.stats.cached_tokens for s in schedulers),
         "Prefix cache hits, in terms of number of cached tokens.",
     )
     metric(
         "vllm:num_preemptions_total",
         "counter",
-        scheduler.stats.preemptions,
+        sum(s.stats.preemptions for s in schedulers),
         "Cumulative number of preemptions.",
     )
     metric(
         "vllm:prompt_tokens_total",
         "counter",
-        scheduler.stats.prompt_tokens,
+        sum(s.stats.prompt_tokens for s in schedulers),
         "Number of prefill tokens processed.",
     )
     metric(
@@ -99,7 +118,7 @@ def render(core: EngineCore) -> str:
         series = _labels(core, f',finished_reason="{reason}"')
         lines.append(f"vllm:request_success_total{series} {core.finished[reason]}")
 
-    ttft = scheduler.stats.ttft
+    ttft = Histogram.merged([s.stats.ttft for s in schedulers])
     name = "vllm:time_to_first_token_seconds"
     lines.append(f"# HELP {name} Histogram of time to first token in seconds.")
     lines.append(f"# TYPE {name} histogram")

@@ -37,6 +37,9 @@ class SimOptions:
     # Scheduler: the running window and the token budget of one step (chunked prefill beyond it).
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 2048
+    # Data-parallel ranks behind the engine's one address, each with its own scheduler and KV cache
+    # (`num_blocks` and the scheduler limits are per rank, as each vLLM DP rank has its own).
+    data_parallel_size: int = 1
     # What GetServerInfo/GetLoads report as the engine's version.
     version: str = "0.32.0"
     # vLLM's ZMQ KV-event channel (zmq_publisher.py; needs pyzmq and msgpack), off when None. Engine i
@@ -53,6 +56,8 @@ class SimOptions:
         for name in ("block_size", "num_blocks", "max_num_seqs", "max_num_batched_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1")
+        if self.data_parallel_size < 1:
+            raise ValueError("data_parallel_size must be at least 1")
         for name in ("kv_events_zmq", "kv_events_zmq_replay"):
             endpoint = getattr(self, name)
             if endpoint is not None and not endpoint.startswith(ZMQ_SCHEMES):

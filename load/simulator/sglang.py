@@ -64,6 +64,8 @@ def _as_vllm(request: sglang_scheduler_pb2.GenerateRequest) -> vllm_engine_pb2.G
     )
     if request.HasField("tokenized"):
         converted.tokenized.input_ids.extend(request.tokenized.input_ids)
+    if request.HasField("data_parallel_rank"):
+        converted.data_parallel_rank = request.data_parallel_rank
     return converted
 
 
@@ -203,6 +205,19 @@ class SglangMessages:
         return sglang_scheduler_pb2.GenerateResponse(request_id=self.request_id, complete=message)
 
 
+def aggregate(loads: list[sglang_scheduler_pb2.SchedulerLoad]) -> sglang_scheduler_pb2.AggregateMetrics:
+    """SGLang's aggregate over the listed ranks: request counts summed, usage and rate averaged."""
+    count = max(len(loads), 1)  # an empty list (a filter on a missing rank) aggregates to zeros
+    return sglang_scheduler_pb2.AggregateMetrics(
+        total_running_reqs=sum(load.num_running_reqs for load in loads),
+        total_waiting_reqs=sum(load.num_waiting_reqs for load in loads),
+        total_reqs=sum(load.num_total_reqs for load in loads),
+        avg_token_usage=sum(load.token_usage for load in loads) / count,
+        avg_throughput=sum(load.gen_throughput for load in loads) / count,
+        avg_utilization=sum(load.utilization for load in loads) / count,
+    )
+
+
 class SglangEngine(sglang_scheduler_pb2_grpc.SglangSchedulerServicer):
     def __init__(self, core: EngineCore) -> None:
         self.core = core
@@ -217,10 +232,10 @@ class SglangEngine(sglang_scheduler_pb2_grpc.SglangSchedulerServicer):
     ) -> AsyncIterator[sglang_scheduler_pb2.GenerateResponse]:
         core = self.core
         start = input_logprob_start(request)
-        prompt_ids, params, n = await admit(
+        prompt_ids, params, n, rank = await admit(
             core, _as_vllm(request), context, check=lambda ids: check_logprob_start(start, len(ids))
         )
-        admitted = core.submit(request.request_id, prompt_ids, params, n, cache_limit=start)
+        admitted = core.submit(request.request_id, prompt_ids, params, n, cache_limit=start, rank=rank)
         messages = SglangMessages(request, prompt_ids, start, core.vocab)
         cancelled = True
         try:
@@ -282,6 +297,7 @@ class SglangEngine(sglang_scheduler_pb2_grpc.SglangSchedulerServicer):
                 "chunked_prefill_size": options.max_num_batched_tokens,
                 "context_length": core.spec.max_model_len,
                 "disable_radix_cache": False,
+                "dp_size": core.data_parallel_size,
             }
         )
         scheduler_info = struct_pb2.Struct()
@@ -306,22 +322,15 @@ class SglangEngine(sglang_scheduler_pb2_grpc.SglangSchedulerServicer):
     async def GetLoads(
         self, request: sglang_scheduler_pb2.GetLoadsRequest, context: grpc.aio.ServicerContext
     ) -> sglang_scheduler_pb2.GetLoadsResponse:
-        fields = self.core.load_fields()
-        load = sglang_scheduler_pb2.SchedulerLoad(**fields)
-        aggregate = sglang_scheduler_pb2.AggregateMetrics(
-            total_running_reqs=load.num_running_reqs,
-            total_waiting_reqs=load.num_waiting_reqs,
-            total_reqs=load.num_total_reqs,
-            avg_token_usage=load.token_usage,
-            avg_throughput=load.gen_throughput,
-            avg_utilization=load.utilization,
-        )
+        core = self.core
+        ranks = core.ranks(request.dp_rank if request.HasField("dp_rank") else None)
+        loads = [sglang_scheduler_pb2.SchedulerLoad(**core.load_fields(rank)) for rank in ranks]
         return sglang_scheduler_pb2.GetLoadsResponse(
             timestamp=datetime.now(UTC).isoformat(),
             version=SGLANG_VERSION,
-            dp_rank_count=1,
-            loads=[load],
-            aggregate=aggregate,
+            dp_rank_count=core.data_parallel_size,
+            loads=loads,
+            aggregate=aggregate(loads),
         )
 
     async def GetTokenizer(

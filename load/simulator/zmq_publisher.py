@@ -21,6 +21,11 @@ payloads are checked with vLLM's own msgspec decoder by tests/load/test_simulato
 Endpoints follow vLLM's rule: a PUB endpoint with "*" or "::" in it, or an ipc:// or inproc:// one, is
 bound; any other (tcp://host:port) is connected to, for consumers that bind. The replay endpoint is always
 bound.
+
+Data-parallel ranks: as in vLLM, every rank has a publisher of its own, on the endpoint offset by its rank,
+numbering its own batches from 0 (those of its SubscribeKvEvents batches) with its rank in the payload.
+Engine i's rank r takes slot i * data_parallel_size + r: a tcp port raised by the slot, or "{i}" replaced
+by it, so one engine's ranks sit on consecutive ports and the engines follow each other.
 """
 
 from __future__ import annotations
@@ -91,8 +96,9 @@ def encode_batch(timestamp: float, events: list[KvEvent], dp_rank: int = 0) -> b
 
 
 def endpoint_for(template: str, index: int, count: int) -> str:
-    """Engine `index`'s endpoint: "{i}" replaced by the index, else a tcp port raised by it (vLLM's rule
-    for data-parallel ranks; port 0 stays 0, a free port each)."""
+    """Slot `index`'s endpoint (an engine's, or with DP ranks an engine rank's): "{i}" replaced by the
+    index, else a tcp port raised by it (vLLM's rule for data-parallel ranks; port 0 stays 0, a free port
+    each)."""
     if "{i}" in template:
         return template.replace("{i}", str(index))
     if template.startswith("tcp://"):
@@ -101,7 +107,7 @@ def endpoint_for(template: str, index: int, count: int) -> str:
             return f"{head}:{int(port) + index}"
         return template
     if count > 1:
-        raise ValueError(f"{template}: several engines need '{{i}}' in a non-tcp endpoint")
+        raise ValueError(f"{template}: several engines or DP ranks need '{{i}}' in a non-tcp endpoint")
     return template
 
 
@@ -156,23 +162,31 @@ class ZmqKvPublisher:
             raise
 
     @classmethod
-    def for_engine(cls, options: SimOptions, index: int, count: int) -> ZmqKvPublisher:
+    def for_engine(cls, options: SimOptions, index: int, count: int, rank: int = 0) -> ZmqKvPublisher:
+        """Rank `rank` of engine `index` (of `count`): on the endpoints of slot index * DP size + rank."""
         assert options.kv_events_zmq is not None
+        size = options.data_parallel_size
+        slot, slots = index * size + rank, count * size
         replay = options.kv_events_zmq_replay
         return cls(
-            endpoint_for(options.kv_events_zmq, index, count),
-            replay_endpoint=None if replay is None else endpoint_for(replay, index, count),
+            endpoint_for(options.kv_events_zmq, slot, slots),
+            replay_endpoint=None if replay is None else endpoint_for(replay, slot, slots),
             topic=options.kv_events_zmq_topic,
+            dp_rank=rank,
         )
+
+    @property
+    def dp_rank(self) -> int:
+        return self._dp_rank
 
     @property
     def batches(self) -> int:
         return self._sequence
 
     def attach(self, hub: KvEventHub) -> None:
-        """Publish every batch the engine's gRPC hub publishes, after it (same order, same numbers: both
-        count from the engine's first batch)."""
-        hub.add_listener(self.publish)
+        """Publish every batch of this rank that the engine's gRPC hub publishes, after it (same order,
+        same numbers: both count from the rank's first batch)."""
+        hub.add_listener(self.publish, self._dp_rank)
 
     def publish(self, events: list[KvEvent]) -> None:
         sequence = self._sequence
