@@ -10,6 +10,7 @@ use serde_json::json;
 
 use crate::engine::Protocol;
 use crate::model::ModelFiles;
+use crate::routing::endpoint::{engine_endpoint_names, split_name};
 use crate::routing::{NoRoute, Pick, PickRequest, Router, RouterConfig, RoutingError};
 
 pub fn unix_now() -> u64 {
@@ -24,7 +25,8 @@ pub struct ServedModel {
     pub files: ModelFiles,
     max_context: AtomicU32,
     pub created: u64,
-    /// The model's engines (set by the control plane) and the policy that picks among them.
+    /// The model's engines (set by the control plane) and the policy that picks among them: one
+    /// endpoint per engine, or per data-parallel rank (`"{address}#{rank}"`) of an engine with several.
     pub router: Router,
     /// The protocol each engine address speaks; the router itself only knows addresses.
     protocols: RwLock<HashMap<String, Protocol>>,
@@ -64,12 +66,17 @@ impl ServedModel {
         self.max_context.store(tokens, Ordering::Relaxed);
     }
 
-    /// Replace the model's engines: `(address, KV block size or 0, protocol)`.
-    pub fn set_endpoints(&self, endpoints: Vec<(String, u32, Protocol)>) -> Result<(), RoutingError> {
-        let protocols: HashMap<String, Protocol> = endpoints.iter().map(|(a, _, p)| (a.clone(), *p)).collect();
+    /// Replace the model's engines: `(address, KV block size or 0, protocol, data-parallel size)`. An
+    /// engine of DP size N > 1 is routed as N endpoints `"{address}#{rank}"`, one per rank (each has its
+    /// own KV cache); one of size 1 (or 0) as its address alone.
+    pub fn set_endpoints(&self, endpoints: Vec<(String, u32, Protocol, u32)>) -> Result<(), RoutingError> {
+        let protocols: HashMap<String, Protocol> = endpoints.iter().map(|(a, _, p, _)| (a.clone(), *p)).collect();
         // Protocols first: a request routed to a new address right after the router learns it must find it.
         let previous = std::mem::replace(&mut *self.protocols.write().expect("protocol lock"), protocols.clone());
-        let routed = endpoints.into_iter().map(|(a, b, _)| (a, b)).collect();
+        let routed = endpoints
+            .iter()
+            .flat_map(|&(ref a, b, _, dp)| engine_endpoint_names(a, dp).into_iter().map(move |name| (name, b)))
+            .collect();
         if let Err(e) = self.router.set_endpoints(routed) {
             *self.protocols.write().expect("protocol lock") = previous;
             return Err(e);
@@ -77,8 +84,10 @@ impl ServedModel {
         Ok(())
     }
 
-    /// The protocol of the engine at `address` (vLLM for an address the control plane never named).
+    /// The protocol of the engine at `address`, or of the engine an endpoint name `"{address}#{rank}"`
+    /// stands for (vLLM for an address the control plane never named).
     pub fn protocol(&self, address: &str) -> Protocol {
+        let address = split_name(address).0;
         self.protocols
             .read()
             .expect("protocol lock")
@@ -100,7 +109,7 @@ impl ServedModel {
         all
     }
 
-    /// Addresses of the healthy endpoints.
+    /// Names of the healthy endpoints (addresses; `"{address}#{rank}"` for the ranks of a DP engine).
     pub fn ready_endpoints(&self) -> Vec<String> {
         self.router
             .endpoints()

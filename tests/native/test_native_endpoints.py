@@ -1,4 +1,4 @@
-"""`Gateway.set_endpoints`: each engine address carries the protocol it speaks."""
+"""`Gateway.set_endpoints`: each engine address carries the protocol it speaks and its data-parallel size."""
 
 from __future__ import annotations
 
@@ -38,9 +38,47 @@ def test_an_engine_can_change_protocol_and_leave(gateway: _native.Gateway) -> No
     assert gateway.endpoints(MODEL) == []
 
 
+def test_quadruples_give_a_data_parallel_engine_one_endpoint_per_rank(gateway: _native.Gateway) -> None:
+    gateway.set_endpoints(
+        MODEL,
+        [
+            ("10.0.0.1:9000", 16, "vllm", 3),
+            ("10.0.0.2:9000", 0, "sglang", 1),
+            ("10.0.0.3:9000", 0, "vllm", 0),
+        ],
+    )
+    # Protocols stay per address; the router lists a DP engine's ranks.
+    assert gateway.endpoint_protocols(MODEL) == [
+        ("10.0.0.1:9000", "vllm"),
+        ("10.0.0.2:9000", "sglang"),
+        ("10.0.0.3:9000", "vllm"),
+    ]
+    assert sorted(gateway.endpoints(MODEL)) == [
+        "10.0.0.1:9000#0",
+        "10.0.0.1:9000#1",
+        "10.0.0.1:9000#2",
+        "10.0.0.2:9000",
+        "10.0.0.3:9000",
+    ]
+    # Health by address covers every rank.
+    assert gateway.set_health(MODEL, "10.0.0.1:9000", False)
+    assert sorted(gateway.endpoints(MODEL)) == ["10.0.0.2:9000", "10.0.0.3:9000"]
+    assert gateway.set_health(MODEL, "10.0.0.1:9000", True)
+    # Loads go to one rank; a rank the engine lacks is unknown.
+    assert gateway.report_load(MODEL, "10.0.0.1:9000", 1, 0, 0.5, 8, dp_rank=2)
+    assert not gateway.report_load(MODEL, "10.0.0.1:9000", 1, 0, 0.5, 8, dp_rank=3)
+    assert gateway.report_load(MODEL, "10.0.0.2:9000", 1, 0, 0.5, 8)
+    assert gateway.reset_kv_events(MODEL, "10.0.0.1:9000")
+    # Back to one rank: the address alone again.
+    gateway.set_endpoints(MODEL, [("10.0.0.1:9000", 16, "vllm", 1)])
+    assert gateway.endpoints(MODEL) == ["10.0.0.1:9000"]
+
+
 @pytest.mark.parametrize(
     "item",
     [
+        ("10.0.0.1:9000", 0, "vllm", -1),
+        ("10.0.0.1:9000", 0, "vllm", 2, 0),
         ("10.0.0.1:9000", 0, "SGLang"),
         ("10.0.0.1:9000", 0, "trt"),
         ("10.0.0.1:9000",),

@@ -16,6 +16,7 @@ from extproc.models import default_model_dir, served_model_name
 
 MODEL = served_model_name(default_model_dir())
 ENGINE = "127.0.0.1:9"
+DESTINATION = "x-gateway-destination-endpoint"
 
 
 @pytest.fixture(scope="module")
@@ -75,6 +76,38 @@ def test_vllm_engines_get_vllms_request(gateway: _native.Gateway) -> None:
     assert not params.HasField("temperature")
     assert (params.n, params.logprobs, params.seed) == (3, 0, 5)
     assert stream.pending_abort() == (ENGINE, "req-1", "vllm")
+
+
+@pytest.mark.parametrize("protocol", ["vllm", "sglang"])
+def test_a_data_parallel_engine_gets_the_rank_and_envoy_the_address(
+    gateway: _native.Gateway, protocol: str
+) -> None:
+    stubs = vllm if protocol == "vllm" else sglang
+    gateway.set_endpoints(MODEL, [(ENGINE, 0, protocol, 2)])
+    ranks = set()
+    for _ in range(4):
+        stream, replies = send(gateway, {"model": MODEL, "prompt": "Hi"})
+        _, body = routed(replies)
+        request = stubs.GenerateRequest.FromString(body)
+        assert request.HasField("data_parallel_rank")
+        ranks.add(request.data_parallel_rank)
+        headers = replies[0].request_headers.response.header_mutation.set_headers
+        destination = next(o.header.raw_value.decode() for o in headers if o.header.key == DESTINATION)
+        assert destination == ENGINE
+        assert (
+            replies[0].dynamic_metadata.fields["envoy.lb"].struct_value.fields[DESTINATION].string_value
+            == ENGINE
+        )
+        summary = stream.summary()
+        assert (summary["endpoint"], summary["dp_rank"]) == (ENGINE, request.data_parallel_rank)
+        assert stream.pending_abort() == (ENGINE, "req-1", protocol)
+    assert ranks == {0, 1}
+    # One rank: no pin, and the summary has no rank.
+    gateway.set_endpoints(MODEL, [(ENGINE, 0, protocol, 1)])
+    stream, replies = send(gateway, {"model": MODEL, "prompt": "Hi"})
+    _, body = routed(replies)
+    assert not stubs.GenerateRequest.FromString(body).HasField("data_parallel_rank")
+    assert "dp_rank" not in stream.summary()
 
 
 def test_a_batch_needs_the_native_server(gateway: _native.Gateway) -> None:

@@ -34,6 +34,8 @@ pub struct GenerateCall<'a> {
     pub sampling: &'a Sampling,
     pub include_stop_str_in_output: bool,
     pub stream: bool,
+    /// The data-parallel rank to pin the request to; `None` lets the engine balance over its ranks.
+    pub data_parallel_rank: Option<u32>,
 }
 
 /// One sampled token's logprob and the top alternatives the engine reported at its position.

@@ -14,6 +14,7 @@ fn call(sampling: &Sampling) -> GenerateCall<'_> {
         sampling,
         include_stop_str_in_output: true,
         stream: true,
+        data_parallel_rank: None,
     }
 }
 
@@ -98,6 +99,65 @@ fn vllm_keeps_unset_fields_unset_and_asks_for_n_and_logprobs() {
         (Some(0.7), 4, Some(0), Some(11))
     );
     assert!(p.include_stop_str_in_output);
+}
+
+/// The field's varint key bytes followed by the value `v` (< 128), as protobuf writes them.
+fn varint_field(tag: u32, v: u8) -> Vec<u8> {
+    let mut key = tag << 3;
+    let mut out = Vec::new();
+    while key >= 0x80 {
+        out.push((key as u8) | 0x80);
+        key >>= 7;
+    }
+    out.push(key as u8);
+    out.push(v);
+    out
+}
+
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    haystack.windows(needle.len()).any(|w| w == needle)
+}
+
+#[test]
+fn a_pinned_rank_travels_as_data_parallel_rank_in_both_protocols() {
+    let s = sampling();
+    for rank in [0u32, 1, 3] {
+        let pinned = |protocol: Protocol| {
+            protocol.encode_generate(GenerateCall {
+                data_parallel_rank: Some(rank),
+                ..call(&s)
+            })
+        };
+        let v = pinned(Protocol::Vllm);
+        assert_eq!(
+            vllm::GenerateRequest::decode(v.as_slice()).unwrap().data_parallel_rank,
+            Some(rank as i32)
+        );
+        // vllm_engine.proto: `optional int32 data_parallel_rank = 9`.
+        assert!(contains(&v, &varint_field(9, rank as u8)), "{v:?}");
+        let g = pinned(Protocol::Sglang);
+        assert_eq!(
+            sglang::GenerateRequest::decode(g.as_slice())
+                .unwrap()
+                .data_parallel_rank,
+            Some(rank as i32)
+        );
+        // sglang_scheduler.proto: `optional int32 data_parallel_rank = 16` (a two-byte key).
+        assert!(contains(&g, &varint_field(16, rank as u8)), "{g:?}");
+    }
+    // Unpinned: the field is absent (the engine balances over its ranks).
+    let v = Protocol::Vllm.encode_generate(call(&s));
+    assert_eq!(
+        vllm::GenerateRequest::decode(v.as_slice()).unwrap().data_parallel_rank,
+        None
+    );
+    let g = Protocol::Sglang.encode_generate(call(&s));
+    assert_eq!(
+        sglang::GenerateRequest::decode(g.as_slice())
+            .unwrap()
+            .data_parallel_rank,
+        None
+    );
 }
 
 fn logprobs() -> OutputLogProbs {

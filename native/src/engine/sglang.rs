@@ -50,6 +50,7 @@ pub fn encode_generate(call: GenerateCall<'_>) -> Vec<u8> {
         logprob_start_len: -1,
         top_logprobs_num: s.logprobs.unwrap_or(0) as i32,
         stream: call.stream,
+        data_parallel_rank: call.data_parallel_rank.and_then(|r| i32::try_from(r).ok()),
     }
     .encode_to_vec()
 }

@@ -40,6 +40,7 @@ pub fn encode_generate(call: GenerateCall<'_>) -> Vec<u8> {
         }),
         sampling_params: Some(params),
         stream: call.stream,
+        data_parallel_rank: call.data_parallel_rank.and_then(|r| i32::try_from(r).ok()),
     }
     .encode_to_vec()
 }

@@ -69,6 +69,9 @@ pub struct GenerateRequest {
     pub logprob_start_len: i32,
     #[prost(int32, tag = "7")]
     pub top_logprobs_num: i32,
+    /// The DP rank to pin the request to (explicit presence: a pin to rank 0 is not "no pin").
+    #[prost(int32, optional, tag = "16")]
+    pub data_parallel_rank: Option<i32>,
     #[prost(bool, tag = "17")]
     pub stream: bool,
 }

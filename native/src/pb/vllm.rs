@@ -65,6 +65,9 @@ pub struct GenerateRequest {
     pub sampling_params: Option<SamplingParams>,
     #[prost(bool, tag = "5")]
     pub stream: bool,
+    /// The DP rank to pin the request to; unset lets the engine balance over its ranks.
+    #[prost(int32, optional, tag = "9")]
+    pub data_parallel_rank: Option<i32>,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]

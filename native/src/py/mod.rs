@@ -71,9 +71,11 @@ impl PyGateway {
         .map_err(PyValueError::new_err)
     }
 
-    /// Replace the engines of `name`: `(address "ip:port", KV block size or 0 when unknown)` or
-    /// `(address, block size, protocol)` with protocol "vllm" (the default) or "sglang".
-    /// Engines that stay keep their state; new ones start healthy.
+    /// Replace the engines of `name`: `(address "ip:port", KV block size or 0 when unknown)`,
+    /// `(address, block size, protocol)` with protocol "vllm" (the default) or "sglang", or
+    /// `(address, block size, protocol, data-parallel size)` (1 when absent): an engine of DP size N > 1
+    /// is routed as N endpoints `"{address}#{rank}"`. Endpoints that stay keep their state; new ones
+    /// start healthy.
     fn set_endpoints(&self, name: &str, endpoints: Vec<Bound<'_, PyAny>>) -> PyResult<()> {
         let model = self.model(name)?;
         let endpoints = endpoints.iter().map(endpoint_item).collect::<PyResult<Vec<_>>>()?;
@@ -82,15 +84,18 @@ impl PyGateway {
             .map_err(|e| PyValueError::new_err(e.to_string()))
     }
 
-    /// Mark an engine (un)healthy; unhealthy engines are never picked. False for an unknown address.
+    /// Mark an engine (un)healthy, all its data-parallel ranks; unhealthy engines are never picked. False
+    /// for an unknown address.
     fn set_health(&self, name: &str, address: &str, healthy: bool) -> PyResult<bool> {
         Ok(self.model(name)?.router.set_health(address, healthy))
     }
 
     /// The engine's own load report (a `GetLoads` poll): running and waiting requests, KV-cache usage in
     /// [0, 1], its admission window (0 when unknown) and the uncached prompt tokens of its waiting
-    /// requests (queued prefill work; 0 when not reported). False for an unknown address.
-    #[pyo3(signature = (name, address, running, waiting, kv_usage, max_running, waiting_uncached_tokens = 0))]
+    /// requests (queued prefill work; 0 when not reported). `dp_rank`: the data-parallel rank the report
+    /// is for, on an engine of several (`None`: the engine of one rank, or rank 0). False for an unknown
+    /// address or rank.
+    #[pyo3(signature = (name, address, running, waiting, kv_usage, max_running, waiting_uncached_tokens = 0, *, dp_rank = None))]
     #[allow(clippy::too_many_arguments)]
     fn report_load(
         &self,
@@ -101,6 +106,7 @@ impl PyGateway {
         kv_usage: f64,
         max_running: u32,
         waiting_uncached_tokens: u32,
+        dp_rank: Option<u32>,
     ) -> PyResult<bool> {
         let load = EngineLoad {
             running,
@@ -109,7 +115,7 @@ impl PyGateway {
             max_running,
             waiting_uncached_tokens,
         };
-        Ok(self.model(name)?.router.set_engine_load(address, &load))
+        Ok(self.model(name)?.router.set_engine_load(address, dp_rank, &load))
     }
 
     /// Every engine address of `name` and the protocol it speaks ("vllm" or "sglang").
@@ -122,13 +128,15 @@ impl PyGateway {
             .collect())
     }
 
-    /// Addresses of the healthy engines of `name`.
+    /// Names of the healthy endpoints of `name`: engine addresses, `"{address}#{rank}"` for each rank of
+    /// an engine with several data-parallel ranks.
     fn endpoints(&self, name: &str) -> PyResult<Vec<String>> {
         Ok(self.model(name)?.ready_endpoints())
     }
 
-    /// Apply one serialized `KvEventBatch` from `address`; returns the outcome kind ("applied",
-    /// "load_only", "duplicate", "gap", "malformed", "unknown_endpoint").
+    /// Apply one serialized `KvEventBatch` from the engine at `address` to the endpoint of the batch's
+    /// `dp_rank` (rank 0 when absent); returns the outcome kind ("applied", "load_only", "duplicate",
+    /// "gap", "malformed", "unknown_endpoint").
     fn apply_kv_events(&self, py: Python<'_>, name: &str, address: &str, batch: &[u8]) -> PyResult<&'static str> {
         let model = self.model(name)?;
         let batch = batch.to_vec();
@@ -159,7 +167,8 @@ impl PyGateway {
         }))
     }
 
-    /// Forget what the routing index knows of `address` (before a fresh KV-event subscription).
+    /// Forget what the routing index knows of `address`, every rank of it (before a fresh KV-event
+    /// subscription).
     fn reset_kv_events(&self, name: &str, address: &str) -> PyResult<bool> {
         Ok(self.model(name)?.router.reset_kv_events(address))
     }
@@ -257,16 +266,22 @@ impl PyStream {
     }
 }
 
-/// One `set_endpoints` item: a 2- or 3-tuple.
-fn endpoint_item(item: &Bound<'_, PyAny>) -> PyResult<(String, u32, Protocol)> {
+/// One `set_endpoints` item: a 2-, 3- or 4-tuple.
+fn endpoint_item(item: &Bound<'_, PyAny>) -> PyResult<(String, u32, Protocol, u32)> {
+    let parse = |protocol: String| protocol.parse::<Protocol>().map_err(PyValueError::new_err);
+    if let Ok((address, block_size, protocol, dp_size)) = item.extract::<(String, u32, String, u32)>() {
+        return Ok((address, block_size, parse(protocol)?, dp_size));
+    }
     if let Ok((address, block_size, protocol)) = item.extract::<(String, u32, String)>() {
-        let protocol = protocol.parse::<Protocol>().map_err(PyValueError::new_err)?;
-        return Ok((address, block_size, protocol));
+        return Ok((address, block_size, parse(protocol)?, 1));
     }
     let (address, block_size) = item.extract::<(String, u32)>().map_err(|_| {
-        PyValueError::new_err("endpoints are (address, block_size) or (address, block_size, protocol) tuples")
+        PyValueError::new_err(
+            "endpoints are (address, block_size), (address, block_size, protocol) or \
+             (address, block_size, protocol, dp_size) tuples",
+        )
     })?;
-    Ok((address, block_size, Protocol::default()))
+    Ok((address, block_size, Protocol::default(), 1))
 }
 
 /// A request's summary as the dict Python logs and metrics read.
@@ -276,6 +291,10 @@ pub(crate) fn summary_dict(py: Python<'_>, s: Summary) -> PyResult<Bound<'_, PyD
     d.set_item("path", s.path)?;
     d.set_item("model", s.model)?;
     d.set_item("endpoint", s.endpoint)?;
+    // Only for a request pinned to a data-parallel rank: other logs stay as they were.
+    if let Some(rank) = s.dp_rank {
+        d.set_item("dp_rank", rank)?;
+    }
     d.set_item("status", s.status)?;
     d.set_item("prompt_tokens", s.prompt_tokens)?;
     d.set_item("completion_tokens", s.completion_tokens)?;

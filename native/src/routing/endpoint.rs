@@ -10,8 +10,41 @@ use super::endpoint_set::EndpointId;
 use super::events::EventState;
 use super::load::{EngineLoad, Load};
 
+/// An endpoint's name as the engine address and data-parallel rank it stands for: `"{address}#{rank}"` is
+/// one rank of an engine with DP size > 1; any other name (no `#`, or a suffix that is not a number) is
+/// the address of a whole engine.
+pub fn split_name(name: &str) -> (&str, Option<u32>) {
+    match name.rsplit_once('#') {
+        Some((address, rank)) if !rank.is_empty() && rank.bytes().all(|b| b.is_ascii_digit()) => match rank.parse() {
+            Ok(rank) => (address, Some(rank)),
+            Err(_) => (name, None),
+        },
+        _ => (name, None),
+    }
+}
+
+/// The endpoint name of rank `rank` of the engine at `address`.
+pub fn rank_name(address: &str, rank: u32) -> String {
+    format!("{address}#{rank}")
+}
+
+/// The endpoint names of an engine of `dp_size` ranks: its address alone when it has one (or 0), else
+/// one `"{address}#{rank}"` per rank.
+pub fn engine_endpoint_names(address: &str, dp_size: u32) -> Vec<String> {
+    if dp_size <= 1 {
+        vec![address.to_string()]
+    } else {
+        (0..dp_size).map(|r| rank_name(address, r)).collect()
+    }
+}
+
 pub struct EndpointState {
+    /// The endpoint's name: the engine address, or `"{address}#{rank}"` for one data-parallel rank.
     pub address: Arc<str>,
+    /// The engine address the name stands for (the name itself without a rank).
+    pub engine: Arc<str>,
+    /// The data-parallel rank; `None` for an engine routed as a whole.
+    pub rank: Option<u32>,
     pub id: EndpointId,
     /// Hash of the address: the endpoint's point for consistent hashing.
     pub address_hash: u64,
@@ -30,8 +63,11 @@ pub struct EndpointState {
 
 impl EndpointState {
     pub fn new(address: &str, id: EndpointId, block_size: u32, max_engine_blocks: usize) -> Self {
+        let (engine, rank) = split_name(address);
         EndpointState {
             address: Arc::from(address),
+            engine: Arc::from(engine),
+            rank,
             id,
             address_hash: xxh3_64(address.as_bytes()),
             block_size: AtomicU32::new(block_size),
@@ -145,5 +181,33 @@ impl std::fmt::Debug for InFlight {
             .field("address", &self.endpoint.address)
             .field("tokens", &self.tokens)
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_split_into_the_engine_address_and_its_rank() {
+        assert_eq!(split_name("10.0.0.1:8000"), ("10.0.0.1:8000", None));
+        assert_eq!(split_name("10.0.0.1:8000#0"), ("10.0.0.1:8000", Some(0)));
+        assert_eq!(split_name("10.0.0.1:8000#12"), ("10.0.0.1:8000", Some(12)));
+        assert_eq!(split_name("[::1]:8000#3"), ("[::1]:8000", Some(3)));
+        // Only a numeric suffix after the last '#' is a rank.
+        for whole in ["a:1#", "a:1#x", "a:1#+1", "a:1#-1", "a:1# 1", "a:1#99999999999"] {
+            assert_eq!(split_name(whole), (whole, None), "{whole}");
+        }
+        assert_eq!(split_name("a#b:1#2"), ("a#b:1", Some(2)));
+        assert_eq!(split_name(&rank_name("h:9", 5)), ("h:9", Some(5)));
+    }
+
+    #[test]
+    fn an_engine_has_one_endpoint_per_rank_or_its_address() {
+        assert_eq!(engine_endpoint_names("h:9", 0), ["h:9"]);
+        assert_eq!(engine_endpoint_names("h:9", 1), ["h:9"]);
+        assert_eq!(engine_endpoint_names("h:9", 3), ["h:9#0", "h:9#1", "h:9#2"]);
+        let st = EndpointState::new("h:9#2", 0, 16, 8);
+        assert_eq!((&*st.address, &*st.engine, st.rank), ("h:9#2", "h:9", Some(2)));
     }
 }

@@ -6,9 +6,11 @@ use std::collections::HashMap;
 use std::sync::{Arc, RwLock, RwLockReadGuard};
 use std::time::Instant;
 
+use prost::Message;
+
 use super::block_hash::{self, BlockHash};
 use super::config::RouterConfig;
-use super::endpoint::{EndpointState, InFlight};
+use super::endpoint::{rank_name, split_name, EndpointState, InFlight};
 use super::endpoint_set::{EndpointId, EndpointSet, MAX_ENDPOINTS};
 use super::error::RoutingError;
 use super::events::{BatchResult, EventOutcome, EventState, OnGap};
@@ -18,6 +20,7 @@ use super::policy::{registry, Candidate, PickContext, Policy, PrefixSource};
 use super::prefix_index::{EventIndex, RoutedIndex};
 use super::rng::Rng;
 use super::zmq_events;
+use crate::pb::kv_events::KvEventBatch;
 
 /// What to route.
 #[derive(Clone, Copy, Debug, Default)]
@@ -25,7 +28,8 @@ pub struct PickRequest<'a> {
     pub token_ids: &'a [u32],
     /// Consistent hashing key: the `x-session-id` header or the request's `user` field.
     pub session_key: Option<&'a str>,
-    /// Envoy's subset hint: only these addresses may be picked (`None`: any).
+    /// Envoy's subset hint: only these addresses may be picked (`None`: any). An engine address admits
+    /// every data-parallel rank of the engine.
     pub subset: Option<&'a [&'a str]>,
     /// Cache namespace of the request (LoRA adapter, cache salt), as the engine hashes its blocks.
     pub lora_name: Option<&'a str>,
@@ -38,8 +42,12 @@ pub struct PickRequest<'a> {
 /// The routing decision. The request counts as in flight on `primary` while `in_flight` lives.
 #[derive(Debug)]
 pub struct Pick {
+    /// The endpoint's name: an engine address, or `"{address}#{rank}"` for one data-parallel rank
+    /// (`address()` and `rank()` split it).
     pub primary: Arc<str>,
-    /// Next best endpoints, in order (at most `max_fallbacks`).
+    /// Next best engines' addresses, in order (at most `max_fallbacks`): each engine once, never the
+    /// primary's (another rank of the same engine is no remedy for a failed connection). When the
+    /// primary is a rank, only engines that have that rank (the request is pinned to it).
     pub fallbacks: Vec<Arc<str>>,
     /// Leading prompt blocks the primary holds per the policy's index (0 when it reads none).
     pub cached_blocks: u32,
@@ -49,6 +57,17 @@ pub struct Pick {
 }
 
 impl Pick {
+    /// The primary's engine address (where the request goes).
+    pub fn address(&self) -> &str {
+        split_name(&self.primary).0
+    }
+
+    /// The primary's data-parallel rank (the request's `data_parallel_rank`); `None` for an engine of
+    /// one rank.
+    pub fn rank(&self) -> Option<u32> {
+        split_name(&self.primary).1
+    }
+
     /// Prompt tokens the primary is expected to serve from its prefix cache.
     pub fn cached_tokens(&self) -> u32 {
         self.cached_blocks * self.block_size
@@ -68,6 +87,7 @@ pub enum NoRoute {
 /// One endpoint as the router sees it (for metrics and debugging).
 #[derive(Clone, Debug, PartialEq)]
 pub struct EndpointInfo {
+    /// The endpoint's name (an address, or `"{address}#{rank}"`).
     pub address: Arc<str>,
     pub healthy: bool,
     pub block_size: u32,
@@ -95,8 +115,24 @@ struct Table {
 }
 
 impl Table {
-    fn get(&self, address: &str) -> Option<&Arc<EndpointState>> {
-        self.by_address.get(address).and_then(|&id| self.slots[id].as_ref())
+    /// The endpoint of that name.
+    fn get(&self, name: &str) -> Option<&Arc<EndpointState>> {
+        self.by_address.get(name).and_then(|&id| self.slots[id].as_ref())
+    }
+
+    /// The endpoint serving rank `rank` of the engine at `address`: the engine itself when it is routed
+    /// as a whole (one rank; whatever `rank` says), else its endpoint of that rank, rank 0 when `None`.
+    fn resolve(&self, address: &str, rank: Option<u32>) -> Option<&Arc<EndpointState>> {
+        self.get(address)
+            .or_else(|| self.get(&rank_name(address, rank.unwrap_or(0))))
+    }
+
+    /// The endpoints of the engine at `address`: all its ranks (or the one endpoint of that name).
+    fn engine<'a>(&'a self, address: &'a str) -> impl Iterator<Item = &'a Arc<EndpointState>> + 'a {
+        self.slots
+            .iter()
+            .flatten()
+            .filter(move |st| *st.engine == *address || *st.address == *address)
     }
 }
 
@@ -143,8 +179,9 @@ impl Router {
         &self.config
     }
 
-    /// Replaces the endpoint set: `(address, block size)` pairs, block size 0 when not yet known (it
-    /// is then learned from the endpoint's KV events). Endpoints that stay keep their state; new ones
+    /// Replaces the endpoint set: `(name, block size)` pairs, block size 0 when not yet known (it
+    /// is then learned from the endpoint's KV events). A name is an engine address, or
+    /// `"{address}#{rank}"` for each data-parallel rank of an engine with more than one. Endpoints that stay keep their state; new ones
     /// start healthy with no load; removed ones are forgotten by both indexes.
     pub fn set_endpoints(&self, endpoints: Vec<(String, u32)>) -> Result<(), RoutingError> {
         let wanted: HashMap<&str, u32> = endpoints.iter().map(|(a, b)| (a.as_str(), *b)).collect();
@@ -207,18 +244,23 @@ impl Router {
         Ok(())
     }
 
-    /// Marks an endpoint (un)healthy; unhealthy endpoints are never picked. False if unknown.
+    /// Marks an engine (un)healthy, every rank of it; unhealthy endpoints are never picked. False if
+    /// unknown.
     pub fn set_health(&self, address: &str, healthy: bool) -> bool {
-        self.read_table()
-            .get(address)
-            .map(|st| st.set_healthy(healthy))
-            .is_some()
+        let table = self.read_table();
+        let mut known = false;
+        for st in table.engine(address) {
+            st.set_healthy(healthy);
+            known = true;
+        }
+        known
     }
 
-    /// The engine's own load report (a `GetLoads` poll). False if unknown.
-    pub fn set_engine_load(&self, address: &str, load: &EngineLoad) -> bool {
+    /// The engine's own load report (a `GetLoads` poll) for its rank `rank` (`None`: an engine of one
+    /// rank, or rank 0). False if unknown.
+    pub fn set_engine_load(&self, address: &str, rank: Option<u32>, load: &EngineLoad) -> bool {
         self.read_table()
-            .get(address)
+            .resolve(address, rank)
             .map(|st| st.set_engine_load(load))
             .is_some()
     }
@@ -249,7 +291,8 @@ impl Router {
         let mut states: Vec<&Arc<EndpointState>> = Vec::with_capacity(table.by_address.len());
         let mut candidates: Vec<Candidate> = Vec::with_capacity(table.by_address.len());
         for st in table.slots.iter().flatten() {
-            if !st.healthy() || req.subset.is_some_and(|s| !s.contains(&&*st.address)) {
+            let admitted = |s: &[&str]| s.iter().any(|a| *a == &*st.engine || *a == &*st.address);
+            if !st.healthy() || req.subset.is_some_and(|s| !admitted(s)) {
                 continue;
             }
             candidates.push(Candidate {
@@ -286,11 +329,7 @@ impl Router {
         }
         Ok(Pick {
             primary: states[p].address.clone(),
-            fallbacks: ranking[1..]
-                .iter()
-                .take(self.config.max_fallbacks)
-                .map(|&i| states[i].address.clone())
-                .collect(),
+            fallbacks: self.fallbacks(&states, &ranking),
             cached_blocks: candidates[p].cached_blocks,
             block_size: block_sizes[p],
             in_flight: InFlight::begin(
@@ -299,6 +338,26 @@ impl Router {
                 u64::from(candidates[p].uncached_tokens()),
             ),
         })
+    }
+
+    /// The other engines after the primary, best first: each engine's address once (at its best
+    /// ranked endpoint), never the primary's engine, and for a primary that is a rank only engines
+    /// with that rank (the request is pinned to it). At most `max_fallbacks`.
+    fn fallbacks(&self, states: &[&Arc<EndpointState>], ranking: &[usize]) -> Vec<Arc<str>> {
+        let primary = states[ranking[0]];
+        let mut out: Vec<Arc<str>> = Vec::new();
+        for &i in &ranking[1..] {
+            if out.len() >= self.config.max_fallbacks {
+                break;
+            }
+            let st = states[i];
+            let pinned_elsewhere = primary.rank.is_some_and(|r| st.rank != Some(r));
+            if st.engine == primary.engine || pinned_elsewhere || out.contains(&st.engine) {
+                continue;
+            }
+            out.push(st.engine.clone());
+        }
+        out
     }
 
     /// Fills each candidate's cached and prompt blocks from the policy's index, hashing the prompt
@@ -335,25 +394,42 @@ impl Router {
         chains
     }
 
-    /// Counts a request in flight on `address` until the returned guard drops (for a request the
-    /// caller sent to a fallback; its whole prompt counts as prefill work). `None` if unknown.
-    pub fn begin(&self, address: &str, tokens: u64) -> Option<InFlight> {
-        self.read_table()
-            .get(address)
+    /// Counts a request in flight on the engine at `address` until the returned guard drops (for a
+    /// request the caller sent to a fallback; its whole prompt counts as prefill work): on its rank
+    /// `rank` (the request's pin) when it has that rank, else on its rank 0. `None` if unknown.
+    pub fn begin(&self, address: &str, rank: Option<u32>, tokens: u64) -> Option<InFlight> {
+        let table = self.read_table();
+        table
+            .resolve(address, rank)
+            .or_else(|| table.resolve(address, None))
             .map(|st| InFlight::begin(st.clone(), tokens, tokens))
     }
 
-    /// Applies one `KvEventBatch` (protobuf bytes) from `address`'s event stream, and the load record
-    /// it carries. On `needs_resync()` the caller tears the stream down, calls `reset_kv_events`, and
-    /// subscribes again from sequence 0.
+    /// Applies one `KvEventBatch` (protobuf bytes) from the event stream of the engine at `address`, and
+    /// the load record it carries, to the endpoint of the batch's `dp_rank` (rank 0 when absent; the
+    /// engine itself when it has one rank). Each rank numbers its own batches. On `needs_resync()` the
+    /// caller tears the stream down, calls `reset_kv_events`, and subscribes again from sequence 0.
     pub fn apply_kv_events(&self, address: &str, batch: &[u8]) -> BatchResult {
-        self.apply_events(address, |state, index, id| state.apply(index, id, batch))
+        // Decoded before any lock is taken: picks never wait on protobuf.
+        let batch = match KvEventBatch::decode(batch) {
+            Ok(batch) => batch,
+            Err(e) => {
+                return BatchResult {
+                    outcome: EventOutcome::Malformed(e.to_string()),
+                    load: None,
+                }
+            }
+        };
+        self.apply_events(address, batch_rank(&batch), |state, index, id| {
+            state.apply_batch(index, id, &batch, OnGap::Break)
+        })
     }
 
     /// Applies one message of vLLM's ZMQ KV-event channel from `address` (its sequence frame and msgpack
     /// payload; `zmq_events.rs`), sharing the endpoint's event state with `apply_kv_events`. A gap leaves
     /// the endpoint as it was: the caller replays the missing sequences and offers this message again, or
-    /// calls `reset_kv_events`. `malformed` also needs a reset (the batch's events are lost).
+    /// calls `reset_kv_events`. `malformed` also needs a reset (the batch's events are lost). The batch
+    /// goes to the endpoint of its `dp_rank` as in `apply_kv_events` (a ZMQ publisher is one rank's).
     pub fn apply_zmq_kv_events(&self, address: &str, sequence: u64, payload: &[u8]) -> BatchResult {
         // Decoded before any lock is taken: picks never wait on msgpack.
         let batch = match zmq_events::decode(sequence, payload) {
@@ -365,7 +441,7 @@ impl Router {
                 }
             }
         };
-        self.apply_events(address, |state, index, id| {
+        self.apply_events(address, batch_rank(&batch), |state, index, id| {
             state.apply_batch(index, id, &batch, OnGap::Hold)
         })
     }
@@ -373,10 +449,11 @@ impl Router {
     fn apply_events(
         &self,
         address: &str,
+        rank: Option<u32>,
         apply: impl FnOnce(&mut EventState, &EventIndex, EndpointId) -> BatchResult,
     ) -> BatchResult {
         let table = self.read_table();
-        let Some(st) = table.get(address) else {
+        let Some(st) = table.resolve(address, rank) else {
             return BatchResult {
                 outcome: EventOutcome::UnknownEndpoint,
                 load: None,
@@ -394,13 +471,16 @@ impl Router {
         result
     }
 
-    /// Forgets what `address`'s events said and accepts a new subscription's first batch. False if unknown.
+    /// Forgets what the events of the engine at `address` said, every rank's, and accepts a new
+    /// subscription's first batches. False if unknown.
     pub fn reset_kv_events(&self, address: &str) -> bool {
         let table = self.read_table();
-        table
-            .get(address)
-            .map(|st| st.events().reset(&self.events, st.id))
-            .is_some()
+        let mut known = false;
+        for st in table.engine(address) {
+            st.events().reset(&self.events, st.id);
+            known = true;
+        }
+        known
     }
 
     pub fn endpoints(&self) -> Vec<EndpointInfo> {
@@ -450,6 +530,11 @@ impl Router {
     fn write_table(&self) -> std::sync::RwLockWriteGuard<'_, Table> {
         self.table.write().unwrap_or_else(|e| e.into_inner())
     }
+}
+
+/// The data-parallel rank a batch names (`None` when absent or negative).
+fn batch_rank(batch: &KvEventBatch) -> Option<u32> {
+    batch.dp_rank.and_then(|r| u32::try_from(r).ok())
 }
 
 #[cfg(test)]

@@ -140,7 +140,7 @@ fn fallbacks_are_distinct_ordered_and_bounded() {
     );
     let _busy: Vec<_> = (0..6)
         .flat_map(|i| (0..i).map(move |_| addr(i)))
-        .map(|a| r.begin(&a, 0).unwrap())
+        .map(|a| r.begin(&a, None, 0).unwrap())
         .collect();
     let p = r.pick(&[], None).unwrap();
     assert_eq!(&*p.primary, addr(0));
@@ -240,6 +240,7 @@ fn engine_loads_from_events_and_polls_steer_least_load() {
     assert_eq!(&*r.pick(&[], None).unwrap().primary, addr(1));
     r.set_engine_load(
         &addr(1),
+        None,
         &EngineLoad {
             running: 50,
             ..Default::default()
@@ -465,6 +466,7 @@ fn shedding_refuses_only_when_every_queue_is_full() {
     for i in 0..2 {
         r.set_engine_load(
             &addr(i),
+            None,
             &EngineLoad {
                 running: 8,
                 max_running: 8,
@@ -544,4 +546,243 @@ fn only_requests_of_negative_priority_are_shed() {
         },
     );
     let _held: Vec<Pick> = (0..5).map(|_| r.route(&of(None)).unwrap()).collect();
+}
+
+// ---- Data-parallel ranks: one endpoint per rank, `"{address}#{rank}"`.
+
+/// `addr(i)`'s rank `rank` as the router names it.
+fn rank(i: usize, rank: u32) -> String {
+    format!("{}#{rank}", addr(i))
+}
+
+/// A router over engines of the given DP sizes (`addr(i)` has `sizes[i]` ranks).
+fn dp_router(policy: &str, sizes: &[u32], max_fallbacks: usize) -> Router {
+    let r = Router::new(
+        policy,
+        RouterConfig {
+            seed: Some(3),
+            max_fallbacks,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let names = sizes
+        .iter()
+        .enumerate()
+        .flat_map(|(i, &n)| crate::routing::endpoint::engine_endpoint_names(&addr(i), n))
+        .map(|name| (name, B))
+        .collect();
+    r.set_endpoints(names).unwrap();
+    r
+}
+
+/// `batch` with its `dp_rank` set.
+fn on_rank(batch: Vec<u8>, dp_rank: Option<i32>) -> Vec<u8> {
+    let mut b = pb::KvEventBatch::decode(batch.as_slice()).unwrap();
+    b.dp_rank = dp_rank;
+    b.encode_to_vec()
+}
+
+fn engine_blocks(r: &Router, name: &str) -> usize {
+    r.endpoints()
+        .iter()
+        .find(|e| &*e.address == name)
+        .unwrap_or_else(|| panic!("no endpoint {name}"))
+        .engine_blocks
+}
+
+#[test]
+fn a_batch_goes_to_the_rank_it_names_and_picks_follow_it() {
+    let r = dp_router("kv_events", &[2, 1], 0);
+    let p = prompt(4, 5);
+    let batch = on_rank(stored_batch(1, &p, 1), Some(1));
+    assert_eq!(r.apply_kv_events(&addr(0), &batch).outcome.kind(), "applied");
+    assert_eq!(engine_blocks(&r, &rank(0, 1)), 5);
+    assert_eq!(engine_blocks(&r, &rank(0, 0)), 0, "rank 0 holds nothing");
+    let pick = r.pick(&p, None).unwrap();
+    assert_eq!(&*pick.primary, rank(0, 1));
+    assert_eq!((pick.address(), pick.rank()), (addr(0).as_str(), Some(1)));
+    assert_eq!(pick.cached_blocks, 5);
+    // Each rank numbers its own batches: rank 0's first batch is no gap after rank 1's.
+    let other = prompt(5, 3);
+    assert_eq!(
+        r.apply_kv_events(&addr(0), &on_rank(stored_batch(1, &other, 2), Some(0)))
+            .outcome
+            .kind(),
+        "applied"
+    );
+    assert_eq!(&*r.pick(&other, None).unwrap().primary, rank(0, 0));
+    // A rank the engine does not have is an unknown endpoint (resubscribe).
+    assert_eq!(
+        r.apply_kv_events(&addr(0), &on_rank(stored_batch(2, &p, 1), Some(2)))
+            .outcome,
+        EventOutcome::UnknownEndpoint
+    );
+}
+
+#[test]
+fn a_batch_without_a_rank_goes_to_rank_0_and_its_load_with_it() {
+    let r = dp_router("kv_events", &[2], 0);
+    let p = prompt(6, 3);
+    let mut batch = pb::KvEventBatch::decode(stored_batch(1, &p, 1).as_slice()).unwrap();
+    batch.load = Some(pb::EngineLoad {
+        running_requests: 7,
+        ..Default::default()
+    });
+    let res = r.apply_kv_events(&addr(0), &batch.encode_to_vec());
+    assert_eq!(res.outcome.kind(), "applied");
+    assert_eq!(engine_blocks(&r, &rank(0, 0)), 3);
+    assert_eq!(engine_blocks(&r, &rank(0, 1)), 0);
+    let running = |name: &str| {
+        r.endpoints()
+            .iter()
+            .find(|e| &*e.address == name)
+            .unwrap()
+            .load
+            .engine
+            .running
+    };
+    assert_eq!((running(&rank(0, 0)), running(&rank(0, 1))), (7, 0));
+    // A one-rank engine takes its batches whatever rank they name.
+    let r = dp_router("kv_events", &[1], 0);
+    let batch = on_rank(stored_batch(1, &p, 1), Some(0));
+    assert_eq!(r.apply_kv_events(&addr(0), &batch).outcome.kind(), "applied");
+    assert_eq!(engine_blocks(&r, &addr(0)), 3);
+}
+
+#[test]
+fn health_resets_and_loads_by_address_cover_the_ranks() {
+    let r = dp_router("round_robin", &[3, 1], 0);
+    assert!(r.set_health(&addr(0), false));
+    for _ in 0..6 {
+        assert_eq!(&*r.pick(&[1], None).unwrap().primary, addr(1));
+    }
+    assert!(r.set_health(&addr(0), true));
+    assert!(r.set_health(&addr(1), false));
+    let picked: std::collections::BTreeSet<String> = (0..9)
+        .map(|_| r.pick(&[1], None).unwrap().primary.to_string())
+        .collect();
+    assert_eq!(
+        picked,
+        [rank(0, 0), rank(0, 1), rank(0, 2)].into_iter().collect(),
+        "every rank is back"
+    );
+    assert!(!r.set_health("10.9.9.9:1", false));
+
+    let r = dp_router("kv_events", &[2], 0);
+    let p = prompt(2, 3);
+    for k in 0..2 {
+        r.apply_kv_events(&addr(0), &on_rank(stored_batch(1, &p, k + 1), Some(k as i32)));
+    }
+    assert_eq!((engine_blocks(&r, &rank(0, 0)), engine_blocks(&r, &rank(0, 1))), (3, 3));
+    assert!(r.reset_kv_events(&addr(0)));
+    assert_eq!((engine_blocks(&r, &rank(0, 0)), engine_blocks(&r, &rank(0, 1))), (0, 0));
+    assert_eq!(r.index_stats().event_blocks, 0);
+
+    let load = EngineLoad {
+        running: 4,
+        ..Default::default()
+    };
+    assert!(r.set_engine_load(&addr(0), Some(1), &load));
+    assert!(!r.set_engine_load(&addr(0), Some(2), &load), "no rank 2");
+    let running = |name: &str| {
+        r.endpoints()
+            .iter()
+            .find(|e| &*e.address == name)
+            .unwrap()
+            .load
+            .engine
+            .running
+    };
+    assert_eq!((running(&rank(0, 0)), running(&rank(0, 1))), (0, 4));
+}
+
+#[test]
+fn fallbacks_are_other_engines_addresses_with_the_pinned_rank() {
+    // least_load: every request held makes its endpoint rank last; the spread decides the order.
+    let r = dp_router("least_load", &[2, 2, 1, 2], 5);
+    let hold = |name: &str, n: usize| -> Vec<InFlight> {
+        let (address, rank) = crate::routing::endpoint::split_name(name);
+        (0..n).map(|_| r.begin(address, rank, 0).unwrap()).collect()
+    };
+    // addr(0)#1 is the least loaded, then addr(0)#0, addr(1)#1, addr(2), addr(3)#1, addr(1)#0, addr(3)#0.
+    let _held: Vec<InFlight> = [
+        (rank(0, 0), 1),
+        (rank(1, 1), 2),
+        (addr(2), 3),
+        (rank(3, 1), 4),
+        (rank(1, 0), 5),
+        (rank(3, 0), 6),
+    ]
+    .iter()
+    .flat_map(|(name, n)| hold(name, *n))
+    .collect();
+    let p = r.pick(&[], None).unwrap();
+    assert_eq!(&*p.primary, rank(0, 1));
+    let fallbacks: Vec<String> = p.fallbacks.iter().map(|f| f.to_string()).collect();
+    assert_eq!(
+        fallbacks,
+        vec![addr(1), addr(3)],
+        "each other engine once, not the primary's, only engines with rank 1"
+    );
+    assert!(fallbacks.iter().all(|f| !f.contains('#')));
+    drop(p);
+
+    // A primary of one rank (no pin): every other engine, each once, at its best rank.
+    let r = dp_router("least_load", &[1, 2, 2], 5);
+    let _held: Vec<InFlight> = [(rank(1, 0), 3), (rank(1, 1), 4), (rank(2, 0), 1), (rank(2, 1), 5)]
+        .iter()
+        .flat_map(|(name, n)| {
+            let (address, rank) = crate::routing::endpoint::split_name(name);
+            (0..*n).map(move |_| (address.to_string(), rank)).collect::<Vec<_>>()
+        })
+        .map(|(address, rank)| r.begin(&address, rank, 0).unwrap())
+        .collect();
+    let p = r.pick(&[], None).unwrap();
+    assert_eq!((&*p.primary, p.rank()), (addr(0).as_str(), None));
+    assert_eq!(
+        p.fallbacks.iter().map(|f| f.to_string()).collect::<Vec<_>>(),
+        vec![addr(2), addr(1)]
+    );
+}
+
+#[test]
+fn a_subset_hint_of_addresses_admits_the_ranks() {
+    let r = dp_router("round_robin", &[2, 2], 0);
+    let subset = [addr(1)];
+    let subset: Vec<&str> = subset.iter().map(String::as_str).collect();
+    let picked: std::collections::BTreeSet<String> = (0..6)
+        .map(|_| {
+            r.pick_with(&PickRequest {
+                token_ids: &[1],
+                subset: Some(&subset),
+                ..Default::default()
+            })
+            .unwrap()
+            .primary
+            .to_string()
+        })
+        .collect();
+    assert_eq!(picked, [rank(1, 0), rank(1, 1)].into_iter().collect());
+}
+
+#[test]
+fn a_fallback_counts_the_request_on_its_pinned_rank_or_rank_0() {
+    let r = dp_router("least_load", &[2, 1], 0);
+    let in_flight = |name: &str| {
+        r.endpoints()
+            .iter()
+            .find(|e| &*e.address == name)
+            .unwrap()
+            .load
+            .in_flight_requests
+    };
+    let a = r.begin(&addr(0), Some(1), 10).unwrap();
+    assert_eq!((in_flight(&rank(0, 0)), in_flight(&rank(0, 1))), (0, 1));
+    let b = r.begin(&addr(0), Some(7), 10).unwrap();
+    assert_eq!(in_flight(&rank(0, 0)), 1, "no rank 7: rank 0");
+    let c = r.begin(&addr(1), Some(1), 10).unwrap();
+    assert_eq!(in_flight(&addr(1)), 1, "a one-rank engine takes it whole");
+    assert!(r.begin("10.9.9.9:1", None, 1).is_none());
+    drop((a, b, c));
 }

@@ -21,6 +21,7 @@ use crate::routing::InFlight;
 /// One engine call the server must make for the batch: a non-streamed `Generate`.
 #[derive(Debug, Clone)]
 pub struct FanoutCall {
+    /// The engine's address.
     pub endpoint: String,
     pub path: &'static str,
     /// The serialized (unframed) `GenerateRequest`.
@@ -67,7 +68,7 @@ impl Batch {
             let prompt = request::prompt(model, input)?;
             request::check_context(model, prompt.input_ids.len(), req)?;
             let pick = request::pick(model, &prompt.input_ids, route)?;
-            let endpoint = pick.primary.to_string();
+            let endpoint = pick.address().to_string();
             let protocol = model.protocol(&endpoint);
             let echo = req.echo.then(|| model.files.tokenizer.decode(&prompt.input_ids, false));
             let body = protocol.encode_generate(GenerateCall {
@@ -76,6 +77,7 @@ impl Batch {
                 sampling: &req.sampling,
                 include_stop_str_in_output: req.include_stop_str_in_output,
                 stream: false,
+                data_parallel_rank: pick.rank(),
             });
             let shape = ResponseShape {
                 meta: meta.clone(),

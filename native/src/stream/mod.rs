@@ -7,6 +7,8 @@
 //! response-headers reply before any response body; trailers last.
 
 mod batch;
+#[cfg(test)]
+mod dp_tests;
 mod epp;
 mod replies;
 mod request;
@@ -57,7 +59,10 @@ pub struct Summary {
     pub request_id: String,
     pub path: String,
     pub model: String,
+    /// The engine address the request went to (a batch's: each prompt's, comma-separated).
     pub endpoint: String,
+    /// The data-parallel rank the request was pinned to, on an engine of several.
+    pub dp_rank: Option<u32>,
     pub status: u16,
     pub prompt_tokens: u32,
     pub completion_tokens: u32,
@@ -82,7 +87,10 @@ pub struct PendingAbort {
 struct Exchange {
     model: Arc<ServedModel>,
     prompt_tokens: u64,
+    /// The engine's address (never an endpoint's `#rank` name).
     endpoint: String,
+    /// The data-parallel rank the request is pinned to (`data_parallel_rank`), if any.
+    dp_rank: Option<u32>,
     protocol: Protocol,
     engine_request_id: String,
     translator: ResponseTranslator,
@@ -385,9 +393,12 @@ impl RequestStream {
         let prompt = request::prompt(&model, &req.input)?;
         request::check_context(&model, prompt.input_ids.len(), &req)?;
         let pick = request::pick(&model, &prompt.input_ids, route)?;
-        let endpoint = pick.primary.to_string();
+        // Envoy connects to the engine's address; the rank travels in the request.
+        let endpoint = pick.address().to_string();
+        let dp_rank = pick.rank();
         let protocol = model.protocol(&endpoint);
-        // Fallbacks must take the same request bytes: only engines of the primary's protocol.
+        // Fallbacks must take the same request bytes: only engines of the primary's protocol (and,
+        // for a pinned rank, only engines with that rank: the router's choice).
         let destination = epp::destination(
             &endpoint,
             pick.fallbacks.iter().filter(|f| model.protocol(f) == protocol),
@@ -403,6 +414,7 @@ impl RequestStream {
             sampling: &req.sampling,
             include_stop_str_in_output: req.include_stop_str_in_output,
             stream: req.stream,
+            data_parallel_rank: dp_rank,
         });
         let framed = grpc_frame::encode(&generate);
 
@@ -427,12 +439,14 @@ impl RequestStream {
         };
         let translator = ResponseTranslator::new(model.clone(), shape, self.gateway.limits.max_engine_message);
         self.summary.endpoint = endpoint.clone();
+        self.summary.dp_rank = dp_rank;
         let mut out = vec![replies::route_to_engine(&destination, protocol.generate_path())];
         out.extend(replies::body_chunks(&framed, true, true));
         self.exchange = Some(Exchange {
             model: model.clone(),
             prompt_tokens,
             endpoint,
+            dp_rank,
             protocol,
             engine_request_id,
             translator,
@@ -444,13 +458,16 @@ impl RequestStream {
     }
 
     /// Envoy reports which engine answered: after a fallback it is not the one picked, and aborts,
-    /// load accounting and logs must follow it.
+    /// load accounting and logs must follow it. Addresses are compared (another rank of the picked
+    /// engine is never a fallback); on a fallback with data-parallel ranks the request counts on the
+    /// rank it is pinned to (a fallback has it), else on rank 0.
     fn follow_upstream(&mut self, upstream: Option<&str>) {
         let Some(exchange) = self.exchange.as_mut() else { return };
         let Some(upstream) = upstream.filter(|u| *u != exchange.endpoint) else {
             return;
         };
-        let Some(in_flight) = exchange.model.router.begin(upstream, exchange.prompt_tokens) else {
+        let router = &exchange.model.router;
+        let Some(in_flight) = router.begin(upstream, exchange.dp_rank, exchange.prompt_tokens) else {
             return;
         };
         exchange.in_flight = Some(in_flight);
