@@ -74,11 +74,14 @@ class ModelFacts:
     max_context: int | None
     # Tokens per KV block (vLLM block_size, SGLang page_size); 0 when the engine does not say.
     block_size: int
+    # Data-parallel ranks, each with its own KV cache (vLLM data_parallel_size, SGLang dp_size); 1 when
+    # DP is off or the engine does not say.
+    dp_size: int = 1
 
 
 @dataclass(frozen=True)
 class EngineLoad:
-    """An engine's own load report, summed over its data-parallel ranks."""
+    """An engine's own load report: one data-parallel rank's, or summed over its ranks."""
 
     running: int
     waiting: int
@@ -112,14 +115,24 @@ class EngineClient:
         server = await self._stub.GetServerInfo(self._pb.GetServerInfoRequest(), timeout=timeout_s)
         if self.protocol == "vllm":
             block_size = server.block_size
+            dp_size = server.data_parallel_size
         else:
-            # SGLang's GetServerInfo has no block size field; its server_args carry page_size.
+            # SGLang's GetServerInfo has no block size or DP fields; its server_args carry page_size, dp_size.
             block_size = _struct_int(server.server_args, "page_size")
-        return ModelFacts(max_context=info.max_context_length or None, block_size=max(block_size, 0))
+            dp_size = _struct_int(server.server_args, "dp_size")
+        return ModelFacts(
+            max_context=info.max_context_length or None,
+            block_size=max(block_size, 0),
+            dp_size=max(dp_size, 1),
+        )
 
     async def loads(self, timeout_s: float) -> EngineLoad:
         reply = await self._stub.GetLoads(self._pb.GetLoadsRequest(), timeout=timeout_s)
         return load_from_reply(reply)
+
+    async def loads_by_rank(self, timeout_s: float) -> dict[int, EngineLoad]:
+        reply = await self._stub.GetLoads(self._pb.GetLoadsRequest(), timeout=timeout_s)
+        return loads_by_rank(reply)
 
 
 def load_from_reply(reply: Any) -> EngineLoad:
@@ -154,6 +167,26 @@ def load_from_reply(reply: Any) -> EngineLoad:
         max_running=sum(max(r.max_running_requests, 0) for r in ranks),
         waiting_uncached_tokens=sum(max(r.num_waiting_uncached_tokens, 0) for r in ranks),
     )
+
+
+def loads_by_rank(reply: Any) -> dict[int, EngineLoad]:
+    """Each data-parallel rank's own load from a GetLoadsResponse of either protocol, by `dp_rank`.
+
+    Empty when the reply lists no per-rank loads (SGLang's `aggregate` alone says nothing of any one
+    rank); a rank listed twice keeps its last entry; negative ranks are left out.
+    """
+    out: dict[int, EngineLoad] = {}
+    for r in reply.loads:
+        if r.dp_rank < 0:
+            continue
+        out[r.dp_rank] = EngineLoad(
+            running=max(r.num_running_reqs, 0),
+            waiting=max(r.num_waiting_reqs, 0),
+            kv_usage=_fraction(r.token_usage),
+            max_running=max(r.max_running_requests, 0),
+            waiting_uncached_tokens=max(r.num_waiting_uncached_tokens, 0),
+        )
+    return out
 
 
 def _fraction(value: float) -> float:

@@ -5,10 +5,16 @@ Python owns this control plane; the native gateway reads the state it is given.
 
 Per engine, each health round: find its protocol (configured, or probed with HealthCheck under each
 service name) → HealthCheck → on the first healthy answer, register it (context length, KV block size,
-protocol) with the gateway and subscribe to its KV events on the engine's channel: SubscribeKvEvents over
-its gRPC address ("grpc"), vLLM's ZMQ publisher ("zmq://..."), or none ("off"). Exactly one channel per
-engine: both would feed the router's one sequence cursor per endpoint. Separately, every `load_interval_s`,
-each healthy engine's GetLoads goes to the router (ZMQ messages carry no load).
+protocol, data-parallel size) with the gateway and subscribe to its KV events on the engine's channel:
+SubscribeKvEvents over its gRPC address ("grpc"), vLLM's ZMQ publisher ("zmq://..."), or none ("off").
+Exactly one channel per engine: both would feed the router's one sequence cursor per endpoint.
+Separately, every `load_interval_s`, each healthy engine's GetLoads goes to the router (ZMQ messages
+carry no load).
+
+An engine of DP size N > 1 is N router endpoints, `"{address}#{rank}"`, each rank with its own KV cache,
+load and event cursor: its GetLoads is reported rank by rank, its one SubscribeKvEvents stream carries
+every rank's batches (the router files each under its `dp_rank`), and health applies to all its ranks.
+A ZMQ publisher is one rank's (vLLM binds one per rank): only the ranks it publishes get events.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from extproc import _native
 from extproc.config import EngineConfig, engine_address, is_zmq_source
 from extproc.engine_client import (
     EngineClient,
+    EngineLoad,
     NoKnownProtocol,
     Protocol,
     configured_protocol,
@@ -57,6 +64,8 @@ class Engine:
     max_context: int | None = None
     # The engine's KV block size (GetServerInfo); 0 until known.
     block_size: int = 0
+    # Its data-parallel ranks (GetServerInfo); 1 until known. Each rank is a router endpoint of its own.
+    dp_size: int = 1
     # Why the engine cannot be used, logged once per distinct reason.
     problem: str | None = None
     # False once GetLoads answered UNIMPLEMENTED (until the engine registers again).
@@ -115,7 +124,7 @@ class EnginePool:
 
     def _publish_endpoints(self) -> None:
         # An engine whose protocol is still unknown is unhealthy, so the placeholder is never used.
-        endpoints = [(e.address, e.block_size, e.protocol or "vllm") for e in self.engines]
+        endpoints = [(e.address, e.block_size, e.protocol or "vllm", e.dp_size) for e in self.engines]
         self.gateway.set_endpoints(self.model, endpoints)
 
     async def start(self, *, wait_s: float = 0.0) -> None:
@@ -224,6 +233,7 @@ class EnginePool:
                 protocol=engine.protocol,
                 max_context=engine.max_context,
                 block_size=engine.block_size,
+                dp_size=engine.dp_size,
             )
             self._subscribe(engine)
         if not healthy:
@@ -240,10 +250,12 @@ class EnginePool:
         return engine.client
 
     async def _register(self, engine: Engine, client: EngineClient) -> None:
-        """What the router needs to know of an engine: its protocol, context length and KV block size."""
+        """What the router needs to know of an engine: its protocol, context length, KV block size and
+        data-parallel size."""
         facts = await client.model_facts(HEALTH_TIMEOUT_S)
         engine.max_context = facts.max_context
         engine.block_size = facts.block_size
+        engine.dp_size = facts.dp_size
         engine.registered = True
         engine.reports_load = True
         self._publish_endpoints()
@@ -260,13 +272,26 @@ class EnginePool:
 
     async def _poll_load(self, engine: Engine) -> None:
         assert engine.client is not None
+        timeout_s = min(HEALTH_TIMEOUT_S, max(self.load_interval_s, 0.1))
+        by_rank: dict[int | None, EngineLoad]
         try:
-            load = await engine.client.loads(min(HEALTH_TIMEOUT_S, max(self.load_interval_s, 0.1)))
+            if engine.dp_size > 1:
+                # Each rank is its own endpoint: its own load. A reply without per-rank loads (SGLang's
+                # aggregate alone) reports nothing; the router then goes by its in-flight counts.
+                by_rank = dict(await engine.client.loads_by_rank(timeout_s))
+            else:
+                by_rank = {None: await engine.client.loads(timeout_s)}
         except grpc.aio.AioRpcError as e:
             if e.code() == grpc.StatusCode.UNIMPLEMENTED:
                 engine.reports_load = False
                 log.warning("engine has no GetLoads; routing uses in-flight counts", engine=engine.address)
             return  # the health check decides whether the engine is still usable
+        for rank, load in by_rank.items():
+            self._report_load(engine, load, rank)
+
+    def _report_load(self, engine: Engine, load: EngineLoad, rank: int | None) -> None:
+        # Without a rank the call is the one it always was (one-rank engines, stubs of older gateways).
+        kwargs = {} if rank is None else {"dp_rank": rank}
         self.gateway.report_load(
             self.model,
             engine.address,
@@ -275,6 +300,7 @@ class EnginePool:
             load.kv_usage,
             load.max_running,
             waiting_uncached_tokens=load.waiting_uncached_tokens,
+            **kwargs,
         )
 
     async def close(self) -> None:

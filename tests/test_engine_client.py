@@ -8,7 +8,7 @@ import pytest
 from smg_grpc_proto.generated import sglang_scheduler_pb2 as sglang_pb
 from smg_grpc_proto.generated import vllm_engine_pb2 as vllm_pb
 
-from extproc.engine_client import EngineLoad, load_from_reply, subscribe_method
+from extproc.engine_client import EngineLoad, load_from_reply, loads_by_rank, subscribe_method
 
 
 @pytest.mark.parametrize("pb", [vllm_pb, sglang_pb], ids=["vllm", "sglang"])
@@ -67,6 +67,44 @@ def test_sglang_aggregate_is_used_only_without_per_rank_loads() -> None:
         aggregate=aggregate, loads=[sglang_pb.SchedulerLoad(num_running_reqs=1, max_running_requests=4)]
     )
     assert load_from_reply(both) == EngineLoad(1, 0, 0.0, 4)
+
+
+@pytest.mark.parametrize("pb", [vllm_pb, sglang_pb], ids=["vllm", "sglang"])
+def test_each_rank_has_its_own_load(pb: Any) -> None:
+    reply = pb.GetLoadsResponse(
+        dp_rank_count=2,
+        loads=[
+            pb.SchedulerLoad(
+                dp_rank=1,
+                num_running_reqs=2,
+                num_waiting_reqs=4,
+                token_usage=0.2,
+                max_total_num_tokens=3000,
+                max_running_requests=8,
+                num_waiting_uncached_tokens=400,
+            ),
+            pb.SchedulerLoad(dp_rank=0, num_running_reqs=3, token_usage=1.5, max_running_requests=6),
+        ],
+    )
+    assert loads_by_rank(reply) == {
+        0: EngineLoad(running=3, waiting=0, kv_usage=1.0, max_running=6),
+        1: EngineLoad(
+            running=2, waiting=4, kv_usage=pytest.approx(0.2), max_running=8, waiting_uncached_tokens=400
+        ),
+    }
+
+
+def test_no_per_rank_loads_is_no_rank_load() -> None:
+    aggregate = sglang_pb.AggregateMetrics(total_running_reqs=7, total_waiting_reqs=2, avg_token_usage=0.4)
+    assert loads_by_rank(sglang_pb.GetLoadsResponse(aggregate=aggregate)) == {}
+    assert loads_by_rank(vllm_pb.GetLoadsResponse()) == {}
+    odd = vllm_pb.GetLoadsResponse(
+        loads=[
+            vllm_pb.SchedulerLoad(dp_rank=-1, num_running_reqs=5),
+            vllm_pb.SchedulerLoad(num_running_reqs=-2),
+        ]
+    )
+    assert loads_by_rank(odd) == {0: EngineLoad(0, 0, 0.0, 0)}
 
 
 def test_kv_events_are_subscribed_under_each_service_name() -> None:
