@@ -181,8 +181,9 @@ impl Router {
 
     /// Replaces the endpoint set: `(name, block size)` pairs, block size 0 when not yet known (it
     /// is then learned from the endpoint's KV events). A name is an engine address, or
-    /// `"{address}#{rank}"` for each data-parallel rank of an engine with more than one. Endpoints that stay keep their state; new ones
-    /// start healthy with no load; removed ones are forgotten by both indexes.
+    /// `"{address}#{rank}"` for each data-parallel rank of an engine with more than one. Endpoints that
+    /// stay keep their state; new ones start healthy with no load; removed ones are forgotten by both
+    /// indexes.
     pub fn set_endpoints(&self, endpoints: Vec<(String, u32)>) -> Result<(), RoutingError> {
         let wanted: HashMap<&str, u32> = endpoints.iter().map(|(a, b)| (a.as_str(), *b)).collect();
         if wanted.len() > MAX_ENDPOINTS {
