@@ -268,8 +268,8 @@ def _ext_proc_filter() -> dict[str, Any]:
                 # :path, content-type, te and the destination header are allowed by default; routing headers
                 # (:authority, host, :method, :scheme) need this so extproc can address the engine.
                 "allow_all_routing": True,
-                # x-envoy-* stay Envoy's.
-                "allow_envoy": False,
+                # extproc sets x-envoy-max-retries: one retry per fallback it listed, no more.
+                "allow_envoy": True,
                 # A mutation Envoy refuses is a bug in extproc: fail loudly instead of forwarding wrongly.
                 "disallow_is_error": True,
             },
@@ -285,14 +285,23 @@ def _ext_proc_filter() -> dict[str, Any]:
     }
 
 
-def _strip_destination_header() -> dict[str, Any]:
-    """Runs before routing: clients must never choose the engine themselves."""
+# Request headers a client could steer engines or Envoy's retries with.
+CLIENT_HEADERS_REMOVED = (
+    DESTINATION_HEADER,
+    "x-envoy-max-retries",
+    "x-envoy-retry-on",
+    "x-envoy-retry-grpc-on",
+)
+
+
+def _strip_client_routing_headers() -> dict[str, Any]:
+    """Runs before routing: clients must never choose the engine, or how often Envoy retries, themselves."""
     name = "envoy.http.early_header_mutation.header_mutation"
     return {
         "name": name,
         "typed_config": {
             "@type": _TYPE + "envoy.extensions.http.early_header_mutation.header_mutation.v3.HeaderMutation",
-            "mutations": [{"remove": DESTINATION_HEADER}],
+            "mutations": [{"remove": header} for header in CLIENT_HEADERS_REMOVED],
         },
     }
 
@@ -426,7 +435,7 @@ def _http_connection_manager(opts: EnvoyOptions) -> dict[str, Any]:
         "generate_request_id": True,
         "always_set_request_id_in_response": True,
         "stream_idle_timeout": _duration(opts.stream_idle_timeout_s),
-        "early_header_mutation_extensions": [_strip_destination_header()],
+        "early_header_mutation_extensions": [_strip_client_routing_headers()],
         "route_config": _route_config(opts),
         "local_reply_config": _local_reply_config(),
         "http_filters": [

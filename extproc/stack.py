@@ -440,13 +440,11 @@ UP_FALLBACKS = 2
 
 
 def known_engines(served: tuple[ServedModel, ...]) -> tuple[tuple[str, ...], int]:
-    """The engines `up` tells Envoy about and the fallbacks extproc then lists. For one model only: once
-    extproc's list is spent, Envoy's override_host policy retries on any engine of the cluster, which
-    must then serve the same model; with several models Envoy takes the one address (ORIGINAL_DST)."""
-    if len(served) != 1:
-        return (), 0
-    addresses = tuple(engine_address(e.url) for e in served[0].engines)
-    return addresses, up_fallbacks(len(addresses))
+    """The engines `up` tells Envoy about (every model's, one cluster) and the fallbacks extproc then
+    lists: up to UP_FALLBACKS of the request's own model. Each request carries Envoy's retry limit (one
+    per listed fallback), so Envoy never goes past the list to an engine of another model."""
+    addresses = tuple(engine_address(e.url) for model in served for e in model.engines)
+    return addresses, up_fallbacks(max((len(model.engines) for model in served), default=0))
 
 
 def up_fallbacks(engines: int) -> int:

@@ -225,10 +225,10 @@ def local_stack(
     filters_before: Callable[[list[str]], Sequence[dict[str, Any]]] | None = None,
 ) -> Iterator[Stack]:
     """`engines`, `protocol` and `sim` describe the single default model; `models` several instead.
-    `fallbacks` > 0 (single model): Envoy knows the engines and follows that many fallbacks, as under
-    `extproc up`; 0 leaves Envoy one address per request (ORIGINAL_DST). `filters_before`: given the
-    first model's engine addresses, Envoy HTTP filters to run before ext_proc (as a gateway in front of
-    extproc would)."""
+    `fallbacks` > 0: Envoy knows every model's engines (one cluster) and follows up to that many
+    fallbacks, as under `extproc up`; 0 leaves Envoy one address per request (ORIGINAL_DST).
+    `filters_before`: given the first model's engine addresses, Envoy HTTP filters to run before ext_proc
+    (as a gateway in front of extproc would)."""
     loop = LoopThread()
     single = models is None
     if models is None:
@@ -242,12 +242,12 @@ def local_stack(
     if routing_config is not None:
         extra["routing_config"] = routing_config
     known: tuple[str, ...] = ()
+    if fallbacks:
+        known = tuple(a for cluster in clusters.values() for a in cluster.addresses)
+        extra["destination_fallbacks"] = fallbacks
     if single:
         first = next(iter(clusters.values()))
         extra["engines"] = tuple(f"grpc://{a}" for a in first.addresses)
-        if fallbacks:
-            known = tuple(first.addresses)
-            extra["destination_fallbacks"] = fallbacks
     else:
         extra["models"] = tuple(
             ModelConfig(

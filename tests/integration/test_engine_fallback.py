@@ -12,7 +12,7 @@ from openai import OpenAI
 
 from load.simulator import SimOptions
 from tests.conftest import FreePorts
-from tests.integration.harness import Stack, local_stack, post_json, wait_for
+from tests.integration.harness import SimModel, Stack, local_stack, post_json, wait_for
 
 
 @pytest.fixture
@@ -68,3 +68,33 @@ def test_the_abort_follows_the_engine_that_answered(tmp_path: Path) -> None:
         assert wait_for(lambda: healthy.stats.abort_calls == 2), healthy.stats
         assert wait_for(lambda: healthy.stats.active == 0), "the engine kept generating"
         assert refusing.stats.abort_calls == 0
+
+
+def test_retries_stay_with_the_request_s_model(tmp_path: Path) -> None:
+    """Every model's engines in one Envoy cluster: a request's retries end with its own model's
+    fallbacks and never reach another model's engine (Envoy would otherwise pick any engine of the
+    cluster once extproc's list is spent)."""
+    models = [SimModel("alpha", engines=2, routing_policy="round_robin"), SimModel("beta", engines=1)]
+    with local_stack(FreePorts(), tmp_path, models=models, fallbacks=1) as stack:
+        alpha, (beta,) = stack.clusters["alpha"].engines, stack.clusters["beta"].engines
+        beta.faults.set(fail_code="UNAVAILABLE", fail_message="draining")
+        body = {"model": "beta", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+        # A client cannot ask Envoy for more retries either.
+        conn = post_json(stack.base_url, "/v1/chat/completions", body, headers={"x-envoy-max-retries": "3"})
+        response = conn.getresponse()
+        assert response.status == 503, response.read()
+        conn.close()
+        assert beta.stats.faults == 1
+        assert sum(e.stats.generate_requests for e in alpha) == 0, "beta's request reached an alpha engine"
+
+        # Alpha's own fallback still works: its refusing engine is skipped for the other.
+        refusing, healthy = alpha
+        refusing.faults.set(fail_code="UNAVAILABLE", fail_message="draining")
+        client = OpenAI(base_url=stack.base_url + "/v1", api_key="x", max_retries=0, timeout=20)
+        for i in range(4):
+            reply = client.chat.completions.create(
+                model="alpha", messages=[{"role": "user", "content": f"q {i}"}], max_tokens=4
+            )
+            assert reply.choices[0].message.content
+        assert refusing.stats.faults == 2 and healthy.stats.completed == 4
+        assert beta.stats.generate_requests == 1

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use prost::Message;
 
-use super::replies::{DESTINATION_HEADER, LB_METADATA_NAMESPACE};
+use super::replies::{DESTINATION_HEADER, LB_METADATA_NAMESPACE, MAX_RETRIES_HEADER};
 use super::test_model::llama3_model_dir;
 use super::RequestStream;
 use crate::engine::Protocol;
@@ -40,6 +40,8 @@ fn gateway() -> Arc<Gateway> {
 /// What the stream sent for one completion request.
 struct Routed {
     header: String,
+    /// Envoy's retry limit for the request: one retry per listed fallback.
+    max_retries: usize,
     metadata: String,
     generate: Vec<u8>,
     summary_endpoint: String,
@@ -79,13 +81,17 @@ fn send(gateway: &Arc<Gateway>) -> Routed {
         panic!("expected the routing reply, got {:?}", replies[0]);
     };
     let mutation = h.response.as_ref().unwrap().header_mutation.as_ref().unwrap();
-    let header = mutation
-        .set_headers
-        .iter()
-        .filter_map(|o| o.header.as_ref())
-        .find(|h| h.key == DESTINATION_HEADER)
-        .map(|h| String::from_utf8(h.raw_value.clone()).unwrap())
-        .unwrap();
+    let set = |key: &str| {
+        mutation
+            .set_headers
+            .iter()
+            .filter_map(|o| o.header.as_ref())
+            .find(|h| h.key == key)
+            .map(|h| String::from_utf8(h.raw_value.clone()).unwrap())
+            .unwrap()
+    };
+    let header = set(DESTINATION_HEADER);
+    let max_retries = set(MAX_RETRIES_HEADER).parse().unwrap();
     let lb = &replies[0].dynamic_metadata.as_ref().unwrap().fields[LB_METADATA_NAMESPACE];
     let Some(Kind::StructValue(lb)) = &lb.kind else {
         panic!("envoy.lb is a struct")
@@ -103,6 +109,7 @@ fn send(gateway: &Arc<Gateway>) -> Routed {
     let summary = stream.summary();
     Routed {
         header,
+        max_retries,
         metadata,
         generate: framed[5..].to_vec(),
         summary_endpoint: summary.endpoint,
@@ -141,6 +148,7 @@ fn ranks_travel_in_the_request_and_the_destination_names_addresses() {
             assert_eq!(routed.summary_endpoint, primary);
             let rank = data_parallel_rank(protocol, &routed.generate);
             assert_eq!(rank.map(|r| r as u32), routed.summary_rank);
+            assert_eq!(routed.max_retries, fallbacks.len(), "Envoy retries once per fallback");
             let distinct: HashSet<&str> = fallbacks.iter().copied().collect();
             assert_eq!(distinct.len(), fallbacks.len(), "fallbacks are distinct: {fallbacks:?}");
             assert!(

@@ -56,17 +56,26 @@ fn common(mutation: HeaderMutation, clear_route_cache: bool) -> Option<CommonRes
     })
 }
 
-/// The request-headers reply that sends the request to `endpoint`'s gRPC `path`.
-pub fn route_to_engine(endpoint: &str, path: &str) -> ProcessingResponse {
+/// Envoy's per-request retry limit, which takes precedence over the route's retry policy.
+pub const MAX_RETRIES_HEADER: &str = "x-envoy-max-retries";
+
+/// The request-headers reply that sends the request to `destination`'s gRPC `path`: `destination` is
+/// the primary engine's address, then its fallbacks, comma-separated.
+pub fn route_to_engine(destination: &str, path: &str) -> ProcessingResponse {
+    // Envoy retries at most once per listed fallback: past the list its override_host policy would
+    // pick any engine of the cluster, which may serve another model. (Envoy drops the client's own
+    // retry headers before any filter runs.)
+    let fallbacks = destination.matches(',').count();
     let mut m = HeaderMutation::default();
     m.set(":path", path)
         .set("content-type", "application/grpc")
         .set("te", "trailers")
-        .set(DESTINATION_HEADER, endpoint)
+        .set(DESTINATION_HEADER, destination)
+        .set(MAX_RETRIES_HEADER, &fallbacks.to_string())
         .remove("content-length");
     let mut lb = Struct::default();
     lb.fields
-        .insert(DESTINATION_HEADER.to_string(), Value::string(endpoint));
+        .insert(DESTINATION_HEADER.to_string(), Value::string(destination));
     let mut metadata = Struct::default();
     metadata
         .fields
