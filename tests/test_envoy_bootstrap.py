@@ -138,8 +138,11 @@ def test_routes_engine_only_with_destination_header_else_503() -> None:
     assert hcm["generate_request_id"] is True
     # Clients' own destination and retry headers are removed before any routing.
     removed = [m["remove"] for m in hcm["early_header_mutation_extensions"][0]["typed_config"]["mutations"]]
-    assert removed == ["x-gateway-destination-endpoint", "x-envoy-max-retries", "x-envoy-retry-on"] + [
-        "x-envoy-retry-grpc-on"
+    assert removed == [
+        "x-gateway-destination-endpoint",
+        "x-envoy-max-retries",
+        "x-envoy-retry-on",
+        "x-envoy-retry-grpc-on",
     ]
     to_engine, fallback = hcm["route_config"]["virtual_hosts"][0]["routes"]
     assert to_engine["match"]["headers"] == [
