@@ -583,12 +583,21 @@ fn on_rank(batch: Vec<u8>, dp_rank: Option<i32>) -> Vec<u8> {
     b.encode_to_vec()
 }
 
-fn engine_blocks(r: &Router, name: &str) -> usize {
+/// The router's view of the endpoint of that name.
+fn endpoint(r: &Router, name: &str) -> EndpointInfo {
     r.endpoints()
-        .iter()
+        .into_iter()
         .find(|e| &*e.address == name)
         .unwrap_or_else(|| panic!("no endpoint {name}"))
-        .engine_blocks
+}
+
+fn engine_blocks(r: &Router, name: &str) -> usize {
+    endpoint(r, name).engine_blocks
+}
+
+/// The running requests an endpoint's engine last reported.
+fn running(r: &Router, name: &str) -> u32 {
+    endpoint(r, name).load.engine.running
 }
 
 #[test]
@@ -633,16 +642,7 @@ fn a_batch_without_a_rank_goes_to_rank_0_and_its_load_with_it() {
     assert_eq!(res.outcome.kind(), "applied");
     assert_eq!(engine_blocks(&r, &rank(0, 0)), 3);
     assert_eq!(engine_blocks(&r, &rank(0, 1)), 0);
-    let running = |name: &str| {
-        r.endpoints()
-            .iter()
-            .find(|e| &*e.address == name)
-            .unwrap()
-            .load
-            .engine
-            .running
-    };
-    assert_eq!((running(&rank(0, 0)), running(&rank(0, 1))), (7, 0));
+    assert_eq!((running(&r, &rank(0, 0)), running(&r, &rank(0, 1))), (7, 0));
     // A one-rank engine takes its batches whatever rank they name.
     let r = dp_router("kv_events", &[1], 0);
     let batch = on_rank(stored_batch(1, &p, 1), Some(0));
@@ -685,16 +685,7 @@ fn health_resets_and_loads_by_address_cover_the_ranks() {
     };
     assert!(r.set_engine_load(&addr(0), Some(1), &load));
     assert!(!r.set_engine_load(&addr(0), Some(2), &load), "no rank 2");
-    let running = |name: &str| {
-        r.endpoints()
-            .iter()
-            .find(|e| &*e.address == name)
-            .unwrap()
-            .load
-            .engine
-            .running
-    };
-    assert_eq!((running(&rank(0, 0)), running(&rank(0, 1))), (0, 4));
+    assert_eq!((running(&r, &rank(0, 0)), running(&r, &rank(0, 1))), (0, 4));
 }
 
 #[test]
