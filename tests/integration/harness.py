@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 import grpc
+import openai
 from smg_grpc_proto.generated import sglang_scheduler_pb2 as sglang_pb
 from smg_grpc_proto.generated import sglang_scheduler_pb2_grpc as sglang_grpc
 from smg_grpc_proto.generated import vllm_engine_pb2 as vllm_pb
@@ -82,6 +83,11 @@ class Stack:
     loop: LoopThread
     # Every model's engines, by model name.
     clusters: dict[str, SimCluster] = field(default_factory=dict)
+
+    def openai(self, timeout: float = 30.0) -> openai.OpenAI:
+        """The official client against the stack's `/v1`, without its own retries (a test sees every
+        failure)."""
+        return openai.OpenAI(base_url=f"{self.base_url}/v1", api_key="unused", max_retries=0, timeout=timeout)
 
     def generate_requests(self) -> int:
         """How many Generate calls reached any engine of any model so far."""

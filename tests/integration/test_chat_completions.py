@@ -7,16 +7,10 @@ import json
 import urllib.request
 
 import openai
-import pytest
 
 from tests.integration.harness import Stack
 
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Say something."}]
-
-
-@pytest.fixture(scope="module")
-def client(stack: Stack) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{stack.base_url}/v1", api_key="unused", max_retries=0, timeout=30)
 
 
 def test_models_lists_the_served_model(stack: Stack) -> None:

@@ -8,7 +8,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from openai import OpenAI
 
 from load.simulator import SimOptions
 from tests.conftest import FreePorts
@@ -22,7 +21,7 @@ def stack(tmp_path: Path) -> Iterator[Stack]:
 
 
 def _chat(stack: Stack, text: str) -> str:
-    client = OpenAI(base_url=stack.base_url + "/v1", api_key="x", max_retries=0, timeout=20)
+    client = stack.openai(timeout=20)
     reply = client.chat.completions.create(
         model=stack.model, messages=[{"role": "user", "content": text}], max_tokens=4, seed=1
     )
@@ -90,7 +89,7 @@ def test_retries_stay_with_the_request_s_model(tmp_path: Path) -> None:
         # Alpha's own fallback still works: its refusing engine is skipped for the other.
         refusing, healthy = alpha
         refusing.faults.set(fail_code="UNAVAILABLE", fail_message="draining")
-        client = OpenAI(base_url=stack.base_url + "/v1", api_key="x", max_retries=0, timeout=20)
+        client = stack.openai(timeout=20)
         for i in range(4):
             reply = client.chat.completions.create(
                 model="alpha", messages=[{"role": "user", "content": f"q {i}"}], max_tokens=4

@@ -8,7 +8,6 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-import openai
 import pytest
 
 from extproc import _native
@@ -103,7 +102,7 @@ def test_least_load_avoids_an_engine_whose_get_loads_reports_a_queue(tmp_path: P
 
         direct = stack.loop.run(queue_up())
         try:
-            client = openai.OpenAI(base_url=f"{stack.base_url}/v1", api_key="-", max_retries=0, timeout=20)
+            client = stack.openai(timeout=20)
             for i in range(8):
                 reply = client.chat.completions.create(
                     model=stack.model, messages=[{"role": "user", "content": f"question {i}"}], max_tokens=4

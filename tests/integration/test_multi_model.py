@@ -37,11 +37,6 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         yield s
 
 
-@pytest.fixture
-def client(stack: Stack) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{stack.base_url}/v1", api_key="unused", max_retries=0, timeout=30)
-
-
 def served(stack: Stack) -> dict[str, int]:
     """Generate calls each model's engines have received."""
     return {

@@ -12,11 +12,6 @@ PROMPTS = ["Once upon a time", "The sea", "In the mountains there"]
 TOKENS = 6
 
 
-@pytest.fixture(scope="module")
-def client(stack: Stack) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{stack.base_url}/v1", api_key="unused", max_retries=0, timeout=30)
-
-
 def one(
     client: openai.OpenAI, stack: Stack, prompt: str | list[int], **extra: object
 ) -> openai.types.Completion:

@@ -12,11 +12,6 @@ MESSAGES = [{"role": "user", "content": "Write three different openings for a st
 TOKENS = 12
 
 
-@pytest.fixture(scope="module")
-def client(stack: Stack) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{stack.base_url}/v1", api_key="unused", max_retries=0, timeout=30)
-
-
 def chat_kwargs(stack: Stack, **extra: object) -> dict:
     # ignore_eos: every choice runs to max_tokens, so usage is known exactly.
     return {

@@ -12,11 +12,6 @@ MESSAGES = [{"role": "user", "content": "Describe the sea."}]
 TOKENS = 10
 
 
-@pytest.fixture(scope="module")
-def client(stack: Stack) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{stack.base_url}/v1", api_key="unused", max_retries=0, timeout=30)
-
-
 def chat_kwargs(stack: Stack, **extra: object) -> dict:
     return {
         "model": stack.model,

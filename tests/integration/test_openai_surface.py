@@ -13,11 +13,6 @@ from tests.integration.harness import Stack
 MESSAGES = [{"role": "user", "content": "Tell me a story."}]
 
 
-@pytest.fixture(scope="module")
-def client(stack: Stack) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{stack.base_url}/v1", api_key="unused", max_retries=0, timeout=30)
-
-
 def post(stack: Stack, path: str, body: dict) -> dict:
     req = urllib.request.Request(
         f"{stack.base_url}{path}",

@@ -30,7 +30,7 @@ def counts(stack: Stack) -> list[int]:
 
 
 def test_shared_prefix_follows_the_engine_that_holds_it(stack: Stack) -> None:
-    client = openai.OpenAI(base_url=f"{stack.base_url}/v1", api_key="unused", max_retries=0, timeout=30)
+    client = stack.openai()
     before = counts(stack)
     first = ask(client, stack, "Question zero?")
     holder = next(i for i, (a, b) in enumerate(zip(counts(stack), before, strict=True)) if a > b)
@@ -51,7 +51,7 @@ def test_shared_prefix_follows_the_engine_that_holds_it(stack: Stack) -> None:
 def test_round_robin_ignores_the_prefix(tmp_path: Path) -> None:
     # The control: without cache affinity the same requests alternate between the engines.
     with local_stack(FreePorts(), tmp_path, routing_policy="round_robin") as rr:
-        client = openai.OpenAI(base_url=f"{rr.base_url}/v1", api_key="unused", max_retries=0, timeout=30)
+        client = rr.openai()
         for i in range(6):
             ask(client, rr, f"Question {i}?")
         assert counts(rr) == [3, 3]

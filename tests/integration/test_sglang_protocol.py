@@ -22,11 +22,6 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         yield s
 
 
-@pytest.fixture(scope="module")
-def client(stack: Stack) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{stack.base_url}/v1", api_key="unused", max_retries=0, timeout=30)
-
-
 def test_the_gateway_knows_its_engines_speak_sglang(stack: Stack) -> None:
     protocols = stack.gateway.gateway.endpoint_protocols(stack.model)
     assert sorted(a for a, _ in protocols) == sorted(stack.engines.addresses)
@@ -156,7 +151,7 @@ def test_an_sglang_engine_refusal_keeps_its_status(tmp_path: Path, stream: bool)
     with local_stack(
         FreePorts(), tmp_path, protocol="sglang", engines=1, sim=SimOptions(num_blocks=4)
     ) as small:
-        client = openai.OpenAI(base_url=f"{small.base_url}/v1", api_key="unused", max_retries=0, timeout=30)
+        client = small.openai()
         with pytest.raises(openai.BadRequestError) as e:
             answer = client.completions.create(
                 model=small.model, prompt="word " * 100, max_tokens=4, stream=stream

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from openai import APIStatusError, OpenAI
+from openai import APIStatusError
 
 from tests.conftest import FreePorts
 from tests.integration.harness import Stack, local_stack
@@ -32,7 +32,7 @@ def _hint(addresses: list[str]) -> dict[str, Any]:
 
 
 def _chat(stack: Stack, i: int) -> None:
-    client = OpenAI(base_url=stack.base_url + "/v1", api_key="x", max_retries=0, timeout=20)
+    client = stack.openai(timeout=20)
     client.chat.completions.create(
         model=stack.model, messages=[{"role": "user", "content": f"question {i}"}], max_tokens=2
     )
