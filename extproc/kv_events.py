@@ -52,14 +52,21 @@ class Backoff:
 
 
 class BackgroundSubscriber:
-    """One engine's subscription, run as a task from `start()` until `close()`; subclasses write `_run`."""
+    """One engine's subscription, run as a task from `start()` until `close()`: subscribes, and when the
+    subscription ends (subclasses write `_subscription`, returning why) subscribes again after a backoff."""
 
     TASK_NAME = "subscription"
+    # The log line of a resubscription.
+    RESUBSCRIBING = "kv events resubscribing"
 
-    def __init__(self, address: str) -> None:
+    def __init__(self, address: str, backoff: Backoff | None) -> None:
         self.address = address
+        self._backoff = backoff or Backoff()
         self._task: asyncio.Task[None] | None = None
         self._closed = False
+        # Subscriptions that ended, and why the last one did (for metrics and tests).
+        self.resyncs = 0
+        self.last_reason: str | None = None
 
     def start(self) -> None:
         if self._task is None and not self._closed:
@@ -75,7 +82,25 @@ class BackgroundSubscriber:
             self._task = None
 
     async def _run(self) -> None:
+        attempt = 0
+        while True:
+            started = time.monotonic()
+            reason = await self._subscription()
+            self.last_reason = reason
+            self.resyncs += 1
+            if time.monotonic() - started >= self._backoff.healthy_after_s:
+                attempt = 0
+            delay = self._retry_delay(attempt)
+            attempt += 1
+            log.info(self.RESUBSCRIBING, engine=self.address, reason=reason, delay_s=round(delay, 3))
+            await asyncio.sleep(delay)
+
+    async def _subscription(self) -> str:
+        """One subscription; returns why it ended."""
         raise NotImplementedError
+
+    def _retry_delay(self, attempt: int) -> float:
+        return self._backoff.delay(attempt)
 
 
 class KvEventSubscriber(BackgroundSubscriber):
@@ -93,10 +118,9 @@ class KvEventSubscriber(BackgroundSubscriber):
         channel: grpc.aio.Channel | None = None,
         method: str = SUBSCRIBE_METHOD,
     ) -> None:
-        super().__init__(address)
+        super().__init__(address, backoff)
         self._on_batch = on_batch
         self._on_reset = on_reset
-        self._backoff = backoff or Backoff()
         self._own_channel = channel is None
         self._channel = channel or grpc.aio.insecure_channel(address)
         self._subscribe = self._channel.unary_stream(
@@ -107,8 +131,6 @@ class KvEventSubscriber(BackgroundSubscriber):
         # What happened so far (for metrics and tests).
         self.subscriptions = 0
         self.batches = 0
-        self.resyncs = 0
-        self.last_reason: str | None = None
         # False once the engine answered UNIMPLEMENTED: it publishes no events.
         self.publishes: bool | None = None
 
@@ -119,20 +141,9 @@ class KvEventSubscriber(BackgroundSubscriber):
         if self._own_channel:
             await self._channel.close()
 
-    async def _run(self) -> None:
-        attempt = 0
-        while True:
-            started = time.monotonic()
-            reason = await self._subscription()
-            self.last_reason = reason
-            self.resyncs += 1
-            if time.monotonic() - started >= self._backoff.healthy_after_s:
-                attempt = 0
-            # An engine without the RPC may be replaced by one with it: look again, rarely.
-            delay = self._backoff.max_s if self.publishes is False else self._backoff.delay(attempt)
-            attempt += 1
-            log.info("kv events resubscribing", engine=self.address, reason=reason, delay_s=round(delay, 3))
-            await asyncio.sleep(delay)
+    def _retry_delay(self, attempt: int) -> float:
+        # An engine without the RPC may be replaced by one with it: look again, rarely.
+        return self._backoff.max_s if self.publishes is False else self._backoff.delay(attempt)
 
     async def _subscription(self) -> str:
         """One subscription from sequence 0; returns why it ended."""

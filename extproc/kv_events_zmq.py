@@ -23,8 +23,6 @@ error ends the subscription: a new one starts, after a reset, once the backoff h
 
 from __future__ import annotations
 
-import asyncio
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import parse_qs, urlsplit
@@ -91,6 +89,7 @@ class ZmqKvEventSubscriber(BackgroundSubscriber):
     sockets: they live inside the task)."""
 
     TASK_NAME = "kv-events-zmq"
+    RESUBSCRIBING = "kv events resubscribing (zmq)"
 
     def __init__(
         self,
@@ -103,11 +102,10 @@ class ZmqKvEventSubscriber(BackgroundSubscriber):
         replay_timeout_s: float = REPLAY_TIMEOUT_S,
         context: zmq.asyncio.Context | None = None,
     ) -> None:
-        super().__init__(address)
+        super().__init__(address, backoff)
         self.endpoint = endpoint
         self._on_message = on_message
         self._on_reset = on_reset
-        self._backoff = backoff or Backoff()
         self._replay_timeout_ms = int(replay_timeout_s * 1000)
         self._context = context or zmq.asyncio.Context.instance()
         # The last sequence the router applied, and the last one heard on the SUB socket.
@@ -121,29 +119,11 @@ class ZmqKvEventSubscriber(BackgroundSubscriber):
         self.replays = 0
         self.replayed = 0
         self.resets = 0
-        self.resyncs = 0
-        self.last_reason: str | None = None
 
     @property
     def applied(self) -> int | None:
         """The last sequence the router applied (None after a reset until the next one)."""
         return self._applied
-
-    async def _run(self) -> None:
-        attempt = 0
-        while True:
-            started = time.monotonic()
-            reason = await self._subscription()
-            self.last_reason = reason
-            self.resyncs += 1
-            if time.monotonic() - started >= self._backoff.healthy_after_s:
-                attempt = 0
-            delay = self._backoff.delay(attempt)
-            attempt += 1
-            log.info(
-                "kv events resubscribing (zmq)", engine=self.address, reason=reason, delay_s=round(delay, 3)
-            )
-            await asyncio.sleep(delay)
 
     async def _subscription(self) -> str:
         """One subscription; returns why it ended."""
