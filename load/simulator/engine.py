@@ -20,7 +20,7 @@ from smg_grpc_proto.generated import common_pb2, vllm_engine_pb2, vllm_engine_pb
 
 from load.simulator import responses
 from load.simulator.core import EngineCore, EngineStats
-from load.simulator.generate import walk
+from load.simulator.generate import serve
 from load.simulator.model import ModelSpec
 from load.simulator.options import DEFAULT_OPTIONS, SimOptions
 from load.simulator.sampler import GenerationParams, requested_prompt_logprobs, resolve_params
@@ -127,15 +127,8 @@ class VllmEngine(vllm_engine_pb2_grpc.VllmEngineServicer):
         cache_limit = 0 if requested_prompt_logprobs(sampling) is not None else None
         admitted = core.submit(request.request_id, prompt_ids, params, n, cache_limit, rank)
         messages = responses.VllmMessages(prompt_ids, sampling, core.vocab)
-        cancelled = True
-        try:
-            async for response in walk(core, admitted, request.stream, context, messages):
-                yield response
-            cancelled = False
-        finally:
-            # The caller went away (CancelledError at an await, GeneratorExit at a yield), an injected
-            # fault ended the stream, or it finished: either way the engine stops working on it.
-            core.release(admitted, cancelled=cancelled and not admitted.faulted)
+        async for response in serve(core, admitted, request.stream, context, messages):
+            yield response
 
     # --- Abort ----------------------------------------------------------------------------------
 

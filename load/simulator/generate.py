@@ -106,3 +106,22 @@ async def walk(
         core.stats.aborts += 1
     else:
         core.stats.completed += 1
+
+
+async def serve(
+    core: EngineCore,
+    admitted: Request,
+    stream: bool,
+    context: grpc.aio.ServicerContext,
+    messages: Messages[Message],
+) -> AsyncIterator[Message]:
+    """A Generate call's messages (`walk`), then the request released whatever ended it."""
+    cancelled = True
+    try:
+        async for response in walk(core, admitted, stream, context, messages):
+            yield response
+        cancelled = False
+    finally:
+        # The caller went away (CancelledError at an await, GeneratorExit at a yield), an injected
+        # fault ended the stream, or it finished: either way the engine stops working on it.
+        core.release(admitted, cancelled=cancelled and not admitted.faulted)

@@ -33,7 +33,7 @@ from smg_grpc_proto.generated import (
 
 from load.simulator.core import EngineCore, EngineStats
 from load.simulator.engine import admit, flush_cache
-from load.simulator.generate import walk
+from load.simulator.generate import serve
 from load.simulator.logprobs import Ranking, TokenLogprob
 from load.simulator.responses import Finish
 from load.simulator.vocab import PlausibleVocab
@@ -237,13 +237,8 @@ class SglangEngine(sglang_scheduler_pb2_grpc.SglangSchedulerServicer):
         )
         admitted = core.submit(request.request_id, prompt_ids, params, n, cache_limit=start, rank=rank)
         messages = SglangMessages(request, prompt_ids, start, core.vocab)
-        cancelled = True
-        try:
-            async for response in walk(core, admitted, request.stream, context, messages):
-                yield response
-            cancelled = False
-        finally:
-            core.release(admitted, cancelled=cancelled and not admitted.faulted)
+        async for response in serve(core, admitted, request.stream, context, messages):
+            yield response
 
     async def Abort(
         self, request: sglang_scheduler_pb2.AbortRequest, context: grpc.aio.ServicerContext
