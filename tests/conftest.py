@@ -1,10 +1,25 @@
-"""Shared test helpers: free TCP ports on loopback."""
+"""Shared test helpers: free TCP ports on loopback, a native gateway serving the default model."""
 
 from __future__ import annotations
 
 import socket
+from typing import Any
 
 import pytest
+
+from extproc import _native
+from extproc.models import default_model_dir, served_model_name
+
+# The name the default model (the packaged Llama 3 tokenizer and template) is served under.
+DEFAULT_MODEL = served_model_name(default_model_dir())
+
+
+def default_gateway(name: str = DEFAULT_MODEL, **model: Any) -> _native.Gateway:
+    """A native gateway (1 MiB bodies) serving the default model as `name`; `model`: `add_model`'s
+    keywords (policy, routing_config)."""
+    gateway = _native.Gateway(max_body_bytes=1 << 20)
+    gateway.add_model(name, str(default_model_dir()), **model)
+    return gateway
 
 
 def _bindable(port: int) -> bool:

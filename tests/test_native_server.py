@@ -18,17 +18,17 @@ from smg_grpc_proto.generated import vllm_engine_pb2 as vllm
 
 from extproc import _native, server
 from extproc.config import Settings
-from extproc.models import default_model_dir, served_model_name
+from extproc.models import default_model_dir
 from load.simulator import SimCluster, SimOptions, start_engines
+from tests.conftest import DEFAULT_MODEL, default_gateway
 
 GENERATE = "/vllm.grpc.engine.VllmEngine/Generate"
-MODEL = served_model_name(default_model_dir())
+MODEL = DEFAULT_MODEL
 
 
 @pytest.fixture(scope="module")
 def gateway() -> _native.Gateway:
-    gateway = _native.Gateway(max_body_bytes=1 << 20)
-    gateway.add_model(MODEL, str(default_model_dir()))
+    gateway = default_gateway(MODEL)
     return gateway
 
 

@@ -19,7 +19,7 @@ from extproc.config import EngineConfig
 from extproc.models import default_model_dir
 from extproc.pool import EnginePool
 from load.simulator import SimOptions, start_engines
-from tests.conftest import FreePorts
+from tests.conftest import FreePorts, default_gateway
 from tests.integration.harness import DirectCalls, local_stack, until
 
 MODEL = "m"
@@ -27,8 +27,7 @@ MODEL = "m"
 
 @pytest.fixture
 def gateway() -> _native.Gateway:
-    gw = _native.Gateway(max_body_bytes=1 << 20)
-    gw.add_model(MODEL, str(default_model_dir()))
+    gw = default_gateway(MODEL)
     return gw
 
 

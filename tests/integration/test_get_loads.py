@@ -14,7 +14,7 @@ from extproc import _native
 from extproc.models import default_model_dir
 from extproc.pool import EnginePool
 from load.simulator import SimOptions, start_engines
-from tests.conftest import FreePorts
+from tests.conftest import FreePorts, default_gateway
 from tests.integration.harness import DirectCalls, local_stack, until
 
 MODEL = "m"
@@ -47,8 +47,7 @@ class RecordingGateway:
 
 @pytest.mark.parametrize("protocol", ["vllm", "sglang"])
 async def test_each_protocols_get_loads_reaches_the_router(protocol: str) -> None:
-    gateway = _native.Gateway(max_body_bytes=1 << 20)
-    gateway.add_model(MODEL, str(default_model_dir()), policy="least_load")
+    gateway = default_gateway(MODEL, policy="least_load")
     recording = RecordingGateway(gateway)
     options = SimOptions(max_num_seqs=MAX_NUM_SEQS, itl_ms=20)
     cluster = await start_engines(

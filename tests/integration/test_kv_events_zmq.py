@@ -28,15 +28,16 @@ from smg_grpc_proto.generated import vllm_engine_pb2_grpc as pb_grpc
 from extproc import _native
 from extproc.kv_events import Backoff
 from extproc.kv_events_zmq import ZmqEndpoint, ZmqKvEventSubscriber, ZmqKvEventSubscriptions
-from extproc.models import default_model_dir, served_model_name
+from extproc.models import default_model_dir
 from load.simulator import SimCluster, SimOptions, start_engines
 from load.simulator.cluster import SimEngine
 from load.simulator.kv_cache import Cleared, Stored
 from load.simulator.zmq_publisher import encode_batch
 from load.vllm_engine import start_vllm
 from load.vllm_engine.tiny_model import ensure_tiny_model
+from tests.conftest import DEFAULT_MODEL, default_gateway
 
-MODEL = served_model_name(default_model_dir())
+MODEL = DEFAULT_MODEL
 BLOCK = 16
 TOPIC = "kv-events"
 OPTIONS = SimOptions(ttft_ms=0.5, itl_ms=0.2, block_size=BLOCK, kv_events_zmq_topic=TOPIC)
@@ -166,8 +167,7 @@ def lose_first(gateway: _native.Gateway, address: str, tokens: list[int], droppe
 
 async def fleet_of(options: SimOptions, lose: list[int] | None = None) -> AsyncIterator[Fleet]:
     cluster = await start_engines(default_model_dir(), count=2, base_port=0, options=options)
-    gateway = _native.Gateway(max_body_bytes=1 << 20)
-    gateway.add_model(MODEL, str(default_model_dir()), policy="kv_events", routing_config='{"seed": 7}')
+    gateway = default_gateway(MODEL, policy="kv_events", routing_config='{"seed": 7}')
     gateway.set_endpoints(MODEL, [(address, BLOCK) for address in cluster.addresses])
     dropped: list[int] = []
     on_message: OnMessage = lambda a, s, p: gateway.apply_zmq_kv_events(MODEL, a, s, p)  # noqa: E731
@@ -284,8 +284,7 @@ def stored_batch(tokens: list[int], block: int = BLOCK) -> bytes:
 
 async def test_restarts_unreadable_batches_and_lost_publishers(tmp_path: Path) -> None:
     a, b = "10.0.0.1:50051", "10.0.0.2:50051"
-    gateway = _native.Gateway(max_body_bytes=1 << 20)
-    gateway.add_model(MODEL, str(default_model_dir()), policy="kv_events", routing_config='{"seed": 7}')
+    gateway = default_gateway(MODEL, policy="kv_events", routing_config='{"seed": 7}')
     gateway.set_endpoints(MODEL, [(a, BLOCK), (b, BLOCK)])
     # B holds the first block of every prompt here: A wins a pick only with what its events told.
     for n, tokens in enumerate((P, Q, R)):

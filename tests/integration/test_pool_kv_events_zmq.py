@@ -27,14 +27,14 @@ from extproc.config import EngineConfig, ModelConfig, Settings
 from extproc.envoy_bootstrap import EnvoyOptions, envoy_binary, render_bootstrap
 from extproc.kv_events import KvEventSubscriber
 from extproc.kv_events_zmq import ZmqKvEventSubscriber
-from extproc.models import default_model_dir, served_model_name
+from extproc.models import default_model_dir
 from extproc.pool import EnginePool
 from load.simulator import SimCluster, SimOptions, start_engines
 from load.simulator.cluster import SimEngine
-from tests.conftest import FreePorts
+from tests.conftest import DEFAULT_MODEL, FreePorts, default_gateway
 from tests.integration.harness import until, wait_ready
 
-MODEL = served_model_name(default_model_dir())
+MODEL = DEFAULT_MODEL
 BLOCK = 16
 TOPIC = "kv-events"
 OPTIONS = SimOptions(
@@ -176,8 +176,7 @@ async def test_routing_follows_each_engines_chosen_kv_event_source(gateway: Gate
 async def test_an_engine_detected_as_sglang_falls_back_to_grpc() -> None:
     cluster = await start_engines(default_model_dir(), count=1, base_port=0, protocol="sglang")
     (engine,) = cluster.engines
-    gateway = _native.Gateway(max_body_bytes=1 << 20)
-    gateway.add_model(MODEL, str(default_model_dir()), policy="kv_events")
+    gateway = default_gateway(MODEL, policy="kv_events")
     config = EngineConfig(f"grpc://{engine.address}", kv_events="zmq://127.0.0.1:1")
     pool = EnginePool.create(gateway, MODEL, [config], load_interval_s=0)
     try:

@@ -5,15 +5,14 @@ from __future__ import annotations
 import pytest
 
 from extproc import _native
-from extproc.models import default_model_dir, served_model_name
+from tests.conftest import DEFAULT_MODEL, default_gateway
 
-MODEL = served_model_name(default_model_dir())
+MODEL = DEFAULT_MODEL
 
 
 @pytest.fixture(scope="module")
 def gateway() -> _native.Gateway:
-    gateway = _native.Gateway(max_body_bytes=1 << 20)
-    gateway.add_model(MODEL, str(default_model_dir()))
+    gateway = default_gateway(MODEL)
     return gateway
 
 

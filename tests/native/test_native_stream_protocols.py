@@ -12,17 +12,16 @@ from smg_grpc_proto.generated import sglang_scheduler_pb2 as sglang
 from smg_grpc_proto.generated import vllm_engine_pb2 as vllm
 
 from extproc import _native
-from extproc.models import default_model_dir, served_model_name
+from tests.conftest import DEFAULT_MODEL, default_gateway
 
-MODEL = served_model_name(default_model_dir())
+MODEL = DEFAULT_MODEL
 ENGINE = "127.0.0.1:9"
 DESTINATION = "x-gateway-destination-endpoint"
 
 
 @pytest.fixture(scope="module")
 def gateway() -> _native.Gateway:
-    gateway = _native.Gateway(max_body_bytes=1 << 20)
-    gateway.add_model(MODEL, str(default_model_dir()))
+    gateway = default_gateway(MODEL)
     return gateway
 
 
