@@ -94,6 +94,20 @@ class Stack:
         return sum(e.stats.generate_requests for c in self.clusters.values() for e in c.engines)
 
 
+async def generate_direct(engine: SimEngine | str, tokens: list[int], max_tokens: int = 1) -> None:
+    """One vLLM Generate straight to an engine (not through the gateway), read to its end: the engine
+    caches the prompt and publishes its blocks."""
+    address = engine if isinstance(engine, str) else engine.address
+    async with grpc.aio.insecure_channel(address) as channel:
+        request = vllm_pb.GenerateRequest(
+            request_id=f"direct-{tokens[0]}-{len(tokens)}",
+            tokenized=vllm_pb.TokenizedInput(input_ids=tokens),
+            sampling_params=vllm_pb.SamplingParams(max_tokens=max_tokens, ignore_eos=True),
+        )
+        async for _ in vllm_grpc.VllmEngineStub(channel).Generate(request):
+            pass
+
+
 class DirectCalls:
     """Generate calls made straight to an engine, bypassing the gateway; cancelled on close."""
 

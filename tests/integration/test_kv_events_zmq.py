@@ -8,6 +8,7 @@ the engine's index is reset and rebuilt from the next messages.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import time
 from collections.abc import AsyncIterator, Callable
@@ -22,7 +23,6 @@ import zmq.asyncio
 from envoy.config.core.v3 import base_pb2 as core
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from smg_grpc_proto.generated import common_pb2
-from smg_grpc_proto.generated import vllm_engine_pb2 as pb
 from smg_grpc_proto.generated import vllm_engine_pb2_grpc as pb_grpc
 
 from extproc import _native
@@ -36,6 +36,7 @@ from load.simulator.zmq_publisher import encode_batch
 from load.vllm_engine import start_vllm
 from load.vllm_engine.tiny_model import ensure_tiny_model
 from tests.conftest import DEFAULT_MODEL, default_gateway
+from tests.integration.harness import generate_direct
 
 MODEL = DEFAULT_MODEL
 BLOCK = 16
@@ -51,16 +52,8 @@ def prompt(seed: int, blocks: int = 4) -> list[int]:
     return list(range(seed * 1000, seed * 1000 + blocks * BLOCK))
 
 
-async def generate(engine: SimEngine | str, tokens: list[int]) -> None:
-    address = engine if isinstance(engine, str) else engine.address
-    async with grpc.aio.insecure_channel(address) as channel:
-        request = pb.GenerateRequest(
-            request_id=f"r{tokens[0]}-{len(tokens)}",
-            tokenized=pb.TokenizedInput(input_ids=tokens),
-            sampling_params=pb.SamplingParams(max_tokens=2, ignore_eos=True),
-        )
-        async for _ in pb_grpc.VllmEngineStub(channel).Generate(request):
-            pass
+# A direct request of two output tokens (a prefill step, then a decode step).
+generate = functools.partial(generate_direct, max_tokens=2)
 
 
 async def flush(engine: SimEngine | str) -> None:

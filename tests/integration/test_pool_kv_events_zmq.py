@@ -16,11 +16,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import grpc
 import pytest
 import structlog
-from smg_grpc_proto.generated import vllm_engine_pb2 as pb
-from smg_grpc_proto.generated import vllm_engine_pb2_grpc as pb_grpc
 
 from extproc import _native, server
 from extproc.config import EngineConfig, ModelConfig, Settings
@@ -32,7 +29,7 @@ from extproc.pool import EnginePool
 from load.simulator import SimCluster, SimOptions, start_engines
 from load.simulator.cluster import SimEngine
 from tests.conftest import DEFAULT_MODEL, FreePorts, default_gateway
-from tests.integration.harness import until, wait_ready
+from tests.integration.harness import generate_direct, until, wait_ready
 
 MODEL = DEFAULT_MODEL
 BLOCK = 16
@@ -53,18 +50,6 @@ def prompt(seed: int, blocks: int = 4) -> list[int]:
 
 
 P, Q, R = prompt(1), prompt(2), prompt(3)
-
-
-async def generate(engine: SimEngine, tokens: list[int]) -> None:
-    """A request straight to the engine (not through the gateway): the engine caches the prompt."""
-    async with grpc.aio.insecure_channel(engine.address) as channel:
-        request = pb.GenerateRequest(
-            request_id=f"direct-{tokens[0]}-{len(tokens)}",
-            tokenized=pb.TokenizedInput(input_ids=tokens),
-            sampling_params=pb.SamplingParams(max_tokens=1, ignore_eos=True),
-        )
-        async for _ in pb_grpc.VllmEngineStub(channel).Generate(request):
-            pass
 
 
 def zmq_source(engine: SimEngine) -> str:
@@ -153,15 +138,15 @@ async def test_routing_follows_each_engines_chosen_kv_event_source(gateway: Gate
     # A's history from its replay socket, so whatever came before is not lost.
     seed = 100
     while not zmq.messages:
-        await generate(a, prompt(seed, blocks=1))
+        await generate_direct(a, prompt(seed, blocks=1))
         seed += 1
         await asyncio.sleep(0.02)
     assert a.kv_publisher is not None
-    await generate(a, P)
-    await generate(a, Q[:BLOCK])  # A holds Q's first block ...
-    await generate(b, Q)  # ... B all of it, which the router must not hear of
+    await generate_direct(a, P)
+    await generate_direct(a, Q[:BLOCK])  # A holds Q's first block ...
+    await generate_direct(b, Q)  # ... B all of it, which the router must not hear of
     before = event_blocks(gateway.running.gateway)
-    await generate(c, R)
+    await generate_direct(c, R)
     last = a.kv_publisher.batches - 1
     await until(lambda: zmq.applied == last)
     await until(lambda: event_blocks(gateway.running.gateway) >= before + len(R) // BLOCK)
