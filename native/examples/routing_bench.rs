@@ -12,7 +12,7 @@ use prost::Message;
 
 use _native::pb::kv_events as pb;
 use _native::routing::block_hash::{prompt_hashes, ROOT};
-use _native::routing::events::EventState;
+use _native::routing::events::{EventState, OnGap};
 use _native::routing::policy::registry::policy_names;
 use _native::routing::prefix_index::EventIndex;
 use _native::routing::{Router, RouterConfig};
@@ -236,13 +236,15 @@ fn main() {
                 ..Default::default()
             })),
         };
-        let bytes = pb::KvEventBatch {
+        let batch = pb::KvEventBatch {
             sequence_number: k as u64 + 1,
             events: vec![ev],
             ..Default::default()
-        }
-        .encode_to_vec();
-        assert_eq!(state.apply(&index, 0, &bytes).outcome.kind(), "applied");
+        };
+        assert_eq!(
+            state.apply_batch(&index, 0, &batch, OnGap::Break).outcome.kind(),
+            "applied"
+        );
     }
     let with_map = LIVE.load(Ordering::Relaxed) - before;
     println!(

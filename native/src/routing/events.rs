@@ -10,8 +10,6 @@
 //!   Events of other tiers, remote pools, and sliding-window or state groups are skipped.
 //! - A sequence gap clears the endpoint and breaks the cursor until `reset`; the caller resubscribes.
 
-use prost::Message;
-
 use super::block_hash::{self, BlockHash};
 use super::cursor::{Admit, Cursor};
 use super::endpoint_set::EndpointId;
@@ -123,17 +121,6 @@ impl EventState {
 
     pub fn engine_map(&self) -> &EngineMap {
         &self.engine
-    }
-
-    /// Decodes and applies one batch for endpoint `id`.
-    pub fn apply(&mut self, index: &EventIndex, id: EndpointId, bytes: &[u8]) -> BatchResult {
-        match pb::KvEventBatch::decode(bytes) {
-            Ok(batch) => self.apply_batch(index, id, &batch, OnGap::Break),
-            Err(e) => BatchResult {
-                outcome: EventOutcome::Malformed(e.to_string()),
-                load: None,
-            },
-        }
     }
 
     /// Applies one decoded batch for endpoint `id` (either channel's), a gap handled per `on_gap`.

@@ -58,13 +58,12 @@ fn cleared() -> KvCacheEvent {
     }
 }
 
-fn batch(seq: u64, events: Vec<KvCacheEvent>) -> Vec<u8> {
+fn batch(seq: u64, events: Vec<KvCacheEvent>) -> KvEventBatch {
     KvEventBatch {
         sequence_number: seq,
         events,
         ..Default::default()
     }
-    .encode_to_vec()
 }
 
 struct Fixture {
@@ -79,8 +78,8 @@ impl Fixture {
             state: EventState::new(1 << 12),
         }
     }
-    fn apply(&mut self, bytes: &[u8]) -> EventOutcome {
-        self.state.apply(&self.index, 0, bytes).outcome
+    fn apply(&mut self, batch: &KvEventBatch) -> EventOutcome {
+        self.state.apply_batch(&self.index, 0, batch, OnGap::Break).outcome
     }
     /// Leading blocks of the prompt made of these block tokens that endpoint 0 holds.
     fn held(&self, blocks: &[u32]) -> u32 {
@@ -172,7 +171,12 @@ fn a_block_goes_with_its_last_copy() {
 fn cleared_forgets_everything_of_the_endpoint_only() {
     let mut f = Fixture::new();
     let mut other = EventState::new(100);
-    other.apply(&f.index, 1, &batch(1, vec![stored(None, vec![block(5, 1)])]));
+    other.apply_batch(
+        &f.index,
+        1,
+        &batch(1, vec![stored(None, vec![block(5, 1)])]),
+        OnGap::Break,
+    );
     f.apply(&batch(1, vec![stored(None, vec![block(5, 1), block(6, 2)])]));
     let out = f.apply(&batch(2, vec![cleared()]));
     assert!(matches!(out, EventOutcome::Applied(ApplyStats { cleared: true, .. })));
@@ -235,8 +239,8 @@ fn a_snapshot_resyncs_the_endpoint() {
         snapshot: chunk(1, 2),
         ..Default::default()
     };
-    assert_eq!(f.apply(&c0.encode_to_vec()).kind(), "applied");
-    assert_eq!(f.apply(&c1.encode_to_vec()).kind(), "applied");
+    assert_eq!(f.apply(&c0).kind(), "applied");
+    assert_eq!(f.apply(&c1).kind(), "applied");
     assert_eq!(
         f.apply(&batch(52, vec![stored(Some(8), vec![block(9, 9)])])).kind(),
         "applied"
@@ -261,7 +265,7 @@ fn loads_are_returned_and_load_only_batches_admit_nothing() {
         load: Some(load.clone()),
         ..Default::default()
     };
-    let r = f.state.apply(&f.index, 0, &b.encode_to_vec());
+    let r = f.state.apply_batch(&f.index, 0, &b, OnGap::Break);
     assert_eq!(
         r.load,
         Some(EngineLoad {
@@ -281,7 +285,7 @@ fn loads_are_returned_and_load_only_batches_admit_nothing() {
         }),
         ..Default::default()
     };
-    let r = f.state.apply(&f.index, 0, &heartbeat.encode_to_vec());
+    let r = f.state.apply_batch(&f.index, 0, &heartbeat, OnGap::Break);
     assert_eq!(r.outcome, EventOutcome::LoadOnly);
     assert_eq!(r.load.map(|l| l.running), Some(0));
     assert_eq!(
@@ -289,14 +293,6 @@ fn loads_are_returned_and_load_only_batches_admit_nothing() {
         "applied",
         "the heartbeat did not move the cursor"
     );
-}
-
-#[test]
-fn malformed_bytes() {
-    let mut f = Fixture::new();
-    let out = f.apply(&[0xff, 0xff, 0xff]);
-    assert_eq!(out.kind(), "malformed");
-    assert!(out.needs_resync());
 }
 
 #[test]
@@ -469,7 +465,7 @@ struct ModelEngine {
 
 impl ModelEngine {
     /// Caches every block of `prompt`, publishing a Stored event per block it did not hold.
-    fn store(&mut self, prompt: &[u32]) -> Vec<u8> {
+    fn store(&mut self, prompt: &[u32]) -> KvEventBatch {
         let mut events = Vec::new();
         for i in 0..prompt.len() {
             let path = prompt[..=i].to_vec();
@@ -486,7 +482,7 @@ impl ModelEngine {
     }
 
     /// Evicts the block at `prompt[..=i]` if held (engines evict by recency, leaving children behind).
-    fn evict(&mut self, prompt: &[u32], i: usize) -> Vec<u8> {
+    fn evict(&mut self, prompt: &[u32], i: usize) -> KvEventBatch {
         let path = prompt[..=i.min(prompt.len() - 1)].to_vec();
         let events = self.held.remove(&path).map(|h| vec![removed(&[h])]).unwrap_or_default();
         self.seq += 1;

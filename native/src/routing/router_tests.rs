@@ -338,6 +338,14 @@ fn prefix_cache_learns_from_its_own_decisions() {
 }
 
 #[test]
+fn malformed_bytes_need_a_resync() {
+    let r = router("kv_events", 1);
+    let out = r.apply_kv_events(&addr(0), &[0xff, 0xff, 0xff]).outcome;
+    assert_eq!(out.kind(), "malformed");
+    assert!(out.needs_resync());
+}
+
+#[test]
 fn a_gap_clears_the_endpoint_until_reset() {
     let r = router("kv_events", 2);
     let p = prompt(3, 3);
