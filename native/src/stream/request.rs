@@ -69,7 +69,7 @@ pub fn chat_prompt(model: &ServedModel, request: &ChatInput) -> Result<Prompt, A
 }
 
 /// How a request's prompts are routed: the session key, Envoy's subset hint and the request's objective.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy)]
 pub struct Route<'a> {
     pub session: Option<&'a str>,
     pub subset: Option<&'a [&'a str]>,
