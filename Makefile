@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 NATIVE_INPUTS := $(shell find native -path native/target -prune -o -type f -print 2>/dev/null)
 CARGO := cargo
 MANIFEST := --manifest-path native/Cargo.toml
-# cargo test links the test binaries against this interpreter's libpython.
+# The binding crate's build script asks this interpreter for its ABI (clippy); the core crate needs no Python.
 PYO3_ENV := PYO3_PYTHON=$(abspath $(BIN)/python)
 ARGS ?=
 
@@ -36,8 +36,8 @@ run: $(STAMP) ## run the local stack in the foreground; real engines: ARGS="--en
 
 test: test-rust test-python ## all tests: cargo test, then pytest
 
-test-rust: $(STAMP) ## Rust unit tests of native/
-	$(PYO3_ENV) $(CARGO) test --release $(MANIFEST)
+test-rust: ## Rust unit tests of the core crate (native/core; no Python needed)
+	$(CARGO) test --release $(MANIFEST) -p extproc-core
 
 vllm-engine: $(STAMP) ## build the cached real vLLM engine (.cache/vllm-venv + tiny model) the contract suite runs
 	$(BIN)/python -m load.vllm_engine prepare
@@ -48,7 +48,7 @@ test-python: $(STAMP) vllm-engine ## the Python suite (unit, real-Envoy integrat
 lint: $(STAMP) ## ruff check + format check, clippy -D warnings, rustfmt check
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(PYO3_ENV) $(CARGO) clippy $(MANIFEST) --all-targets -- -D warnings
+	$(PYO3_ENV) $(CARGO) clippy $(MANIFEST) --workspace --all-targets -- -D warnings
 	$(CARGO) fmt $(MANIFEST) --check
 
 envoy-configs: $(STAMP) ## regenerate the reference Envoy configs in envoy/ (and validate them)

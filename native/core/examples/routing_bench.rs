@@ -10,12 +10,12 @@ use std::time::Instant;
 
 use prost::Message;
 
-use _native::pb::kv_events as pb;
-use _native::routing::block_hash::{prompt_hashes, ROOT};
-use _native::routing::events::{EventState, OnGap};
-use _native::routing::policy::registry::policy_names;
-use _native::routing::prefix_index::EventIndex;
-use _native::routing::{Router, RouterConfig};
+use extproc_core::pb::kv_events as pb;
+use extproc_core::routing::block_hash::{prompt_hashes, ROOT};
+use extproc_core::routing::events::{EventState, OnGap};
+use extproc_core::routing::policy::registry::policy_names;
+use extproc_core::routing::prefix_index::EventIndex;
+use extproc_core::routing::{Router, RouterConfig};
 
 struct Counting;
 static LIVE: AtomicIsize = AtomicIsize::new(0);

@@ -8,8 +8,8 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 
 use super::PyGateway;
-use crate::gateway::Gateway;
-use crate::server::{ExtProcServer, ServerConfig, Telemetry};
+use extproc_core::gateway::Gateway;
+use extproc_core::server::{ExtProcServer, ServerConfig, Telemetry};
 
 /// Serves Envoy's ext_proc streams with the gateway's state machine, on its own thread(s).
 #[pyclass(name = "ExtProcServer", module = "extproc._native", frozen)]

@@ -10,10 +10,10 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use serde_json::{Map, Value as Json};
 
-use crate::detokenize::IncrementalDecoder;
-use crate::model::ModelFiles;
-use crate::template::{ChatInputs, ChatTemplate, RenderError};
-use crate::tokenize::TextTokenizer;
+use extproc_core::detokenize::IncrementalDecoder;
+use extproc_core::model::ModelFiles;
+use extproc_core::template::{ChatInputs, ChatTemplate, RenderError};
+use extproc_core::tokenize::TextTokenizer;
 
 #[pyclass(name = "Tokenizer", module = "extproc._native", frozen)]
 pub struct PyTokenizer {
@@ -363,7 +363,7 @@ impl PyChatTemplate {
     fn render(&self, py: Python<'_>, context_json: &str) -> PyResult<String> {
         let context: Json = serde_json::from_str(context_json).map_err(|e| PyValueError::new_err(e.to_string()))?;
         let inner = self.inner.clone();
-        py.detach(move || inner.render(minijinja::Value::from_serialize(&context)))
+        py.detach(move || inner.render_json(&context))
             .map_err(render_error)
     }
 

@@ -11,11 +11,11 @@ use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
 
-use crate::engine::Protocol;
-use crate::error::ApiError;
-use crate::gateway::{Gateway, Limits, ServedModel};
-use crate::routing::{EngineLoad, RouterConfig};
-use crate::stream::{RequestStream, Summary};
+use extproc_core::engine::Protocol;
+use extproc_core::error::ApiError;
+use extproc_core::gateway::{Gateway, Limits, ServedModel};
+use extproc_core::routing::{EngineLoad, RouterConfig};
+use extproc_core::stream::{RequestStream, Summary};
 
 /// Served models and their endpoints, shared by every request stream.
 #[pyclass(name = "Gateway", module = "extproc._native", frozen)]

@@ -91,6 +91,11 @@ impl ChatTemplate {
             RenderError::Failed(format!("{e:#}"))
         })
     }
+
+    /// Render with a JSON object as the whole context (no Hugging Face preprocessing).
+    pub fn render_json(&self, context: &serde_json::Value) -> Result<String, RenderError> {
+        self.render(Value::from_serialize(context))
+    }
 }
 
 /// `{% generation %}` / `{% endgeneration %}` (HF's assistant-mask tags) become an always-true
