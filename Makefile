@@ -3,10 +3,17 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-# Installed (editable, with the Rust extension built) when this is newer than everything it was built from:
-# editing pyproject.toml or anything under native/ reinstalls, so Rust changes rebuild the extension.
-STAMP := $(VENV)/.installed
-NATIVE_INPUTS := $(shell find native -path native/target -prune -o -type f -print 2>/dev/null)
+# Two installs, each marked by a stamp newer than what it was built from. The runtime one (what `make run`
+# needs): extproc editable with the Rust extension and its dependencies only. The test one adds the `test`
+# extras (pytest, ruff, transformers, matplotlib...) on top without rebuilding extproc. Editing
+# pyproject.toml or anything under native/ (or protos/, when there is one) reinstalls both, so Rust
+# changes rebuild the extension.
+RUNTIME_STAMP := $(VENV)/.installed-runtime
+TEST_STAMP := $(VENV)/.installed
+BUILD_INPUTS := pyproject.toml $(shell find native protos -path native/target -prune -o -type f -print 2>/dev/null)
+# The `test` extras as pip requirements, read from pyproject.toml (tomllib: Python >= 3.11).
+TEST_EXTRAS := import tomllib; project = tomllib.load(open("pyproject.toml", "rb"))["project"]; \
+	print("\n".join(project["optional-dependencies"]["test"]))
 CARGO := cargo
 MANIFEST := --manifest-path native/Cargo.toml
 # The binding crate's build script asks this interpreter for its ABI (clippy); the core crate needs no Python.
@@ -24,14 +31,19 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --upgrade pip
 
-$(STAMP): pyproject.toml $(NATIVE_INPUTS) | $(BIN)/python
-	$(BIN)/python -m pip install -e '.[test]'
+$(RUNTIME_STAMP): $(BUILD_INPUTS) | $(BIN)/python
+	$(BIN)/python -m pip install -e .
 	@touch $@
 
-.venv: $(STAMP) ## create .venv and install extproc editable (builds the Rust extension) with test tools
+$(TEST_STAMP): $(RUNTIME_STAMP)
+	$(BIN)/python -c '$(TEST_EXTRAS)' > $(VENV)/test-requirements.txt
+	$(BIN)/python -m pip install -r $(VENV)/test-requirements.txt
+	@touch $@
+
+.venv: $(TEST_STAMP) ## create .venv and install extproc editable (builds the Rust extension) with test tools
 venv: .venv
 
-run: $(STAMP) ## run the local stack in the foreground; real engines: ARGS="--engine grpc://h:p --model-dir DIR"
+run: $(RUNTIME_STAMP) ## run the local stack in the foreground; real engines: ARGS="--engine grpc://h:p --model-dir DIR"
 	$(BIN)/extproc up $(ARGS)
 
 test: test-rust test-python ## all tests: cargo test, then pytest
@@ -39,25 +51,25 @@ test: test-rust test-python ## all tests: cargo test, then pytest
 test-rust: ## Rust unit tests of the core crate (native/core; no Python needed)
 	$(CARGO) test --release $(MANIFEST) -p extproc-core
 
-vllm-engine: $(STAMP) ## build the cached real vLLM engine (.cache/vllm-venv + tiny model) the contract suite runs
+vllm-engine: $(RUNTIME_STAMP) ## build the cached real vLLM engine (.cache/vllm-venv + tiny model) the contract suite runs
 	$(BIN)/python -m load.vllm_engine prepare
 
-test-python: $(STAMP) vllm-engine ## the Python suite (unit, real-Envoy integration, load, contract vs real vLLM)
+test-python: $(TEST_STAMP) vllm-engine ## the Python suite (unit, real-Envoy integration, load, contract vs real vLLM)
 	$(BIN)/pytest -q
 
-lint: $(STAMP) ## ruff check + format check, clippy -D warnings, rustfmt check
+lint: $(TEST_STAMP) ## ruff check + format check, clippy -D warnings, rustfmt check
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(PYO3_ENV) $(CARGO) clippy $(MANIFEST) --workspace --all-targets -- -D warnings
 	$(CARGO) fmt $(MANIFEST) --check
 
-envoy-configs: $(STAMP) ## regenerate the reference Envoy configs in envoy/ (and validate them)
+envoy-configs: $(RUNTIME_STAMP) ## regenerate the reference Envoy configs in envoy/ (and validate them)
 	$(BIN)/python -m extproc.envoy_bootstrap envoy
 
-bench: $(STAMP) ## ours vs SMG vs the bare engine, side by side, with plots (~9 min; ARGS=--quick: ~1 min)
+bench: $(TEST_STAMP) ## ours vs SMG vs the bare engine, side by side, with plots (~9 min; ARGS=--quick: ~1 min)
 	$(BIN)/python -m load.bench $(ARGS)
 
-bench-routing: $(STAMP) ## routing policies vs SMG cache_aware on 4 simulated engines (~9 min; ARGS=--quick: ~1.5 min)
+bench-routing: $(TEST_STAMP) ## routing policies vs SMG cache_aware on 4 simulated engines (~9 min; ARGS=--quick: ~1.5 min)
 	$(BIN)/python -m load.bench_routing $(ARGS)
 
 clean: ## remove the venv, build outputs and caches
