@@ -234,7 +234,7 @@ _COMMANDS = {"up": _cmd_up, "serve": _cmd_serve, "envoy-config": _cmd_envoy_conf
 
 
 def _cmd_sim(argv: Sequence[str]) -> int:
-    from load.simulator.__main__ import main as simulator_main
+    from extproc.simulator.__main__ import main as simulator_main
 
     try:
         return simulator_main(list(argv))

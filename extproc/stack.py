@@ -353,7 +353,7 @@ def check_ports(settings: Settings, sims: list[SimPlan]) -> None:
 
 def _sim_spec(plan: SimPlan, name: str, env: dict[str, str]) -> ChildSpec:
     model = plan.model
-    argv = [sys.executable, "-m", "load.simulator", "--host", SIM_HOST, "--port", str(plan.first_port)]
+    argv = [sys.executable, "-m", "extproc.simulator", "--host", SIM_HOST, "--port", str(plan.first_port)]
     argv += ["--engines", str(model.sim), "--model-dir", str(model.model_dir), "--model-name", model.name]
     argv += ["--protocol", model.sim_protocol]
     probes = [tcp_accepts(SIM_HOST, port) for port in plan.ports]

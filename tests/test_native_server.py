@@ -19,7 +19,7 @@ from smg_grpc_proto.generated import vllm_engine_pb2 as vllm
 from extproc import _native, server
 from extproc.config import Settings
 from extproc.models import default_model_dir
-from load.simulator import SimCluster, SimOptions, start_engines
+from extproc.simulator import SimCluster, SimOptions, start_engines
 from tests.conftest import DEFAULT_MODEL, default_gateway
 
 GENERATE = "/vllm.grpc.engine.VllmEngine/Generate"

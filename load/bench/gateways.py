@@ -19,9 +19,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from extproc.models import cache_root
+from extproc.simulator.command import simulator_argv
+from extproc.simulator.options import SimOptions
 from load.bench.procs import Child, StartError, free_port, spawn, wait_for
-from load.simulator.command import simulator_argv
-from load.simulator.options import SimOptions
 
 SMG_VERSION = "1.13.0"
 ROOT = Path(__file__).resolve().parents[2]

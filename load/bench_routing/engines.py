@@ -1,6 +1,6 @@
 """The simulated engines of the routing benchmark, and what they report while a run goes on.
 
-One `python -m load.simulator` process hosts the engines, started fresh for every run so that no run
+One `python -m extproc.simulator` process hosts the engines, started fresh for every run so that no run
 inherits another's cache. Their time model makes prefill the cost that routing can save: a step with
 prompt work costs a fixed overhead plus a time per uncached prompt token, so an uncached 3,000-token
 prompt takes ~30x longer to its first token than one cached up to its last 60 tokens, and the KV cache
@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from extproc.simulator.command import simulator_argv
+from extproc.simulator.options import SimOptions
 from load.bench.procs import Child, spawn, wait_for
-from load.simulator.command import simulator_argv
-from load.simulator.options import SimOptions
 
 _LISTENING = re.compile(r"engine (\d+) listening on (\S+) \(metrics on port (\d+)\)")
 _SAMPLE = re.compile(r"^(vllm:[a-z_]+)\{[^}]*\} (\S+)$", re.M)

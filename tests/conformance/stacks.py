@@ -27,8 +27,8 @@ import openai
 import pytest
 from google.protobuf.message import Message
 
-import load.simulator.engine as sim_vllm
-import load.simulator.sglang as sim_sglang
+import extproc.simulator.engine as sim_vllm
+import extproc.simulator.sglang as sim_sglang
 from extproc import server
 from extproc.config import Settings
 from extproc.envoy_bootstrap import EnvoyOptions, render_bootstrap

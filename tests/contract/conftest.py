@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from load.simulator import SimCluster, SimOptions, start_engines
+from extproc.simulator import SimCluster, SimOptions, start_engines
 from load.vllm_engine import start_vllm
 from load.vllm_engine.tiny_model import MAX_MODEL_LEN, ensure_tiny_model
 

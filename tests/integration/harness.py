@@ -32,8 +32,8 @@ from extproc import server
 from extproc.config import EngineConfig, ModelConfig, Settings
 from extproc.envoy_bootstrap import EnvoyOptions, build_bootstrap, envoy_binary
 from extproc.models import default_model_dir
-from load.simulator import SimCluster, SimOptions, start_engines
-from load.simulator.cluster import STOP_GRACE_S, SimEngine
+from extproc.simulator import SimCluster, SimOptions, start_engines
+from extproc.simulator.cluster import STOP_GRACE_S, SimEngine
 
 SimProtocol = Literal["vllm", "sglang"]
 

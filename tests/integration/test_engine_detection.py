@@ -18,7 +18,7 @@ from extproc import _native
 from extproc.config import EngineConfig
 from extproc.models import default_model_dir
 from extproc.pool import EnginePool
-from load.simulator import SimOptions, start_engines
+from extproc.simulator import SimOptions, start_engines
 from tests.conftest import FreePorts, default_gateway
 from tests.integration.harness import DirectCalls, local_stack, until
 

@@ -13,7 +13,7 @@ import pytest
 from extproc import _native
 from extproc.models import default_model_dir
 from extproc.pool import EnginePool
-from load.simulator import SimOptions, start_engines
+from extproc.simulator import SimOptions, start_engines
 from tests.conftest import FreePorts, default_gateway
 from tests.integration.harness import DirectCalls, local_stack, until
 

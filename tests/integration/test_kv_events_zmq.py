@@ -29,10 +29,10 @@ from extproc import _native
 from extproc.kv_events import Backoff
 from extproc.kv_events_zmq import ZmqEndpoint, ZmqKvEventSubscriber, ZmqKvEventSubscriptions
 from extproc.models import default_model_dir
-from load.simulator import SimCluster, SimOptions, start_engines
-from load.simulator.cluster import SimEngine
-from load.simulator.kv_cache import Cleared, Stored
-from load.simulator.zmq_publisher import encode_batch
+from extproc.simulator import SimCluster, SimOptions, start_engines
+from extproc.simulator.cluster import SimEngine
+from extproc.simulator.kv_cache import Cleared, Stored
+from extproc.simulator.zmq_publisher import encode_batch
 from load.vllm_engine import start_vllm
 from load.vllm_engine.tiny_model import ensure_tiny_model
 from tests.conftest import DEFAULT_MODEL, default_gateway

@@ -26,8 +26,8 @@ from extproc.kv_events import KvEventSubscriber
 from extproc.kv_events_zmq import ZmqKvEventSubscriber
 from extproc.models import default_model_dir
 from extproc.pool import EnginePool
-from load.simulator import SimCluster, SimOptions, start_engines
-from load.simulator.cluster import SimEngine
+from extproc.simulator import SimCluster, SimOptions, start_engines
+from extproc.simulator.cluster import SimEngine
 from tests.conftest import DEFAULT_MODEL, FreePorts, default_gateway
 from tests.integration.harness import generate_direct, until, wait_ready
 

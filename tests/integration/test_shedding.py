@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from load.simulator import SimOptions
+from extproc.simulator import SimOptions
 from tests.conftest import FreePorts
 from tests.integration.harness import Stack, local_stack, post_json, wait_for
 

@@ -14,6 +14,7 @@ import pytest
 from tokenizers import Tokenizer
 
 from extproc.models import default_model_dir
+from extproc.simulator import SimOptions
 from load.loadgen import (
     OpenAITarget,
     Vocab,
@@ -26,7 +27,6 @@ from load.loadgen import (
     prepare_all,
 )
 from load.loadgen.http1 import ConnectionPool
-from load.simulator import SimOptions
 from tests.conftest import FreePorts
 from tests.integration.harness import Stack, local_stack
 

@@ -221,7 +221,7 @@ fn unknown_event_types_are_left_out() {
 
 // A batch a real vLLM 0.32 engine published (CPU, 128-token blocks): the block its decoding filled after
 // a 301-token prompt (tokens 1255-1299, then greedy repeats of 1299). Same bytes as
-// tests/load/test_simulator_zmq.py's VLLM_PAYLOAD.
+// tests/simulator/test_simulator_zmq.py's VLLM_PAYLOAD.
 const VLLM_PAYLOAD: &str = concat!(
     "93cb41dac33bb3595e3d918ba474797065ab426c6f636b53746f726564ac626c6f636b5f68617368657391cfaa0254a6",
     "35239545b1706172656e745f626c6f636b5f68617368cf4eda0804df5f246ea9746f6b656e5f696473dc0080cd04e7cd",

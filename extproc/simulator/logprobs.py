@@ -27,7 +27,7 @@ import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
-from load.simulator.vocab import PlausibleVocab
+from extproc.simulator.vocab import PlausibleVocab
 
 RANKS = 20  # vLLM's default max_logprobs: every top list a request may ask for is ranked
 HEAD = 0.9  # the ranked tokens' share; the rest of the vocabulary shares 1 - HEAD

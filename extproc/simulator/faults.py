@@ -23,7 +23,7 @@ from typing import Any
 
 import grpc
 
-from load.simulator.scheduler import Faults
+from extproc.simulator.scheduler import Faults
 
 
 @dataclass

@@ -22,11 +22,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from load.simulator.kv_cache import Allocation, KvCache, KvEvent
-from load.simulator.logprobs import TokenLogprob
-from load.simulator.metrics import Histogram
-from load.simulator.options import SimOptions
-from load.simulator.sampler import Step, TokenSampler
+from extproc.simulator.kv_cache import Allocation, KvCache, KvEvent
+from extproc.simulator.logprobs import TokenLogprob
+from extproc.simulator.metrics import Histogram
+from extproc.simulator.options import SimOptions
+from extproc.simulator.sampler import Step, TokenSampler
 
 # Windows of the load figures, as vLLM's gRPC servicer keeps them.
 THROUGHPUT_WINDOW_S = 2.0

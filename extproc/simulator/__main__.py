@@ -1,4 +1,4 @@
-"""`python -m load.simulator`: host N simulated engines until SIGINT/SIGTERM.
+"""`python -m extproc.simulator`: host N simulated engines until SIGINT/SIGTERM.
 
 Prints `engine i listening on host:port` per engine once it serves (scripts wait for these lines),
 then runs until signalled, stops the servers gracefully and exits 0.
@@ -14,13 +14,13 @@ import sys
 from collections.abc import Sequence
 
 from extproc.models import resolve_model_dir
-from load.simulator.cluster import PROTOCOLS, start_engines
-from load.simulator.faults import FaultPlan
-from load.simulator.options import SimOptions
+from extproc.simulator.cluster import PROTOCOLS, start_engines
+from extproc.simulator.faults import FaultPlan
+from extproc.simulator.options import SimOptions
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m load.simulator", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m extproc.simulator", description=__doc__)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True, help="first engine's port; 0 picks free ports")
     parser.add_argument("--engines", type=int, default=1, help="engines on consecutive ports")
@@ -106,7 +106,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def _check_zmq_endpoints(args: argparse.Namespace) -> None:
     try:
-        from load.simulator.zmq_publisher import endpoint_for
+        from extproc.simulator.zmq_publisher import endpoint_for
     except ImportError as e:
         raise ValueError(f"--kv-events-zmq needs pyzmq and msgpack (pip install pyzmq msgpack): {e}") from e
     # Every rank of every engine publishes on its own endpoint.

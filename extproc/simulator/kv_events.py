@@ -31,7 +31,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 import grpc
 from smg_grpc_proto.generated import common_pb2
 
-from load.simulator.kv_cache import Cleared, KvEvent, Removed, Stored
+from extproc.simulator.kv_cache import Cleared, KvEvent, Removed, Stored
 
 LOAD_TICK_S = 0.1
 HEARTBEAT_S = 1.0

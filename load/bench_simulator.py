@@ -1,4 +1,4 @@
-"""How much simulated traffic one core carries: `python -m load.simulator.bench`.
+"""How much simulated traffic one core carries: `python -m load.bench_simulator`.
 
 Starts the simulator as its own process (so the client's CPU is not counted), opens `--streams`
 concurrent streaming Generate calls spread over its `--engines`, and reports the simulator process's CPU
@@ -24,7 +24,7 @@ import grpc
 from smg_grpc_proto.generated import vllm_engine_pb2 as pb
 from smg_grpc_proto.generated import vllm_engine_pb2_grpc as pb_grpc
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
@@ -59,14 +59,14 @@ async def drive(addresses: list[str], streams: int, tokens: int) -> list[list[fl
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m load.simulator.bench", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m load.bench_simulator", description=__doc__)
     parser.add_argument("--engines", type=int, default=8)
     parser.add_argument("--streams", type=int, default=64)
     parser.add_argument("--tokens", type=int, default=200, help="tokens per stream")
     parser.add_argument("--itl-ms", type=float, default=20.0)
     args = parser.parse_args(argv)
 
-    command = [sys.executable, "-m", "load.simulator", "--port", "0", "--engines", str(args.engines)]
+    command = [sys.executable, "-m", "extproc.simulator", "--port", "0", "--engines", str(args.engines)]
     command += ["--itl-ms", str(args.itl_ms), "--ttft-ms", "5", "--decode-ms-per-seq", "0"]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     with subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, text=True, env=env) as sim:

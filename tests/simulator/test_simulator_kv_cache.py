@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from load.simulator.kv_cache import Allocation, Cleared, KvCache, KvEvent, NoFreeBlocks, Removed, Stored
+from extproc.simulator.kv_cache import Allocation, Cleared, KvCache, KvEvent, NoFreeBlocks, Removed, Stored
 
 BS = 4
 

@@ -24,9 +24,9 @@ from dataclasses import dataclass
 
 from smg_grpc_proto.generated import vllm_engine_pb2
 
-from load.simulator.logprobs import Ranking, TokenLogprob
-from load.simulator.sampler import Step, requested_prompt_logprobs
-from load.simulator.vocab import PlausibleVocab
+from extproc.simulator.logprobs import Ranking, TokenLogprob
+from extproc.simulator.sampler import Step, requested_prompt_logprobs
+from extproc.simulator.vocab import PlausibleVocab
 
 
 def chunk(

@@ -1,4 +1,4 @@
-"""The simulator's command line, as the benchmarks build it: `python -m load.simulator` reads back the
+"""The simulator's command line, as the benchmarks build it: `python -m extproc.simulator` reads back the
 very options it was built from, and a process started from it serves them."""
 
 from __future__ import annotations
@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from extproc.simulator import SimOptions
+from extproc.simulator.__main__ import parse_args
+from extproc.simulator.command import simulator_argv
 from load.bench.gateways import FAST_ENGINES
 from load.bench_routing.engines import EngineConfig
-from load.simulator import SimOptions
-from load.simulator.__main__ import parse_args
-from load.simulator.command import simulator_argv
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[2]
 )
 def test_the_command_line_carries_the_options(options: SimOptions) -> None:
     argv = simulator_argv(options, engines=3, metrics_port=0, protocol="sglang")
-    assert argv[1:3] == ["-m", "load.simulator"]
+    assert argv[1:3] == ["-m", "extproc.simulator"]
     args = parse_args(argv[3:])
     assert args.options == options
     assert (args.engines, args.port, args.metrics_port, args.protocol) == (3, 0, 0, "sglang")

@@ -13,7 +13,7 @@ from smg_grpc_proto.generated import vllm_engine_pb2 as pb
 from smg_grpc_proto.generated import vllm_engine_pb2_grpc as pb_grpc
 
 from extproc.models import default_model_dir
-from load.simulator import SimCluster, SimOptions, start_engines
+from extproc.simulator import SimCluster, SimOptions, start_engines
 
 
 class Sim:

@@ -21,7 +21,7 @@ from smg_grpc_proto.generated import vllm_engine_pb2_grpc as pb_grpc
 from tokenizers import Tokenizer
 
 from extproc.models import default_model_dir
-from load.simulator import SimCluster, SimOptions, start_engines
+from extproc.simulator import SimCluster, SimOptions, start_engines
 
 ROOT = Path(__file__).resolve().parents[2]
 EOS = 128001  # the default model's first eos id (Llama 3 <|end_of_text|>)
@@ -404,7 +404,7 @@ async def test_consecutive_ports(free_ports) -> None:
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_cli_serves_until_signalled(signum: signal.Signals) -> None:
-    command = [sys.executable, "-m", "load.simulator", "--port", "0", "--engines", "2", "--ttft-ms", "1"]
+    command = [sys.executable, "-m", "extproc.simulator", "--port", "0", "--engines", "2", "--ttft-ms", "1"]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     with subprocess.Popen(
         command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env

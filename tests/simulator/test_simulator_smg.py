@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from extproc.models import default_model_dir
+from extproc.simulator import SimCluster, SimOptions, start_engines
 from load.bench.gateways import DEFAULT_SMG_VENV, ensure_smg, start_smg
-from load.simulator import SimCluster, SimOptions, start_engines
 
 
 class _Loop:

@@ -10,10 +10,10 @@ import asyncio
 import json
 from typing import TYPE_CHECKING
 
-from load.simulator import metrics
+from extproc.simulator import metrics
 
 if TYPE_CHECKING:
-    from load.simulator.core import EngineCore
+    from extproc.simulator.core import EngineCore
 
 MAX_BODY = 64 * 1024
 

@@ -11,10 +11,10 @@ from typing import Protocol, TypeVar
 
 import grpc
 
-from load.simulator.core import EngineCore, Request
-from load.simulator.logprobs import TokenLogprob
-from load.simulator.responses import Finish
-from load.simulator.sampler import Step
+from extproc.simulator.core import EngineCore, Request
+from extproc.simulator.logprobs import TokenLogprob
+from extproc.simulator.responses import Finish
+from extproc.simulator.sampler import Step
 
 Message = TypeVar("Message", covariant=True)
 

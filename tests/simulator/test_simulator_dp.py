@@ -24,11 +24,11 @@ from smg_grpc_proto.generated import vllm_engine_pb2 as pb
 from smg_grpc_proto.generated import vllm_engine_pb2_grpc as pb_grpc
 
 from extproc.models import default_model_dir
-from load.simulator import SimCluster, SimOptions, start_engines
-from load.simulator.__main__ import parse_args
-from load.simulator.cluster import SimEngine
-from load.simulator.command import simulator_argv
-from load.simulator.metrics import render
+from extproc.simulator import SimCluster, SimOptions, start_engines
+from extproc.simulator.__main__ import parse_args
+from extproc.simulator.cluster import SimEngine
+from extproc.simulator.command import simulator_argv
+from extproc.simulator.metrics import render
 
 Protocol = Literal["vllm", "sglang"]
 BLOCK = 16

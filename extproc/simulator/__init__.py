@@ -6,17 +6,17 @@ KV cache and a continuous-batching scheduler, for testing and load-testing the g
     ...  # point the gateway at cluster.addresses
     await cluster.stop()
 
-`python -m load.simulator --port 50051 --engines 4` runs the same as a process. tests/contract proves the
+`python -m extproc.simulator --port 50051 --engines 4` runs the same as a process. tests/contract proves the
 behaviour against a real vLLM engine; docs/simulator.md describes the model.
 """
 
-from load.simulator.cluster import PROTOCOLS, SimCluster, SimEngine, start_engines
-from load.simulator.core import EngineCore, EngineStats
-from load.simulator.engine import VllmEngine
-from load.simulator.faults import FaultPlan, FaultSettings
-from load.simulator.model import ModelSpec, load_model_spec
-from load.simulator.options import SimOptions
-from load.simulator.sglang import SglangEngine
+from extproc.simulator.cluster import PROTOCOLS, SimCluster, SimEngine, start_engines
+from extproc.simulator.core import EngineCore, EngineStats
+from extproc.simulator.engine import VllmEngine
+from extproc.simulator.faults import FaultPlan, FaultSettings
+from extproc.simulator.model import ModelSpec, load_model_spec
+from extproc.simulator.options import SimOptions
+from extproc.simulator.sglang import SglangEngine
 
 __all__ = [
     "PROTOCOLS",

@@ -18,13 +18,13 @@ from typing import NamedTuple
 import grpc
 from smg_grpc_proto.generated import common_pb2, vllm_engine_pb2, vllm_engine_pb2_grpc
 
-from load.simulator import responses
-from load.simulator.core import EngineCore, EngineStats
-from load.simulator.generate import serve
-from load.simulator.model import ModelSpec
-from load.simulator.options import DEFAULT_OPTIONS, SimOptions
-from load.simulator.sampler import GenerationParams, requested_prompt_logprobs, resolve_params
-from load.simulator.vocab import PlausibleVocab
+from extproc.simulator import responses
+from extproc.simulator.core import EngineCore, EngineStats
+from extproc.simulator.generate import serve
+from extproc.simulator.model import ModelSpec
+from extproc.simulator.options import DEFAULT_OPTIONS, SimOptions
+from extproc.simulator.sampler import GenerationParams, requested_prompt_logprobs, resolve_params
+from extproc.simulator.vocab import PlausibleVocab
 
 logger = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
 """The command line that runs simulated engines as a process of their own, from `SimOptions`: what the
-benchmarks spawn. `python -m load.simulator` parses it back to the same options (tests check the round
+benchmarks spawn. `python -m extproc.simulator` parses it back to the same options (tests check the round
 trip), so a setting is named once, here and in `SimOptions`.
 """
 
@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import sys
 
-from load.simulator.options import SimOptions
+from extproc.simulator.options import SimOptions
 
-# SimOptions field -> `python -m load.simulator` flag, for every option the command line takes.
+# SimOptions field -> `python -m extproc.simulator` flag, for every option the command line takes.
 FLAGS = {
     "ttft_ms": "--ttft-ms",
     "itl_ms": "--itl-ms",
@@ -37,9 +37,9 @@ def simulator_argv(
     protocol: str = "vllm",
     python: str = sys.executable,
 ) -> list[str]:
-    """`python -m load.simulator` hosting `engines` engines from `port` (0: free ports) with `options`;
+    """`python -m extproc.simulator` hosting `engines` engines from `port` (0: free ports) with `options`;
     `metrics_port` serves /metrics and /faults (0: free ports)."""
-    argv = [python, "-m", "load.simulator", "--port", str(port), "--engines", str(engines)]
+    argv = [python, "-m", "extproc.simulator", "--port", str(port), "--engines", str(engines)]
     argv += ["--protocol", protocol]
     if metrics_port is not None:
         argv += ["--metrics-port", str(metrics_port)]

@@ -2,7 +2,7 @@
 ROUTER socket that replays recent batches to a consumer that missed some.
 
 What a consumer sees, as vLLM 0.32's `ZmqEventPublisher` sends it (vllm/distributed/kv_events.py; the
-payloads are checked with vLLM's own msgspec decoder by tests/load/test_simulator_zmq.py):
+payloads are checked with vLLM's own msgspec decoder by tests/simulator/test_simulator_zmq.py):
 
 - one multipart message per batch: topic, sequence number (8 bytes big-endian), payload. Sequences count
   the engine's batches from 0, the numbers SubscribeKvEvents reports for the same batches;
@@ -41,9 +41,9 @@ import msgpack
 import zmq
 import zmq.asyncio
 
-from load.simulator.kv_cache import Cleared, KvEvent, Removed, Stored
-from load.simulator.kv_events import KvEventHub
-from load.simulator.options import SimOptions
+from extproc.simulator.kv_cache import Cleared, KvEvent, Removed, Stored
+from extproc.simulator.kv_events import KvEventHub
+from extproc.simulator.options import SimOptions
 
 logger = logging.getLogger(__name__)
 

@@ -12,8 +12,8 @@ from bisect import bisect_left
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from load.simulator.core import EngineCore
-    from load.simulator.scheduler import Scheduler
+    from extproc.simulator.core import EngineCore
+    from extproc.simulator.scheduler import Scheduler
 
 # vLLM's time-to-first-token buckets (seconds).
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)

@@ -31,12 +31,12 @@ from smg_grpc_proto.generated import (
     vllm_engine_pb2,
 )
 
-from load.simulator.core import EngineCore, EngineStats
-from load.simulator.engine import admit, flush_cache
-from load.simulator.generate import serve
-from load.simulator.logprobs import Ranking, TokenLogprob
-from load.simulator.responses import Finish
-from load.simulator.vocab import PlausibleVocab
+from extproc.simulator.core import EngineCore, EngineStats
+from extproc.simulator.engine import admit, flush_cache
+from extproc.simulator.generate import serve
+from extproc.simulator.logprobs import Ranking, TokenLogprob
+from extproc.simulator.responses import Finish
+from extproc.simulator.vocab import PlausibleVocab
 
 logger = logging.getLogger(__name__)
 

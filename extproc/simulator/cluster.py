@@ -18,17 +18,17 @@ import grpc
 from smg_grpc_proto.generated import sglang_scheduler_pb2_grpc, vllm_engine_pb2_grpc
 
 from extproc.models import resolve_model_dir
-from load.simulator.core import EngineCore, EngineStats
-from load.simulator.engine import VllmEngine
-from load.simulator.faults import FaultPlan
-from load.simulator.http_control import ControlServer
-from load.simulator.model import load_model_spec
-from load.simulator.options import DEFAULT_OPTIONS, SimOptions
-from load.simulator.sglang import SglangEngine
-from load.simulator.vocab import load_tokenizer, load_vocab
+from extproc.simulator.core import EngineCore, EngineStats
+from extproc.simulator.engine import VllmEngine
+from extproc.simulator.faults import FaultPlan
+from extproc.simulator.http_control import ControlServer
+from extproc.simulator.model import load_model_spec
+from extproc.simulator.options import DEFAULT_OPTIONS, SimOptions
+from extproc.simulator.sglang import SglangEngine
+from extproc.simulator.vocab import load_tokenizer, load_vocab
 
 if TYPE_CHECKING:
-    from load.simulator.zmq_publisher import ZmqKvPublisher
+    from extproc.simulator.zmq_publisher import ZmqKvPublisher
 
 logger = logging.getLogger(__name__)
 
@@ -173,7 +173,7 @@ def _kv_publishers(engine: SimEngine, options: SimOptions, index: int, count: in
     """Engine `index`'s ZMQ publishers, one per DP rank (each on its own endpoint, as in vLLM)."""
     # Imported here: pyzmq and msgpack are needed only when the channel is switched on.
     try:
-        from load.simulator.zmq_publisher import ZmqKvPublisher
+        from extproc.simulator.zmq_publisher import ZmqKvPublisher
     except ImportError as e:
         raise RuntimeError(f"kv_events_zmq needs pyzmq and msgpack installed: {e}") from e
     for rank in range(options.data_parallel_size):

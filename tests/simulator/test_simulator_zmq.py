@@ -31,11 +31,11 @@ from smg_grpc_proto.generated import vllm_engine_pb2 as pb
 from smg_grpc_proto.generated import vllm_engine_pb2_grpc as pb_grpc
 
 from extproc.models import default_model_dir
-from load.simulator import SimCluster, SimOptions, start_engines
-from load.simulator.__main__ import parse_args
-from load.simulator.cluster import SimEngine
-from load.simulator.kv_cache import Stored
-from load.simulator.zmq_publisher import END_SEQ, encode_batch, endpoint_for
+from extproc.simulator import SimCluster, SimOptions, start_engines
+from extproc.simulator.__main__ import parse_args
+from extproc.simulator.cluster import SimEngine
+from extproc.simulator.kv_cache import Stored
+from extproc.simulator.zmq_publisher import END_SEQ, encode_batch, endpoint_for
 
 ROOT = Path(__file__).resolve().parents[2]
 TOPIC = "kv-events"
@@ -461,7 +461,7 @@ def read_lines(stream: Any, count: int, timeout: float = 30) -> Iterator[str]:
 
 def test_cli_publishes_per_engine(tmp_path: Path) -> None:
     command = [
-        *(sys.executable, "-m", "load.simulator", "--port", "0", "--engines", "2"),
+        *(sys.executable, "-m", "extproc.simulator", "--port", "0", "--engines", "2"),
         *("--kv-events-zmq", f"ipc://{tmp_path}/kv-{{i}}.ipc", "--kv-events-zmq-topic", TOPIC),
     ]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -512,7 +512,7 @@ def test_simulator_runs_without_zmq_when_off() -> None:
     script = (
         "import asyncio, sys\n"
         "from extproc.models import default_model_dir\n"
-        "from load.simulator import start_engines\n"
+        "from extproc.simulator import start_engines\n"
         "async def main():\n"
         "    sim = await start_engines(default_model_dir(), count=1, base_port=0)\n"
         "    await sim.stop(grace=None)\n"

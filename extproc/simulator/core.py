@@ -21,13 +21,13 @@ from pathlib import Path
 
 from smg_grpc_proto.generated import common_pb2
 
-from load.simulator.faults import FaultPlan
-from load.simulator.kv_events import KvEventHub
-from load.simulator.model import ModelSpec
-from load.simulator.options import DEFAULT_OPTIONS, SimOptions
-from load.simulator.sampler import GenerationParams, Step, TokenSampler
-from load.simulator.scheduler import Mailbox, Scheduler, Sequence
-from load.simulator.vocab import PlausibleVocab
+from extproc.simulator.faults import FaultPlan
+from extproc.simulator.kv_events import KvEventHub
+from extproc.simulator.model import ModelSpec
+from extproc.simulator.options import DEFAULT_OPTIONS, SimOptions
+from extproc.simulator.sampler import GenerationParams, Step, TokenSampler
+from extproc.simulator.scheduler import Mailbox, Scheduler, Sequence
+from extproc.simulator.vocab import PlausibleVocab
 
 # The files GetTokenizer bundles (exact names, then patterns), as the engines' servicers pick them.
 TOKENIZER_FILES = (

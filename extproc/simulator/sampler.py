@@ -28,9 +28,9 @@ from dataclasses import dataclass, replace
 
 from smg_grpc_proto.generated import vllm_engine_pb2
 
-from load.simulator.logprobs import PUNCTUATION_RATE, Ranking, TokenLogprob
-from load.simulator.model import ModelSpec
-from load.simulator.vocab import PlausibleVocab
+from extproc.simulator.logprobs import PUNCTUATION_RATE, Ranking, TokenLogprob
+from extproc.simulator.model import ModelSpec
+from extproc.simulator.vocab import PlausibleVocab
 
 # Natural answer lengths (words before EOS): short enough to keep tests fast, long enough to stream.
 NATURAL_LENGTH = (8, 48)
