@@ -21,7 +21,7 @@ PYO3_ENV := PYO3_PYTHON=$(abspath $(BIN)/python)
 ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help venv .venv run test test-rust test-python lint envoy-configs bench bench-routing vllm-engine clean
+.PHONY: help venv .venv run test test-rust test-python lint envoy-configs docs bench bench-routing vllm-engine clean
 
 help: ## list the targets
 	@echo "usage: make TARGET"
@@ -65,6 +65,9 @@ lint: $(TEST_STAMP) ## ruff check + format check, clippy -D warnings, rustfmt ch
 
 envoy-configs: $(RUNTIME_STAMP) ## regenerate the reference Envoy configs in envoy/ (and validate them)
 	$(BIN)/python -m extproc.envoy_bootstrap envoy
+
+docs: ## regenerate the settings tables in docs/operating.md from extproc/settings.py (no venv needed)
+	$(PYTHON) -m extproc.settings --write docs/operating.md
 
 bench: $(TEST_STAMP) ## ours vs SMG vs the bare engine, side by side, with plots (~9 min; ARGS=--quick: ~1 min)
 	$(BIN)/python -m load.bench $(ARGS)

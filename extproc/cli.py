@@ -1,8 +1,9 @@
 """The `extproc` command: `up` (the local stack), `serve` (the ext_proc server alone), `envoy-config`.
 
-Flags are parsed as strings and validated by extproc.config, so a bad value reads the same whether it came
-from a flag, the environment or the config file. Heavy modules (the server, the Rust extension) are imported
-only by the command that needs them.
+Each command's flags are derived from the settings it takes (extproc.settings); they are parsed as strings
+and validated by extproc.config, so a bad value reads the same whether it came from a flag, the environment
+or the config file. Heavy modules (the server, the Rust extension) are imported only by the command that
+needs them.
 """
 
 from __future__ import annotations
@@ -13,112 +14,37 @@ from collections.abc import Sequence
 from typing import Any
 
 from extproc import __version__
-from extproc.config import (
+from extproc.config import ConfigError, engine_address, load_settings
+from extproc.settings import (
     CONFIG_ENV,
-    ENGINE_PROTOCOLS,
-    ROUTING_POLICIES,
-    ConfigError,
+    ENVOY_CONFIG,
+    MODEL_SETTINGS,
+    SERVE,
+    SETTINGS_BY_NAME,
+    UP,
     Settings,
-    engine_address,
-    env_name,
-    flag_name,
-    load_settings,
+    command_settings,
 )
-
-_D = Settings()
-# Each setting's flag: (field, help). Defaults shown come from Settings.
-_HELP: dict[str, str] = {
-    "listen": f"ext_proc gRPC address, host:port or unix:/path (default {_D.listen})",
-    "model_dir": "model directory with tokenizer.json (default: the bundled Llama 3 tokenizer model)",
-    "model_name": "served model name (default: the model directory's name)",
-    "engines": "engine endpoint grpc://host:port; repeat or comma-separate for several",
-    "max_body_bytes": f"largest request body, bytes or e.g. 8MiB (default {_D.max_body_bytes})",
-    "log_level": f"extproc log level: debug, info, warning, error (default {_D.log_level})",
-    "routing_policy": f"engine picking policy: {', '.join(ROUTING_POLICIES)} (default {_D.routing_policy})",
-    "routing_config": "router settings, a JSON object, e.g. '{\"spill_abs\": 4}' (docs/routing.md)",
-    "engine_protocol": (
-        f"engines' gRPC protocol: {', '.join(ENGINE_PROTOCOLS)}; auto probes each engine "
-        f"(default {_D.engine_protocol})"
-    ),
-    "kv_events": (
-        "engines' KV-event source: grpc (SubscribeKvEvents) or off; a ZMQ publisher is set per engine in "
-        f"a [[models]] engine table (default {_D.kv_events})"
-    ),
-    "load_interval": f"seconds between engine GetLoads polls, 0 for none (default {_D.load_interval:g})",
-    "destination_fallbacks": (
-        "fallback engines listed after the primary for Envoy's override_host policy; 0 for an ORIGINAL_DST "
-        f"engines cluster (default {_D.destination_fallbacks})"
-    ),
-    "host": f"address Envoy listens on for clients (default {_D.host})",
-    "port": f"client HTTP port (default {_D.port})",
-    "admin_port": f"Envoy admin port, loopback only (default {_D.admin_port})",
-    "sim": f"simulated engines to start when no --engine is given (default {_D.sim})",
-    "sim_port": f"first simulated engine's port; engine i uses sim-port+i (default {_D.sim_port})",
-    "envoy_log_level": f"Envoy log level: trace ... critical, off (default {_D.envoy_log_level})",
-    "startup_timeout": f"seconds to wait for each child to be ready (default {_D.startup_timeout:g})",
-    "envoy_access_log": "Envoy logs each request to stdout (default false)",
-}
-
-_METAVARS: dict[str, str] = {
-    "listen": "ADDR",
-    "model_dir": "DIR",
-    "model_name": "NAME",
-    "engines": "URL",
-    "max_body_bytes": "BYTES",
-    "log_level": "LEVEL",
-    "routing_policy": "POLICY",
-    "routing_config": "JSON",
-    "engine_protocol": "PROTOCOL",
-    "kv_events": "SOURCE",
-    "load_interval": "SECONDS",
-    "destination_fallbacks": "N",
-    "host": "IP",
-    "port": "PORT",
-    "admin_port": "PORT",
-    "sim": "N",
-    "sim_port": "PORT",
-    "envoy_log_level": "LEVEL",
-    "startup_timeout": "SECONDS",
-    "envoy_access_log": "BOOL",
-}
-
-_SERVE_FIELDS = (
-    "listen",
-    "model_dir",
-    "model_name",
-    "engines",
-    "max_body_bytes",
-    "routing_policy",
-    "routing_config",
-    "engine_protocol",
-    "kv_events",
-    "load_interval",
-    "destination_fallbacks",
-    "log_level",
-)
-_ENVOY_FIELDS = ("host", "port", "admin_port", "listen", "max_body_bytes", "envoy_access_log", "engines")
-_ENVOY_FIELDS = (*_ENVOY_FIELDS, "destination_fallbacks")
-_UP_FIELDS = (*_SERVE_FIELDS, "host", "port", "admin_port", "sim", "sim_port", "envoy_log_level")
-_UP_FIELDS = (*_UP_FIELDS, "startup_timeout", "envoy_access_log")
 
 _EPILOG = (
-    "Settings come from defaults < config file (--config or $EXTPROC_CONFIG, TOML, keys = setting names "
+    f"Settings come from defaults < config file (--config or ${CONFIG_ENV}, TOML, keys = setting names "
     "with underscores) < environment (EXTPROC_<SETTING>, e.g. EXTPROC_PORT) < flags. Several models: "
-    "[[models]] tables in the config file (name, model_dir, engines, routing_policy, engine_protocol, "
-    "kv_events, sim)."
+    f"[[models]] tables in the config file ({', '.join(MODEL_SETTINGS)})."
 )
 
 
-def _add_settings(parser: argparse.ArgumentParser, names: Sequence[str]) -> None:
+def _add_settings(parser: argparse.ArgumentParser, command: str) -> None:
+    """The command's flags, one per setting it takes (extproc.settings), each parsed later as a string."""
     parser.add_argument("--config", metavar="FILE", help=f"TOML config file (or ${CONFIG_ENV})")
-    for name in names:
-        kwargs: dict[str, Any] = {"dest": name, "default": None, "metavar": _METAVARS[name]}
-        if name == "engines":
+    for setting in command_settings(command):
+        kwargs: dict[str, Any] = {"dest": setting.name, "default": None, "metavar": setting.metavar}
+        if setting.repeatable:
             kwargs["action"] = "append"
-        elif name == "envoy_access_log":
+        elif setting.switch:
             kwargs["nargs"] = "?"
             kwargs["const"] = "true"
-        parser.add_argument(flag_name(name), help=f"{_HELP[name]} [{env_name(name)}]", **kwargs)
+        assert setting.flag is not None
+        parser.add_argument(setting.flag, help=setting.help_line(), **kwargs)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -131,28 +57,28 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     up = commands.add_parser(
-        "up",
+        UP,
         help="run the local stack: engines (simulated unless --engine), extproc and Envoy",
         description="Run the whole local stack in the foreground; Ctrl-C stops it.",
         epilog=_EPILOG,
     )
-    _add_settings(up, _UP_FIELDS)
+    _add_settings(up, UP)
 
     serve = commands.add_parser(
-        "serve",
+        SERVE,
         help="run the ext_proc gRPC server alone (next to your own Envoy)",
         description="Run the ext_proc gRPC server; Envoy (see `extproc envoy-config`) must point at it.",
         epilog=_EPILOG,
     )
-    _add_settings(serve, _SERVE_FIELDS)
+    _add_settings(serve, SERVE)
 
     envoy = commands.add_parser(
-        "envoy-config",
+        ENVOY_CONFIG,
         help="print the Envoy bootstrap (JSON) that fronts an extproc server",
         description="Print the Envoy bootstrap for a gateway whose extproc listens on --listen.",
         epilog=_EPILOG,
     )
-    _add_settings(envoy, _ENVOY_FIELDS)
+    _add_settings(envoy, ENVOY_CONFIG)
     envoy.add_argument("-o", "--output", metavar="FILE", help="write to FILE instead of stdout")
 
     # The simulator owns its flags; `extproc sim ARGS` hands ARGS to it unchanged.
@@ -164,12 +90,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _settings(args: argparse.Namespace, names: Sequence[str]) -> Settings:
-    return load_settings({name: getattr(args, name) for name in names}, config_file=args.config)
+def _settings(args: argparse.Namespace, command: str) -> Settings:
+    flags = {s.name: getattr(args, s.name) for s in command_settings(command)}
+    return load_settings(flags, config_file=args.config)
 
 
 def _cmd_up(args: argparse.Namespace) -> int:
-    settings = _settings(args, _UP_FIELDS)
+    settings = _settings(args, UP)
     from extproc.stack import run_stack
 
     return run_stack(settings)
@@ -187,14 +114,15 @@ def _configure_logging(level: str) -> None:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
-    settings = _settings(args, _SERVE_FIELDS)
+    settings = _settings(args, SERVE)
     if settings.models:
         for model in settings.models:
             if not model.engines:
                 name = model.served_name()
                 raise ConfigError(f"serve needs engines for every model: {name!r} has none (engines = [...])")
     elif not settings.engines:
-        hint = f"--engine grpc://host:port (or {env_name('engines')})"
+        engines = SETTINGS_BY_NAME["engines"]
+        hint = f"{engines.flag} grpc://host:port (or {engines.env})"
         raise ConfigError(f"serve needs at least one engine: {hint}")
     import asyncio
 
@@ -212,7 +140,7 @@ def _cmd_envoy_config(args: argparse.Namespace) -> int:
     from extproc.envoy_bootstrap import render_bootstrap
     from extproc.stack import envoy_options
 
-    settings = _settings(args, _ENVOY_FIELDS)
+    settings = _settings(args, ENVOY_CONFIG)
     # With engines given, Envoy knows them and follows extproc's fallback list: one retry per fallback
     # `extproc serve --destination-fallbacks N` lists (default: as many as `up` would).
     engines = tuple(engine_address(url) for url in settings.engines)
@@ -230,7 +158,7 @@ def _cmd_envoy_config(args: argparse.Namespace) -> int:
     return 0
 
 
-_COMMANDS = {"up": _cmd_up, "serve": _cmd_serve, "envoy-config": _cmd_envoy_config}
+_COMMANDS = {UP: _cmd_up, SERVE: _cmd_serve, ENVOY_CONFIG: _cmd_envoy_config}
 
 
 def _cmd_sim(argv: Sequence[str]) -> int:

@@ -24,7 +24,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from extproc.config import MiB, parse_host_port
+from extproc.setting_parsers import MiB, parse_host_port
 
 DESTINATION_HEADER = "x-gateway-destination-endpoint"
 LB_METADATA_NAMESPACE = "envoy.lb"

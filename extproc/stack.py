@@ -28,19 +28,16 @@ from typing import IO
 
 from extproc import envoy_bootstrap, models
 from extproc.config import (
-    CONFIG_ENV,
-    FIELDS,
     ConfigError,
-    EngineConfig,
     ServedModel,
     Settings,
     engine_address,
-    env_name,
     models_toml,
-    parse_host_port,
     served_models,
     settings_to_flags,
 )
+from extproc.setting_parsers import EngineConfig, parse_host_port
+from extproc.settings import CONFIG_ENV, SETTINGS
 
 TAIL_LINES = 20
 STOP_GRACE_S = 10.0
@@ -283,7 +280,7 @@ def run_dir_for(settings: Settings) -> Path:
 
 def child_env() -> dict[str, str]:
     """Our environment minus the settings layers: children get every setting as an explicit flag."""
-    drop = {CONFIG_ENV, *(env_name(f) for f in FIELDS)}
+    drop = {CONFIG_ENV, *(s.env for s in SETTINGS if s.env is not None)}
     env = {k: v for k, v in os.environ.items() if k not in drop}
     env["PYTHONUNBUFFERED"] = "1"  # line-by-line logs through our pipe
     return env

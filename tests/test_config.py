@@ -10,7 +10,6 @@ import pytest
 from extproc.config import (
     ConfigError,
     EngineConfig,
-    MiB,
     ModelConfig,
     ServedModel,
     Settings,
@@ -19,6 +18,7 @@ from extproc.config import (
     served_models,
     settings_to_flags,
 )
+from extproc.setting_parsers import MiB
 
 
 @pytest.fixture

@@ -1,0 +1,469 @@
+"""Every setting of the `extproc` commands, each declared once, as a field of `Settings`: its name (also its
+TOML key), type, default, parser, help, flag, environment variable, the commands that take it, and its key
+in `[[models]]` tables where a model may set its own.
+
+Everything else is derived from these declarations (`SETTINGS`): the flags of each command (extproc.cli),
+the config file, environment and flag layers (extproc.config), the environment a child of `extproc up`
+must not inherit (extproc.stack), and the settings tables in docs/operating.md, which `make docs` rewrites
+and a test compares with the committed file:
+
+    python -m extproc.settings --markdown              # print the tables
+    python -m extproc.settings --write docs/operating.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any, TypeVar
+
+from extproc import models as model_files
+from extproc import setting_parsers as p
+from extproc.setting_parsers import EngineConfig
+
+CONFIG_ENV = "EXTPROC_CONFIG"
+ENV_PREFIX = "EXTPROC_"
+
+UP = "up"
+SERVE = "serve"
+ENVOY_CONFIG = "envoy-config"
+COMMANDS = (UP, SERVE, ENVOY_CONFIG)
+
+_ALL = (UP, SERVE, ENVOY_CONFIG)
+_GATEWAY = (UP, SERVE)
+_ENVOY = (UP, ENVOY_CONFIG)
+
+Parser = Callable[[Any], Any]
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One setting as every layer sees it."""
+
+    # The `Settings` field, which is also the TOML key.
+    name: str
+    default: Any
+    # Raw value (flag or environment string, TOML value) -> typed value; None for `models`, whose tables
+    # extproc.config parses knowing the file they are in.
+    parse: Parser | None
+    # The commands that take it (as a flag; a config file may hold any setting).
+    commands: tuple[str, ...]
+    # One line of plain text for --help.
+    help: str
+    # Flag argument name; None: the setting lives only in config files (no flag, no environment variable).
+    metavar: str | None = None
+    # Markdown for the settings table of docs/operating.md; empty: `help`.
+    doc: str = ""
+    # The default in words, where the value itself says nothing (None, or computed at startup).
+    default_doc: str | None = None
+    # The flag when it is not `--` + the name with dashes.
+    flag_override: str | None = None
+    # Its key in a `[[models]]` table, where a model may set its own; None: global only.
+    model_key: str | None = None
+    # The parser for the `[[models]]` key when it takes more than the global form.
+    model_parse: Parser | None = None
+    # Markdown for the `[[models]]` keys table; empty: "as above".
+    model_doc: str = ""
+    # A setting of the one model served without `[[models]]` tables, which replace it.
+    single_model: bool = False
+
+    @property
+    def file_only(self) -> bool:
+        return self.metavar is None
+
+    @property
+    def flag(self) -> str | None:
+        if self.file_only:
+            return None
+        return self.flag_override or "--" + self.name.replace("_", "-")
+
+    @property
+    def env(self) -> str | None:
+        return None if self.file_only else ENV_PREFIX + self.name.upper()
+
+    @property
+    def repeatable(self) -> bool:
+        """A list flag, given once per item (each may also be a comma list)."""
+        return isinstance(self.default, tuple)
+
+    @property
+    def switch(self) -> bool:
+        """A boolean flag, on when given without a value."""
+        return isinstance(self.default, bool)
+
+    def default_text(self) -> str | None:
+        """The default as a user would type it; None when there is none to show."""
+        if self.default_doc is not None:
+            return self.default_doc
+        if self.default is None or self.default == ():
+            return None
+        if isinstance(self.default, bool):
+            return "true" if self.default else "false"
+        if isinstance(self.default, float):
+            return f"{self.default:g}"
+        return str(self.default)
+
+    def help_line(self) -> str:
+        """What --help shows."""
+        default = self.default_text()
+        shown = self.help if default is None else f"{self.help} (default: {default})"
+        return f"{shown} [{self.env}]"
+
+
+_META = "extproc.setting"
+
+
+def setting(
+    default: T,
+    parse: Parser | None,
+    commands: tuple[str, ...],
+    help: str,
+    metavar: str | None = None,
+    **details: Any,
+) -> T:
+    """Declares a `Settings` field: its default plus everything the layers need (see `Setting`)."""
+    declared = Setting("", default, parse, commands, help, metavar, **details)
+    return field(default=default, metadata={_META: declared})
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """One `[[models]]` table of the config file; None means "the global setting". Its fields are the
+    `model_key`s of the settings (checked below)."""
+
+    name: str | None = None
+    model_dir: Path | None = None
+    engines: tuple[EngineConfig, ...] = ()
+    routing_policy: str | None = None
+    routing_config: str | None = None
+    engine_protocol: str | None = None
+    sim: int | None = None
+    # "grpc" or "off" for the engines that do not name their own source.
+    kv_events: str | None = None
+
+    def served_name(self) -> str:
+        """The name clients ask for, without touching the disk."""
+        if self.name:
+            return self.name
+        return self.model_dir.name if self.model_dir is not None else model_files.DEFAULT_MODEL_NAME
+
+
+_DEFAULT_MODEL = "the bundled Llama 3 tokenizer model"
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Every setting's typed value; each field declares its setting."""
+
+    listen: str = setting(
+        "127.0.0.1:50051",
+        p.parse_listen,
+        _ALL,
+        "ext_proc gRPC address, host:port or unix:/path",
+        "ADDR",
+        doc="ext_proc gRPC address: `host:port`, `[v6]:port` or `unix:/abs/path.sock`",
+    )
+    engines: tuple[str, ...] = setting(
+        (),
+        p.parse_engines,
+        _ALL,
+        "engine endpoint grpc://host:port; repeat or comma-separate for several",
+        "URL",
+        doc="engines as `grpc://IP:port`; `localhost` means 127.0.0.1; DNS names are refused (see below). "
+        "`up` without engines starts the simulator; `serve` requires at least one; `envoy-config` puts "
+        "them in a STATIC engines cluster",
+        flag_override="--engine",
+        model_key="engines",
+        model_parse=p.parse_model_engines,
+        model_doc='`"grpc://IP:port"` or `{ url = "grpc://IP:port", protocol = "auto" \\| "vllm" \\| '
+        '"sglang", kv_events = "grpc" \\| "off" \\| "zmq://..." }` (`protocol` and `kv_events` optional)',
+        single_model=True,
+    )
+    # `setting` returns a dataclasses.field (which ruff cannot see); a Path default would be immutable too.
+    model_dir: Path | None = setting(  # noqa: RUF009
+        None,
+        p.parse_model_dir,
+        _GATEWAY,
+        "model directory with tokenizer.json",
+        "DIR",
+        doc="must exist and contain `tokenizer.json`",
+        default_doc=_DEFAULT_MODEL,
+        model_key="model_dir",
+        model_doc="as `model_dir` above; relative to the file",
+        single_model=True,
+    )
+    model_name: str | None = setting(
+        None,
+        p.parse_name,
+        _GATEWAY,
+        "served model name",
+        "NAME",
+        doc="the `model` clients ask for",
+        default_doc="the directory's name",
+        model_key="name",
+        model_doc="the `model` clients ask for",
+        single_model=True,
+    )
+    max_body_bytes: int = setting(
+        8 * p.MiB,
+        p.parse_size,
+        _ALL,
+        "largest request body, bytes or e.g. 8MiB",
+        "BYTES",
+        doc="largest request body (413 above it); accepts `8MiB`, `512KiB`, `1GiB`; also sizes Envoy's "
+        "per-connection buffers",
+    )
+    routing_policy: str = setting(
+        "kv_events",
+        p.choice(p.ROUTING_POLICIES),
+        _GATEWAY,
+        f"engine picking policy: {', '.join(p.ROUTING_POLICIES)}",
+        "POLICY",
+        doc="how an engine is picked: `kv_events` (cache affinity from the engines' KV events, least load "
+        "otherwise), `prefix_cache` (affinity learned from the gateway's own decisions), `weighted`, "
+        "`round_robin`, `random`, `least_load`, `power_of_two`, `consistent_hash` (on the `x-session-id` "
+        "header or the request's `user`); see [routing.md](routing.md)",
+        model_key="routing_policy",
+    )
+    engine_protocol: str = setting(
+        "auto",
+        p.choice(p.ENGINE_PROTOCOLS),
+        _GATEWAY,
+        f"engines' gRPC protocol: {', '.join(p.ENGINE_PROTOCOLS)}; auto probes each engine",
+        "PROTOCOL",
+        doc="the engines' gRPC protocol: `auto` (probe each engine, see [Engine "
+        "protocols](#engine-protocols)), `vllm` or `sglang`",
+        model_key="engine_protocol",
+    )
+    kv_events: str = setting(
+        "grpc",
+        p.parse_kv_events,
+        _GATEWAY,
+        "engines' KV-event source: grpc (SubscribeKvEvents) or off; a ZMQ publisher is set per engine in "
+        "a [[models]] engine table",
+        "SOURCE",
+        doc="where engines' KV-cache events come from, for engines that do not name their own: `grpc` "
+        "(`SubscribeKvEvents`) or `off`; see [KV events](#kv-events) (vLLM's ZMQ publisher is set per "
+        "engine)",
+        model_key="kv_events",
+        model_doc="`grpc` or `off` for its engines without their own, see [KV events](#kv-events)",
+    )
+    load_interval: float = setting(
+        0.5,
+        p.parse_interval,
+        _GATEWAY,
+        "seconds between engine GetLoads polls, 0 for none",
+        "SECONDS",
+        doc="how often each healthy engine's `GetLoads` is polled for the router; `0` turns polling off",
+    )
+    routing_config: str | None = setting(
+        None,
+        p.parse_routing_config,
+        _GATEWAY,
+        "router settings, a JSON object, e.g. '{\"spill_abs\": 4}' (docs/routing.md)",
+        "JSON",
+        doc="the router's knobs as a JSON object (a `[routing_config]` table in the file, or per model in "
+        "`[[models]]`): spill gate, `request_cost_tokens`, `shed_queue_depth` (429 for requests of "
+        "negative priority when every engine's queue is that deep), `objectives` and `default_priority` "
+        "(request priorities by the `x-gateway-inference-objective` header), `max_fallbacks`, scorer "
+        "weights...; keys in [routing.md](routing.md#settings-routerconfig-json-keys), unknown keys "
+        "refused at startup",
+        default_doc="none (router defaults)",
+        model_key="routing_config",
+        model_doc="as above, a TOML table",
+    )
+    destination_fallbacks: int = setting(
+        0,
+        p.parse_fallbacks,
+        _ALL,
+        "fallback engines listed after the primary for Envoy's override_host policy; 0 for an ORIGINAL_DST "
+        "engines cluster",
+        "N",
+        doc="fallback engines extproc lists after the primary in `x-gateway-destination-endpoint` "
+        "(`ip:port,ip:port`); only for an Envoy whose engines cluster uses the override_host policy — an "
+        "ORIGINAL_DST cluster takes one address. `up` sets it itself (see [The Envoy "
+        "configuration](#the-envoy-configuration))",
+    )
+    # Several served models (config file `[[models]]` tables); empty means the single model above.
+    models: tuple[ModelConfig, ...] = setting(
+        (),
+        None,
+        _GATEWAY,
+        "several served models: [[models]] tables in the config file",
+        doc="several served models: `[[models]]` tables in the config file only, see [Several "
+        "models](#several-models)",
+    )
+    log_level: str = setting(
+        "info",
+        p.choice(p.LOG_LEVELS),
+        _GATEWAY,
+        "extproc log level: " + ", ".join(p.LOG_LEVELS),
+        "LEVEL",
+        doc="extproc's log level: " + ", ".join(p.LOG_LEVELS),
+    )
+    host: str = setting(
+        "127.0.0.1",
+        p.parse_host,
+        _ENVOY,
+        "address Envoy listens on for clients",
+        "IP",
+        doc="the IP Envoy listens on for clients (`0.0.0.0` or `::` for all interfaces)",
+    )
+    port: int = setting(8080, p.parse_port, _ENVOY, "client HTTP port", "PORT")
+    admin_port: int = setting(
+        9901,
+        p.parse_port,
+        _ENVOY,
+        "Envoy admin port, loopback only",
+        "PORT",
+        doc="Envoy admin, always bound to 127.0.0.1",
+    )
+    sim: int = setting(
+        2,
+        p.parse_count,
+        (UP,),
+        "simulated engines to start when no --engine is given",
+        "N",
+        doc="simulated engines when no engine is configured",
+        model_key="sim",
+        model_doc="`extproc up`: simulated engines for this model when it has no engines",
+    )
+    sim_port: int = setting(
+        50100,
+        p.parse_port,
+        (UP,),
+        "first simulated engine's port; engine i uses sim-port+i",
+        "PORT",
+    )
+    envoy_log_level: str = setting(
+        "warning",
+        p.choice(p.ENVOY_LOG_LEVELS),
+        (UP,),
+        "Envoy log level: " + ", ".join(p.ENVOY_LOG_LEVELS),
+        "LEVEL",
+        doc=", ".join(p.ENVOY_LOG_LEVELS),
+    )
+    startup_timeout: float = setting(
+        60.0,
+        p.parse_seconds,
+        (UP,),
+        "seconds to wait for each child to be ready",
+        "SECONDS",
+        doc="how long each child may take to become ready",
+    )
+    envoy_access_log: bool = setting(
+        False,
+        p.parse_bool,
+        _ENVOY,
+        "Envoy logs each request to stdout",
+        "BOOL",
+        doc="Envoy writes one access-log line per request to its stdout",
+    )
+
+
+SETTINGS: tuple[Setting, ...] = tuple(replace(f.metadata[_META], name=f.name) for f in fields(Settings))
+SETTINGS_BY_NAME: dict[str, Setting] = {s.name: s for s in SETTINGS}
+# The settings a `[[models]]` table may hold, by key, in ModelConfig's order.
+_BY_MODEL_KEY = {s.model_key: s for s in SETTINGS if s.model_key is not None}
+assert set(_BY_MODEL_KEY) == {f.name for f in fields(ModelConfig)}, "ModelConfig's fields are the model keys"
+MODEL_SETTINGS: dict[str, Setting] = {f.name: _BY_MODEL_KEY[f.name] for f in fields(ModelConfig)}
+assert all(s.parse is not None or s.file_only for s in SETTINGS), "settings with a flag need a parser"
+
+
+def command_settings(command: str) -> tuple[Setting, ...]:
+    """The settings `command` takes as flags (and from the environment)."""
+    return tuple(s for s in SETTINGS if command in s.commands and not s.file_only)
+
+
+# --- the tables in docs/operating.md ------------------------------------------------------------------------
+
+
+def _code(text: str) -> str:
+    return f"`{text}`"
+
+
+def _flag_cell(s: Setting) -> str:
+    if s.flag is None:
+        return "—"
+    if s.switch:
+        return _code(f"{s.flag} [{s.metavar}]")
+    if s.repeatable:
+        return _code(f"{s.flag} {s.metavar}") + " (repeatable, or comma list)"
+    return _code(f"{s.flag} {s.metavar}")
+
+
+def _default_cell(s: Setting) -> str:
+    if s.default_doc is not None:
+        return s.default_doc
+    text = s.default_text()
+    return "none" if text is None else _code(text)
+
+
+def settings_table() -> str:
+    """Markdown: one row per setting."""
+    rows = [
+        "| Setting (file key) | Flag | Environment | Default | Used by | Meaning |",
+        "|---|---|---|---|---|---|",
+    ]
+    for s in SETTINGS:
+        env = _code(s.env) if s.env else "—"
+        used_by = ", ".join(c for c in COMMANDS if c in s.commands)
+        cells = [_code(s.name), _flag_cell(s), env, _default_cell(s), used_by, s.doc or s.help]
+        rows.append("| " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
+def models_table() -> str:
+    """Markdown: one row per `[[models]]` key."""
+    rows = ["| Key | Default | Meaning |", "|---|---|---|"]
+    for key, s in MODEL_SETTINGS.items():
+        default = _default_cell(s) if s.single_model else f"the global {_code(s.name)}"
+        rows.append(f"| {_code(key)} | {default} | {s.model_doc or 'as above'} |")
+    return "\n".join(rows)
+
+
+_TABLES: dict[str, Callable[[], str]] = {"settings": settings_table, "models": models_table}
+
+
+def _markers(table: str) -> tuple[str, str]:
+    return (
+        f"<!-- generated {table} table: `make docs` (python -m extproc.settings) from extproc/settings.py; "
+        "edit there -->",
+        f"<!-- end of generated {table} table -->",
+    )
+
+
+def render_docs(text: str) -> str:
+    """`text` (docs/operating.md) with every generated table replaced by the current one."""
+    for table, render in _TABLES.items():
+        begin, end = _markers(table)
+        head, found, rest = text.partition(begin)
+        _, found_end, tail = rest.partition(end)
+        if not found or not found_end:
+            raise ValueError(f"no generated {table} table ({begin} ... {end})")
+        text = f"{head}{begin}\n\n{render()}\n\n{end}{tail}"
+    return text
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m extproc.settings", description="The settings tables of docs/operating.md."
+    )
+    action = parser.add_mutually_exclusive_group(required=True)
+    action.add_argument("--markdown", action="store_true", help="print the tables")
+    action.add_argument("--write", metavar="FILE", help="replace the generated tables in FILE")
+    args = parser.parse_args(argv)
+    if args.markdown:
+        print(settings_table() + "\n\n" + models_table())
+        return 0
+    path = Path(args.write)
+    path.write_text(render_docs(path.read_text()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
