@@ -1,28 +1,19 @@
 """`extproc up`: the whole local stack (simulated engines, extproc, Envoy) as supervised child processes.
 
-Children start one after another, each awaited until ready; their output goes, prefixed with their name, to
-our stderr and to a log file in the run directory. Ctrl-C or SIGTERM stops them all and exits 0; a child
-that dies on its own takes the stack down with a non-zero exit. Children run in their own sessions (so the
-terminal's Ctrl-C reaches only us and we stop them in order) and get PR_SET_PDEATHSIG, so none outlives us
-even when we are SIGKILLed.
+This module composes the stack: which children run, in which order, with which ports, flags and generated
+configs, and what "ready" means for each. extproc.supervisor runs them: children start one after another,
+each awaited until ready; Ctrl-C or SIGTERM stops them all and exits 0; a child that dies on its own takes
+the stack down with a non-zero exit.
 """
 
 from __future__ import annotations
 
-import collections
-import ctypes
 import ipaddress
 import os
 import re
-import signal
 import socket
-import subprocess
 import sys
-import threading
-import time
-import urllib.request
-from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO
 
@@ -38,65 +29,19 @@ from extproc.config import (
 )
 from extproc.setting_parsers import EngineConfig, parse_host_port
 from extproc.settings import CONFIG_ENV, SETTINGS
+from extproc.supervisor import (
+    ChildSpec,
+    Interrupted,
+    StackError,
+    Supervisor,
+    connect_host,
+    http_ok,
+    stop_on_signals,
+    tcp_accepts,
+    unix_accepts,
+)
 
-TAIL_LINES = 20
-STOP_GRACE_S = 10.0
 SIM_HOST = "127.0.0.1"
-
-
-class StackError(RuntimeError):
-    """The stack could not start or keep running; the message names the child and shows its output."""
-
-
-class Interrupted(Exception):
-    """A stop signal arrived while starting."""
-
-
-# --- probes -------------------------------------------------------------------------------------------------
-
-
-def _connect_host(host: str) -> str:
-    """Where to connect to reach a server bound to `host` (wildcards mean loopback)."""
-    if host in ("", "0.0.0.0"):
-        return "127.0.0.1"
-    if host == "::":
-        return "::1"
-    return host
-
-
-def tcp_accepts(host: str, port: int) -> Callable[[], bool]:
-    def probe() -> bool:
-        try:
-            with socket.create_connection((_connect_host(host), port), timeout=0.5):
-                return True
-        except OSError:
-            return False
-
-    return probe
-
-
-def unix_accepts(path: str) -> Callable[[], bool]:
-    def probe() -> bool:
-        try:
-            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-                sock.settimeout(0.5)
-                sock.connect(path)
-                return True
-        except OSError:
-            return False
-
-    return probe
-
-
-def http_ok(url: str) -> Callable[[], bool]:
-    def probe() -> bool:
-        try:
-            with urllib.request.urlopen(url, timeout=1.0) as resp:
-                return resp.status == 200
-        except OSError:
-            return False
-
-    return probe
 
 
 def ensure_port_free(host: str, port: int, what: str) -> None:
@@ -109,163 +54,6 @@ def ensure_port_free(host: str, port: int, what: str) -> None:
             sock.bind((host if host != "localhost" else "127.0.0.1", port))
         except OSError as exc:
             raise StackError(f"{what} {host}:{port} is not available: {exc.strerror}") from None
-
-
-# --- children -----------------------------------------------------------------------------------------------
-
-_PR_SET_PDEATHSIG = 1
-try:
-    # Resolved here, in the parent: the child between fork and exec must not load libraries.
-    _prctl: Callable[..., int] | None = ctypes.CDLL(None, use_errno=True).prctl
-except (OSError, AttributeError):
-    _prctl = None
-
-
-def _die_with_parent(parent_pid: int) -> Callable[[], None] | None:
-    if _prctl is None or not sys.platform.startswith("linux"):
-        return None
-    prctl = _prctl
-
-    def preexec() -> None:
-        prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL))
-        if os.getppid() != parent_pid:  # the parent died before prctl took effect
-            os.kill(os.getpid(), signal.SIGKILL)
-
-    return preexec
-
-
-@dataclass
-class ChildSpec:
-    name: str
-    argv: list[str]
-    ready: Callable[[], bool]
-    # What "ready" means, for error messages.
-    ready_desc: str
-    env: dict[str, str] | None = None
-
-
-@dataclass
-class Child:
-    spec: ChildSpec
-    proc: subprocess.Popen[bytes]
-    tail: collections.deque[str] = field(default_factory=lambda: collections.deque(maxlen=TAIL_LINES))
-    reader: threading.Thread | None = None
-
-    @property
-    def name(self) -> str:
-        return self.spec.name
-
-    def tail_text(self) -> str:
-        lines = list(self.tail)
-        if not lines:
-            return "  (no output)"
-        return "\n".join(f"  {line}" for line in lines)
-
-    def signal_group(self, sig: signal.Signals) -> None:
-        if self.proc.poll() is not None:
-            return
-        try:
-            os.killpg(self.proc.pid, sig)  # the child leads its own session: reach its children too
-        except ProcessLookupError:
-            pass
-
-
-def _pump(child: Child, stream: IO[bytes], log_path: Path, echo: IO[str] | None) -> None:
-    prefix = f"{child.name} | "
-    with open(log_path, "wb") as log:
-        for raw in iter(stream.readline, b""):
-            log.write(raw)
-            log.flush()
-            line = raw.decode(errors="replace").rstrip()
-            child.tail.append(line)
-            if echo is not None:
-                try:
-                    echo.write(prefix + line + "\n")
-                    echo.flush()
-                except (OSError, ValueError):
-                    echo = None
-    stream.close()
-
-
-class Supervisor:
-    """Starts children, waits for them to be ready, notices deaths, stops them all."""
-
-    def __init__(self, run_dir: Path, stop: threading.Event, echo: IO[str] | None = sys.stderr) -> None:
-        self.run_dir = run_dir
-        self.stop = stop
-        self.echo = echo
-        self.children: list[Child] = []
-
-    def start(self, spec: ChildSpec, timeout_s: float) -> Child:
-        proc = subprocess.Popen(
-            spec.argv,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            env=spec.env,
-            start_new_session=True,
-            preexec_fn=_die_with_parent(os.getpid()),
-        )
-        child = Child(spec, proc)
-        self.children.append(child)
-        assert proc.stdout is not None
-        child.reader = threading.Thread(
-            target=_pump,
-            args=(child, proc.stdout, self.run_dir / f"{spec.name}.log", self.echo),
-            name=f"pump-{spec.name}",
-            daemon=True,
-        )
-        child.reader.start()
-        self._await_ready(child, timeout_s)
-        return child
-
-    def _await_ready(self, child: Child, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            if self.stop.is_set():
-                raise Interrupted
-            code = child.proc.poll()
-            if code is not None:
-                self._drain(child)
-                raise StackError(
-                    f"{child.name} exited with code {code} while starting "
-                    f"(log: {self.run_dir / child.name}.log):\n{child.tail_text()}"
-                )
-            if child.spec.ready():
-                return
-            if time.monotonic() > deadline:
-                raise StackError(
-                    f"{child.name} was not ready after {timeout_s:g}s ({child.spec.ready_desc}) "
-                    f"(log: {self.run_dir / child.name}.log):\n{child.tail_text()}"
-                )
-            self.stop.wait(0.1)
-
-    def _drain(self, child: Child) -> None:
-        if child.reader is not None:
-            child.reader.join(timeout=2.0)
-
-    def first_dead(self) -> Child | None:
-        return next((c for c in self.children if c.proc.poll() is not None), None)
-
-    def stop_all(self, grace_s: float = STOP_GRACE_S) -> None:
-        """SIGTERM everyone (newest first: Envoy stops taking requests before its backends go), then
-        SIGKILL whoever is still there after the grace period."""
-        for child in reversed(self.children):
-            child.signal_group(signal.SIGTERM)
-        deadline = time.monotonic() + grace_s
-        for child in reversed(self.children):
-            try:
-                child.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                child.signal_group(signal.SIGKILL)
-                child.proc.wait()
-            # Take any stragglers of its group down with it.
-            try:
-                os.killpg(child.proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-        for child in self.children:
-            self._drain(child)
 
 
 # --- the stack ----------------------------------------------------------------------------------------------
@@ -317,7 +105,7 @@ def plan_sims(served: tuple[ServedModel, ...], sim_port: int) -> list[SimPlan]:
 
 
 def _url_host(host: str) -> str:
-    host = _connect_host(host)
+    host = connect_host(host)
     try:
         return f"[{host}]" if ipaddress.ip_address(host).version == 6 else host
     except ValueError:
@@ -480,43 +268,34 @@ def run_stack(settings: Settings, out: IO[str] | None = None, err: IO[str] | Non
     """Run the stack in the foreground until a signal (exit 0) or a child's death (exit 1)."""
     out = out or sys.stdout
     err = err or sys.stderr
-    stop = threading.Event()
-
-    def on_signal(signum: int, frame: object) -> None:
-        stop.set()
-
-    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
-    supervisor: Supervisor | None = None
-    try:
-        check_ports(settings, plan_sims(served_models(settings), settings.sim_port))
-        run_dir = run_dir_for(settings)
-        specs, served, sims = stack_specs(settings, run_dir)
-        supervisor = Supervisor(run_dir, stop, echo=err)
-        for spec in specs:
-            supervisor.start(spec, settings.startup_timeout)
-        url = f"http://{_url_host(settings.host)}:{settings.port}/v1"
-        _say(out, f"extproc: serving {url} ({describe(served, sims)})")
-        while not stop.wait(0.2):
-            dead = supervisor.first_dead()
+    with stop_on_signals() as stop:
+        supervisor: Supervisor | None = None
+        try:
+            check_ports(settings, plan_sims(served_models(settings), settings.sim_port))
+            run_dir = run_dir_for(settings)
+            specs, served, sims = stack_specs(settings, run_dir)
+            supervisor = Supervisor(run_dir, stop, echo=err)
+            for spec in specs:
+                supervisor.start(spec, settings.startup_timeout)
+            url = f"http://{_url_host(settings.host)}:{settings.port}/v1"
+            _say(out, f"extproc: serving {url} ({describe(served, sims)})")
+            dead = supervisor.watch()
             if dead is not None:
-                supervisor._drain(dead)
                 _say(
                     err,
                     f"extproc: {dead.name} exited unexpectedly with code {dead.proc.returncode}; "
                     f"stopping the stack (log: {run_dir / dead.name}.log):\n{dead.tail_text()}",
                 )
                 return 1
-        return 0
-    except Interrupted:
-        return 0
-    except ConfigError as exc:
-        _say(err, f"extproc: {exc}")
-        return 2
-    except (StackError, envoy_bootstrap.EnvoyConfigError, FileNotFoundError, ValueError) as exc:
-        _say(err, f"extproc: {exc}")
-        return 1
-    finally:
-        if supervisor is not None:
-            supervisor.stop_all()
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+            return 0
+        except Interrupted:
+            return 0
+        except ConfigError as exc:
+            _say(err, f"extproc: {exc}")
+            return 2
+        except (StackError, envoy_bootstrap.EnvoyConfigError, FileNotFoundError, ValueError) as exc:
+            _say(err, f"extproc: {exc}")
+            return 1
+        finally:
+            if supervisor is not None:
+                supervisor.stop_all()

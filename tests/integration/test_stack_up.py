@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from extproc.stack import ChildSpec, StackError, Supervisor, tcp_accepts
+from extproc.supervisor import ChildSpec, StackError, Supervisor, tcp_accepts
 
 REPO = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 180  # first start materializes the default model and loads the tokenizer twice
@@ -198,7 +198,7 @@ def test_children_die_with_a_killed_supervisor(tmp_path: Path, free_ports: Any) 
         f"""
         import sys, threading, time
         from pathlib import Path
-        from extproc.stack import ChildSpec, Supervisor, tcp_accepts
+        from extproc.supervisor import ChildSpec, Supervisor, tcp_accepts
         sup = Supervisor(Path({str(tmp_path)!r}), threading.Event(), echo=None)
         argv = [sys.executable, "-c", {SERVE_PY!r}, "{port}", "ignore-sigterm"]
         child = sup.start(ChildSpec("c", argv, tcp_accepts("127.0.0.1", {port}), "up"), timeout_s=20)
