@@ -6,9 +6,9 @@ use std::sync::Arc;
 
 use prost::Message;
 
-use super::replies::{DESTINATION_HEADER, LB_METADATA_NAMESPACE, MAX_RETRIES_HEADER};
 use super::test_model::llama3_model_dir;
 use super::RequestStream;
+use crate::contracts::{DESTINATION_HEADER, LB_METADATA_NAMESPACE, MAX_RETRIES_HEADER};
 use crate::engine::Protocol;
 use crate::gateway::{Gateway, Limits};
 use crate::pb::ext_proc::{

@@ -4,23 +4,18 @@
 
 use std::collections::BTreeMap;
 
+use crate::contracts::{SUBSET_HINT_KEY, SUBSET_HINT_NAMESPACE, UPSTREAM_ADDRESS_ATTRIBUTE};
 use crate::pb::ext_proc::Metadata;
 use crate::pb::structs::{value, Struct};
-
-/// Namespace and key of the subset hint in the request's forwarded metadata.
-pub const SUBSET_NAMESPACE: &str = "envoy.lb.subset_hint";
-pub const SUBSET_KEY: &str = "x-gateway-destination-endpoint-subset";
-/// The attribute Envoy fills with the upstream that answered (`response_attributes`).
-pub const UPSTREAM_ATTRIBUTE: &str = "upstream.address";
 
 /// The addresses the subset hint allows; `None` when there is no hint (any engine may be picked).
 /// A list of strings per the protocol; a comma-separated string is accepted too.
 pub fn subset_hint(metadata: Option<&Metadata>) -> Option<Vec<String>> {
     let value = metadata?
         .filter_metadata
-        .get(SUBSET_NAMESPACE)?
+        .get(SUBSET_HINT_NAMESPACE)?
         .fields
-        .get(SUBSET_KEY)?;
+        .get(SUBSET_HINT_KEY)?;
     let addresses = match &value.kind {
         Some(value::Kind::ListValue(list)) => list
             .values
@@ -38,7 +33,7 @@ pub fn subset_hint(metadata: Option<&Metadata>) -> Option<Vec<String>> {
 pub fn upstream_address(attributes: &BTreeMap<String, Struct>) -> Option<&str> {
     attributes
         .values()
-        .find_map(|s| s.fields.get(UPSTREAM_ATTRIBUTE))
+        .find_map(|s| s.fields.get(UPSTREAM_ADDRESS_ATTRIBUTE))
         .and_then(|v| v.as_str())
         .filter(|a| !a.is_empty())
 }
@@ -64,9 +59,9 @@ mod tests {
 
     fn metadata(value: Value) -> Metadata {
         let mut hint = Struct::default();
-        hint.fields.insert(SUBSET_KEY.to_string(), value);
+        hint.fields.insert(SUBSET_HINT_KEY.to_string(), value);
         let mut m = Metadata::default();
-        m.filter_metadata.insert(SUBSET_NAMESPACE.to_string(), hint);
+        m.filter_metadata.insert(SUBSET_HINT_NAMESPACE.to_string(), hint);
         m
     }
 
@@ -99,7 +94,7 @@ mod tests {
         let mut attrs = Struct::default();
         attrs
             .fields
-            .insert(UPSTREAM_ATTRIBUTE.to_string(), Value::string("10.0.0.2:8000"));
+            .insert(UPSTREAM_ADDRESS_ATTRIBUTE.to_string(), Value::string("10.0.0.2:8000"));
         let map = BTreeMap::from([("envoy.filters.http.ext_proc".to_string(), attrs)]);
         assert_eq!(upstream_address(&map), Some("10.0.0.2:8000"));
         assert_eq!(upstream_address(&BTreeMap::new()), None);

@@ -22,6 +22,7 @@ use std::sync::Arc;
 
 use prost::Message;
 
+use crate::contracts::{OBJECTIVE_HEADER, REQUEST_ID_HEADER, SESSION_HEADER};
 use crate::engine::{GenerateCall, Protocol};
 use crate::error::ApiError;
 use crate::gateway::{unix_now, Gateway, ServedModel};
@@ -38,11 +39,7 @@ use crate::routing::InFlight;
 use response::{ResponseShape, ResponseTranslator};
 
 pub use batch::{CallOutcome, FanoutCall};
-pub use replies::{DESTINATION_HEADER, MAX_BODY_CHUNK};
-
-/// The Gateway API Inference Extension's request header naming the request's InferenceObjective: its
-/// priority (`RouterConfig::objectives`) decides whether the request may be shed.
-pub const OBJECTIVE_HEADER: &str = "x-gateway-inference-objective";
+pub use replies::MAX_BODY_CHUNK;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Phase {
@@ -248,8 +245,8 @@ impl RequestStream {
 
     fn on_request_headers(&mut self, h: HttpHeaders) -> Vec<ProcessingResponse> {
         let headers = h.headers.unwrap_or_default();
-        self.summary.request_id = headers.get("x-request-id").unwrap_or_default().to_string();
-        self.session = headers.get("x-session-id").map(str::to_string);
+        self.summary.request_id = headers.get(REQUEST_ID_HEADER).unwrap_or_default().to_string();
+        self.session = headers.get(SESSION_HEADER).map(str::to_string);
         self.objective = headers
             .get(OBJECTIVE_HEADER)
             .filter(|o| !o.is_empty())

@@ -1,5 +1,6 @@
 //! Builders for the `ProcessingResponse` messages Envoy accepts, in the shapes it requires.
 
+use crate::contracts::{DESTINATION_HEADER, LB_METADATA_NAMESPACE, MAX_RETRIES_HEADER, REQUEST_ID_HEADER};
 use crate::error::ApiError;
 use crate::pb::ext_proc::{
     body_mutation, processing_response::Response, BodyMutation, BodyResponse, CommonResponse, HeaderMutation,
@@ -9,10 +10,6 @@ use crate::pb::structs::{Struct, Value};
 
 /// Envoy's ext_proc takes streamed body chunks of at most 64 KiB; stay clearly under it.
 pub const MAX_BODY_CHUNK: usize = 62_000;
-
-/// The endpoint-picker header and metadata key (Gateway API Inference Extension).
-pub const DESTINATION_HEADER: &str = "x-gateway-destination-endpoint";
-pub const LB_METADATA_NAMESPACE: &str = "envoy.lb";
 
 pub fn immediate(
     status: u16,
@@ -24,7 +21,7 @@ pub fn immediate(
     let mut headers = HeaderMutation::default();
     headers.set("content-type", content_type);
     if !request_id.is_empty() {
-        headers.set("x-request-id", request_id);
+        headers.set(REQUEST_ID_HEADER, request_id);
     }
     ProcessingResponse {
         response: Some(Response::ImmediateResponse(ImmediateResponse {
@@ -55,9 +52,6 @@ fn common(mutation: HeaderMutation, clear_route_cache: bool) -> Option<CommonRes
         clear_route_cache,
     })
 }
-
-/// Envoy's per-request retry limit, which takes precedence over the route's retry policy.
-pub const MAX_RETRIES_HEADER: &str = "x-envoy-max-retries";
 
 /// The request-headers reply that sends the request to `destination`'s gRPC `path`: `destination` is
 /// the primary engine's address, then its fallbacks, comma-separated.
@@ -96,7 +90,7 @@ pub fn client_headers(status: u16, content_type: &str, request_id: &str) -> Proc
         m.set("cache-control", "no-cache");
     }
     if !request_id.is_empty() {
-        m.set("x-request-id", request_id);
+        m.set(REQUEST_ID_HEADER, request_id);
     }
     m.remove("grpc-accept-encoding")
         .remove("grpc-encoding")

@@ -1,0 +1,78 @@
+//! Every header, metadata namespace and key that crosses between Envoy, extproc and its engines, declared
+//! once. Rust reads and writes them from here; Python (the Envoy bootstrap, tests) gets the same values
+//! through the `extproc._native` binding. A value here is a wire contract with Envoy's configuration and
+//! the Gateway API Inference Extension's endpoint-picker protocol: changing one changes that contract.
+
+/// Request header naming the engine(s) to send the request to: the primary `ip:port`, then fallbacks,
+/// comma-separated (the endpoint-picker protocol). Written by extproc on the request-headers reply; read
+/// by the bootstrap's route (requests without it get a 503), its ORIGINAL_DST cluster and its
+/// override_host policy. Clients may not send it: the bootstrap strips it first.
+pub const DESTINATION_HEADER: &str = "x-gateway-destination-endpoint";
+
+/// Dynamic-metadata namespace of the endpoint-picker protocol. extproc writes the destination there too
+/// (under `DESTINATION_HEADER`); the bootstrap's ext_proc filter accepts this namespace and its
+/// override_host policy reads the destination from it before the header.
+pub const LB_METADATA_NAMESPACE: &str = "envoy.lb";
+
+/// Key under `LB_METADATA_NAMESPACE` where Envoy's override_host policy records the engine that served
+/// (the endpoint-picker protocol's name). Written by Envoy per the bootstrap; extproc learns the served
+/// engine from `UPSTREAM_ADDRESS_ATTRIBUTE` instead.
+pub const SERVED_ENDPOINT_KEY: &str = "x-gateway-destination-endpoint-served";
+
+/// Metadata namespace in which a filter before extproc may restrict the engines it picks from; the
+/// bootstrap's ext_proc filter forwards it to extproc, which reads it with the request headers.
+pub const SUBSET_HINT_NAMESPACE: &str = "envoy.lb.subset_hint";
+
+/// Key under `SUBSET_HINT_NAMESPACE`: the allowed `ip:port`s, a list of strings (a comma-separated
+/// string is accepted too). Present but empty: nothing may be picked (503).
+pub const SUBSET_HINT_KEY: &str = "x-gateway-destination-endpoint-subset";
+
+/// The response attribute Envoy fills with the upstream that answered (after any fallback): the
+/// bootstrap asks for it (`response_attributes`), extproc reads it to abort and account on that engine.
+pub const UPSTREAM_ADDRESS_ATTRIBUTE: &str = "upstream.address";
+
+/// Envoy's per-request retry limit, over the route's retry policy: extproc sets it to the number of
+/// fallbacks it listed (the bootstrap's `allow_envoy` mutation rule lets it), so Envoy's retries stop at
+/// the end of the list.
+pub const MAX_RETRIES_HEADER: &str = "x-envoy-max-retries";
+
+/// Request headers the bootstrap removes before routing (early header mutation): a client must never
+/// choose the engine, or how often Envoy retries, itself.
+pub const CLIENT_HEADERS_REMOVED: &[&str] = &[
+    DESTINATION_HEADER,
+    MAX_RETRIES_HEADER,
+    "x-envoy-retry-on",
+    "x-envoy-retry-grpc-on",
+];
+
+/// Client request header naming the request's InferenceObjective (Gateway API Inference Extension);
+/// extproc reads it, and the model's `objectives` setting maps it to a priority that decides shedding.
+pub const OBJECTIVE_HEADER: &str = "x-gateway-inference-objective";
+
+/// Client request header with the consistent-hashing key (else the request's `user` field); extproc
+/// reads it for the `consistent_hash` policy.
+pub const SESSION_HEADER: &str = "x-session-id";
+
+/// The request id Envoy generates (the bootstrap's `generate_request_id`); extproc reads it for its
+/// summaries and logs and echoes it on the replies it writes itself.
+pub const REQUEST_ID_HEADER: &str = "x-request-id";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn header_names_are_lowercase_as_http2_requires() {
+        // Envoy's header maps hold HTTP/2 (lowercase) names: a capital letter would never match.
+        let headers = [
+            DESTINATION_HEADER,
+            MAX_RETRIES_HEADER,
+            OBJECTIVE_HEADER,
+            SESSION_HEADER,
+            REQUEST_ID_HEADER,
+        ];
+        for name in headers.iter().chain(CLIENT_HEADERS_REMOVED) {
+            assert_eq!(*name, name.to_ascii_lowercase());
+        }
+    }
+}
