@@ -45,6 +45,9 @@ class ConfigError(ValueError):
     """A bad setting; str() is one line naming the source, e.g. "invalid --port 'abc': ..."."""
 
 
+# --- [[models]] tables -------------------------------------------------------------------------------------
+
+
 def _model_parser(key: str) -> Callable[[Any], Any]:
     setting = MODEL_SETTINGS[key]
     parse = setting.model_parse or setting.parse
@@ -110,6 +113,9 @@ def _check_models(models: list[ModelConfig], origin: str) -> None:
                     message = f"engines {first} and {engine.url} both take KV events from {publisher}"
                     raise ConfigError(f"invalid models{origin}: {message}")
                 publishers[publisher] = engine.url
+
+
+# --- one value ----------------------------------------------------------------------------------------------
 
 
 def _show(raw: Any) -> str:
