@@ -65,6 +65,30 @@ async def eventually(condition: Callable[[], bool], within: float = 5.0) -> None
 
 async def test_running_window_queues_the_rest() -> None:
     async with running(SimOptions(max_num_seqs=2, itl_ms=5)) as sim:
+        scheduler, faults = sim.engine.core.scheduler, sim.engine.core.faults
+        # Who enters ("+r0") and leaves ("-r0") the running window, in the scheduler's order: what the
+        # clients see of it arrives over four streams, in whatever order a busy machine delivers.
+        order: list[str] = []
+        window: set[str] = set()
+        widest = 0
+        freeze_pending = True
+
+        def watch() -> None:
+            nonlocal widest, freeze_pending
+            now = {sequence.request_id for sequence in scheduler.running}
+            order.extend([*(f"-{r}" for r in sorted(window - now)), *(f"+{r}" for r in sorted(now - window))])
+            window.clear()
+            window.update(now)
+            widest = max(widest, len(now))
+            if freeze_pending and len(now) == 2:
+                freeze_pending = False
+                faults.set(stall=True)
+
+        # The loads are read from a state that cannot move: the scheduler is held until all four requests
+        # are queued, then frozen again by the step that fills the running window (that step completes:
+        # each of the two gets its first token, and none finishes or is admitted after it).
+        faults.set(stall=True)
+        scheduler.on_change.append(watch)
         prompts = [list(range(1000 + i * 50, 1040 + i * 50)) for i in range(4)]
         streams = [
             asyncio.ensure_future(
@@ -72,17 +96,22 @@ async def test_running_window_queues_the_rest() -> None:
             )
             for i, p in enumerate(prompts)
         ]
-        scheduler = sim.engine.core.scheduler
-        await eventually(lambda: len(scheduler.waiting) == 2)
+        await eventually(lambda: len(scheduler.waiting) == 4)
+        faults.set(stall=False)
+        await eventually(lambda: not freeze_pending and all(s.output_len == 1 for s in scheduler.running))
         loads = (await sim.stub.GetLoads(pb.GetLoadsRequest())).loads[0]
         assert (loads.num_running_reqs, loads.num_waiting_reqs, loads.num_total_reqs) == (2, 2, 4)
         assert loads.num_waiting_uncached_tokens == 80  # two 40-token prompts, nothing cached
         assert loads.token_usage > 0 and loads.num_used_tokens > 0
+        faults.set(stall=False)
         times = await asyncio.gather(*streams)
-        # The queued two start only once a running one has finished.
-        firsts, ends = sorted(t[0] for t in times), sorted(t[-1] for t in times)
-        assert firsts[2] > ends[0] - 0.001
         assert [len(t) for t in times] == [30] * 4
+        # The queued two start only once a running one has finished; never more than two run.
+        entered = [i for i, change in enumerate(order) if change.startswith("+")]
+        left = [i for i, change in enumerate(order) if change.startswith("-")]
+        assert len(entered) == len(left) == 4, order
+        assert entered[2] > left[0], order
+        assert widest == 2
         loads = (await sim.stub.GetLoads(pb.GetLoadsRequest())).loads[0]
         assert (loads.num_running_reqs, loads.num_waiting_reqs, loads.token_usage) == (0, 0, 0)
         assert loads.gen_throughput > 0
