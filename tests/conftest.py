@@ -1,14 +1,17 @@
-"""Shared test helpers: free TCP ports on loopback, a native gateway serving the default model."""
+"""Shared test helpers: free TCP ports on loopback, a native gateway serving the default model, and the
+session's guard against processes its tests leave running."""
 
 from __future__ import annotations
 
 import socket
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from extproc import _native
 from extproc.models import default_model_dir, served_model_name
+from tests import leftover_processes
 
 # The name the default model (the packaged Llama 3 tokenizer and template) is served under.
 DEFAULT_MODEL = served_model_name(default_model_dir())
@@ -57,3 +60,17 @@ class FreePorts:
 @pytest.fixture
 def free_ports() -> FreePorts:
     return FreePorts()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_process_left_running() -> Iterator[None]:
+    """Tests stop what they start. Set up before every other fixture, so torn down after them all: any
+    process the session started that is still alive then is reported as an error of the last test, and
+    killed (it carries this session's mark, so it is ours) rather than left on the machine."""
+    token = leftover_processes.mark_session()
+    yield
+    found = leftover_processes.leftovers(token)
+    leftover_processes.kill(found)
+    assert not found, "processes the tests started were still running (now killed):\n" + "\n".join(
+        map(str, found)
+    )

@@ -4,6 +4,7 @@ as designed when a (fake) ext_proc server steers requests to a (fake) gRPC engin
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import subprocess
 import time
@@ -298,33 +299,41 @@ def envoy_process(tmp_path: Path, free_ports: Any) -> Iterator[eb.EnvoyOptions]:
         admin_port=free_ports.one(),
         extproc_target=f"127.0.0.1:{free_ports.one()}",
     )
-    yield from _run_envoy(tmp_path, opts)
+    with _run_envoy(tmp_path, opts):
+        yield opts
 
 
-def _run_envoy(tmp_path: Path, opts: eb.EnvoyOptions) -> Iterator[eb.EnvoyOptions]:
+@contextlib.contextmanager
+def _run_envoy(tmp_path: Path, opts: eb.EnvoyOptions) -> Iterator[None]:
+    """Envoy on `opts`, ready, until the block ends however it ends (then terminated; killed after 10 s)."""
     path = tmp_path / "envoy.json"
     path.write_text(eb.render_bootstrap(opts))
-    log = open(tmp_path / "envoy.log", "wb")
-    proc = subprocess.Popen(
-        [eb.envoy_binary(), "-c", str(path), "--disable-hot-restart", "--log-level", "warning"],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    deadline = time.monotonic() + 30
-    while True:
+    with open(tmp_path / "envoy.log", "wb") as log:
+        proc = subprocess.Popen(
+            [eb.envoy_binary(), "-c", str(path), "--disable-hot-restart", "--log-level", "warning"],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{opts.admin_port}/ready", timeout=1) as resp:
-                if resp.status == 200:
-                    break
-        except OSError:
-            pass
-        assert proc.poll() is None, (tmp_path / "envoy.log").read_text()
-        assert time.monotonic() < deadline, "Envoy did not become ready"
-        time.sleep(0.1)
-    yield opts
-    proc.terminate()
-    proc.wait(timeout=10)
-    log.close()
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{opts.admin_port}/ready", timeout=1) as r:
+                        if r.status == 200:
+                            break
+                except OSError:
+                    pass
+                assert proc.poll() is None, (tmp_path / "envoy.log").read_text()
+                assert time.monotonic() < deadline, "Envoy did not become ready"
+                time.sleep(0.1)
+            yield
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
 
 
 def _post(
@@ -406,19 +415,17 @@ async def test_known_engines_follow_the_fallback_list(tmp_path: Path, free_ports
     ext_proc.add_insecure_port(opts.extproc_target)
     await engine.start()
     await ext_proc.start()
-    envoy = _run_envoy(tmp_path, opts)
-    next(envoy)
     try:
-        status, _, body = await asyncio.to_thread(_post, opts.listen_port, "/fallback", b"hi")
-        assert (status, body) == (200, b"\x00\x00\x00\x00\x07echo:hi")
-        assert fake.upstreams == [live]
-        # Only the dead engine listed: once the list is spent, the retry goes to another engine of the
-        # cluster (round robin), so `extproc up` uses this mode for a single model only.
-        status, _, body = await asyncio.to_thread(_post, opts.listen_port, "/dead", b"x")
-        assert (status, body) == (200, b"\x00\x00\x00\x00\x06echo:x")
-        assert fake.upstreams == [live, live]
+        with _run_envoy(tmp_path, opts):
+            status, _, body = await asyncio.to_thread(_post, opts.listen_port, "/fallback", b"hi")
+            assert (status, body) == (200, b"\x00\x00\x00\x00\x07echo:hi")
+            assert fake.upstreams == [live]
+            # Only the dead engine listed: once the list is spent, the retry goes to another engine of the
+            # cluster (round robin), so `extproc up` uses this mode for a single model only.
+            status, _, body = await asyncio.to_thread(_post, opts.listen_port, "/dead", b"x")
+            assert (status, body) == (200, b"\x00\x00\x00\x00\x06echo:x")
+            assert fake.upstreams == [live, live]
     finally:
-        envoy.close()
         await ext_proc.stop(0)
         await engine.stop(0)
 
