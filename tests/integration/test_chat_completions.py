@@ -8,7 +8,7 @@ import urllib.request
 
 import openai
 
-from tests.integration.harness import Stack
+from tests.integration.harness import Stack, generate_direct, post_json
 
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Say something."}]
 
@@ -57,8 +57,26 @@ def test_prompt_tokens_match_the_template_and_tokenizer(client: openai.OpenAI, s
     assert r.usage.prompt_tokens == n
 
 
+def prompt_ids(stack: Stack, messages: list[dict[str, str]]) -> list[int]:
+    """The token ids the gateway sends an engine for `messages` (its `/v1/tokenize`)."""
+    conn = post_json(stack.base_url, "/v1/tokenize", {"model": stack.model, "messages": messages})
+    try:
+        response = conn.getresponse()
+        assert response.status == 200
+        return json.load(response)["tokens"]
+    finally:
+        conn.close()
+
+
 def test_streamed_and_non_streamed_answers_agree(client: openai.OpenAI, stack: Stack) -> None:
+    # Whichever engine each request lands on, it meets the same prefix cache: every engine holds the
+    # prompt already (sent straight to it, not through the router).
+    prompt = prompt_ids(stack, MESSAGES)
+    for engine in stack.engines.engines:
+        stack.loop.run(generate_direct(engine, prompt))
     whole = client.chat.completions.create(model=stack.model, messages=MESSAGES, seed=7)
+    assert whole.usage.prompt_tokens == len(prompt)
+    assert whole.usage.prompt_tokens_details.cached_tokens > 0
     chunks = list(
         client.chat.completions.create(
             model=stack.model, messages=MESSAGES, seed=7, stream=True, stream_options={"include_usage": True}
