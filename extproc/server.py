@@ -145,5 +145,6 @@ async def serve(settings: Settings) -> None:
         return
     running = starting.result()
     await stopping
-    log.info("stopping")
-    await running.stop()
+    # Open streams get the grace period; the rest are ended and their engine requests aborted.
+    log.info("stopping", grace_s=settings.shutdown_grace)
+    await running.stop(settings.shutdown_grace)

@@ -124,6 +124,13 @@ def parse_interval(raw: Any) -> float:
     return value
 
 
+def parse_grace(raw: Any) -> float:
+    value = _float(raw)
+    if value is None or not 0 <= value <= 3600:
+        raise BadValue("expected seconds between 0 (no grace) and 3600")
+    return value
+
+
 def parse_bool(raw: Any) -> bool:
     if isinstance(raw, bool):
         return raw

@@ -363,6 +363,28 @@ class Settings:
         "BOOL",
         doc="Envoy writes one access-log line per request to its stdout",
     )
+    shutdown_grace: float = setting(
+        20.0,
+        p.parse_grace,
+        _GATEWAY,
+        "seconds open requests get to finish after SIGTERM before they are cut and their engine requests "
+        "aborted",
+        "SECONDS",
+        doc="on SIGTERM (or Ctrl-C) extproc stops taking requests and gives the open ones this long to "
+        "finish; the rest are then cut and their engine requests aborted. `up` drains Envoy first; see "
+        "[Lifecycle](#lifecycle)",
+    )
+    liveness_interval: float = setting(
+        5.0,
+        p.parse_interval,
+        (UP,),
+        "seconds between liveness probes of extproc (a gRPC call that must be answered within the "
+        "interval); 3 unanswered in a row restart it; 0 for none",
+        "SECONDS",
+        doc="`up` calls extproc's gRPC port this often; a probe unanswered within the interval fails, and "
+        "3 failures in a row get extproc killed and restarted (a hung one is noticed within 4 intervals); "
+        "`0` turns probing off. See [Lifecycle](#lifecycle)",
+    )
 
 
 SETTINGS: tuple[Setting, ...] = tuple(replace(f.metadata[_META], name=f.name) for f in fields(Settings))

@@ -1,9 +1,14 @@
 """`extproc up`: the whole local stack (simulated engines, extproc, Envoy) as supervised child processes.
 
 This module composes the stack: which children run, in which order, with which ports, flags and generated
-configs, and what "ready" means for each. extproc.supervisor runs them: children start one after another,
-each awaited until ready; Ctrl-C or SIGTERM stops them all and exits 0; a child that dies on its own takes
-the stack down with a non-zero exit.
+configs, what "ready" and "alive" mean for each, which restart and how they stop. extproc.supervisor runs
+them: children start one after another, each awaited until ready.
+
+Lifecycle (docs/operating.md, "Lifecycle"): a simulator or extproc that dies is restarted with backoff
+(Envoy answers 503 meanwhile), and extproc is killed and restarted when it stops answering gRPC calls;
+Envoy's death stops the stack with a non-zero exit. SIGTERM or Ctrl-C drains: Envoy stops accepting
+connections, extproc lets open requests finish for the shutdown grace and then cuts the rest (aborting
+their engine requests), then Envoy and the engines stop, and `up` exits 0. A second signal stops at once.
 """
 
 from __future__ import annotations
@@ -13,6 +18,8 @@ import os
 import re
 import socket
 import sys
+import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO
@@ -32,9 +39,13 @@ from extproc.settings import CONFIG_ENV, SETTINGS
 from extproc.supervisor import (
     ChildSpec,
     Interrupted,
+    Liveness,
+    RestartPolicy,
     StackError,
     Supervisor,
     connect_host,
+    exit_text,
+    grpc_answers,
     http_ok,
     stop_on_signals,
     tcp_accepts,
@@ -42,6 +53,14 @@ from extproc.supervisor import (
 )
 
 SIM_HOST = "127.0.0.1"
+SERVER = "server"
+ENVOY = "envoy"
+# extproc and the simulators restart when they die; Envoy has no policy (see envoy_spec).
+RESTART = RestartPolicy(first_delay_s=0.5, max_delay_s=30.0, stable_after_s=30.0)
+LIVENESS_FAILURES = 3
+# After the shutdown grace, extproc needs a moment to cut the streams left (1 s), have their aborts
+# answered (up to 2.5 s) and close its engine pools.
+SERVER_STOP_MARGIN_S = 10.0
 
 
 def ensure_port_free(host: str, port: int, what: str) -> None:
@@ -143,7 +162,7 @@ def _sim_spec(plan: SimPlan, name: str, env: dict[str, str]) -> ChildSpec:
     argv += ["--protocol", model.sim_protocol]
     probes = [tcp_accepts(SIM_HOST, port) for port in plan.ports]
     desc = f"ports {plan.ports[0]}-{plan.ports[-1]} accepting"
-    return ChildSpec(name, argv, lambda: all(p() for p in probes), desc, env)
+    return ChildSpec(name, argv, lambda: all(p() for p in probes), desc, env, restart=RESTART)
 
 
 def _child_name(model: str) -> str:
@@ -164,7 +183,7 @@ def stack_specs(
     for plan in sims:
         specs.append(_sim_spec(plan, "sim" if len(sims) == 1 else _child_name(plan.model.name), env))
 
-    common = ("listen", "max_body_bytes", "log_level", "load_interval", "kv_events")
+    common = ("listen", "max_body_bytes", "log_level", "load_interval", "kv_events", "shutdown_grace")
     if settings.models:
         # Tables have no flag form: the server reads the resolved models from a file of their own.
         models_file = run_dir / "models.toml"
@@ -186,23 +205,64 @@ def stack_specs(
         fields = (*fields, "engine_protocol")
         fields = (*fields, "destination_fallbacks")
         argv = [sys.executable, "-m", "extproc", "serve", *settings_to_flags(single, fields)]
+    specs.append(server_spec(settings, argv, env))
+    specs.append(envoy_spec(settings, served, run_dir, env))
+    return specs, served, sims
+
+
+def server_spec(settings: Settings, argv: list[str], env: dict[str, str]) -> ChildSpec:
+    """extproc serve: ready when its port accepts, alive while it answers gRPC calls, restarted when it
+    dies or hangs; it stops last but one of its own accord (its streams drain through Envoy)."""
     socket_path = envoy_bootstrap.unix_socket_path(settings.listen)
     if socket_path is not None:
         probe, desc = unix_accepts(socket_path), f"{socket_path} accepting"
+        target = f"unix:{socket_path}"
     else:
         host, port = parse_host_port(settings.listen)
         probe, desc = tcp_accepts(host, port), f"{settings.listen} accepting"
-    specs.append(ChildSpec("server", argv, probe, desc, env))
+        target = f"{_url_host(host)}:{port}"
+    liveness = None
+    if settings.liveness_interval > 0:
+        check = f"a gRPC call on {settings.listen}"
+        liveness = Liveness(grpc_answers(target), settings.liveness_interval, check, LIVENESS_FAILURES)
+    stop_timeout = settings.shutdown_grace + SERVER_STOP_MARGIN_S
+    return ChildSpec(SERVER, argv, probe, desc, env, RESTART, liveness, stop_timeout)
 
+
+def envoy_spec(
+    settings: Settings, served: tuple[ServedModel, ...], run_dir: Path, env: dict[str, str]
+) -> ChildSpec:
+    """Envoy, with no restart policy: it holds every client connection, so its death has already cut
+    them all, and while it is down clients get connection refused whatever we do. A crash of Envoy is
+    a bug or a bad configuration, not a fault to ride out; the stack exits non-zero so that whoever
+    runs `up` (systemd, Kubernetes) sees it and restarts the whole stack."""
     bootstrap = run_dir / "envoy.json"
     bootstrap.write_text(envoy_bootstrap.render_bootstrap(envoy_options(settings, known_engines(served)[0])))
     envoy_bootstrap.validate_config(bootstrap)
     argv = [envoy_bootstrap.envoy_binary(), "-c", str(bootstrap), "--log-level", settings.envoy_log_level]
     # No shared-memory hot-restart state, so several stacks (and other Envoys) can run side by side.
     argv += ["--disable-hot-restart"]
-    ready_url = f"http://127.0.0.1:{settings.admin_port}/ready"
-    specs.append(ChildSpec("envoy", argv, http_ok(ready_url), f"GET {ready_url} returning 200", env))
-    return specs, served, sims
+    # Once draining, every connection is told at once to close after its current request.
+    argv += ["--drain-strategy", "immediate"]
+    admin = f"http://127.0.0.1:{settings.admin_port}"
+    ready_url = f"{admin}/ready"
+    return ChildSpec(
+        ENVOY, argv, http_ok(ready_url), f"GET {ready_url} returning 200", env, drain=envoy_drain(admin)
+    )
+
+
+def envoy_drain(admin_url: str) -> Callable[[], None]:
+    """Envoy stops taking new work but keeps serving what is open: failing its health check starts its
+    drain sequence (responses carry `connection: close`, HTTP/2 clients get GOAWAY), and stopping its
+    listeners refuses new connections."""
+
+    def drain() -> None:
+        for path in ("/healthcheck/fail", "/drain_listeners"):
+            request = urllib.request.Request(admin_url + path, method="POST", data=b"")
+            with urllib.request.urlopen(request, timeout=2.0) as resp:
+                resp.read()
+
+    return drain
 
 
 def describe(served: tuple[ServedModel, ...], sims: list[SimPlan]) -> str:
@@ -265,7 +325,7 @@ def _say(out: IO[str], text: str) -> None:
 
 
 def run_stack(settings: Settings, out: IO[str] | None = None, err: IO[str] | None = None) -> int:
-    """Run the stack in the foreground until a signal (exit 0) or a child's death (exit 1)."""
+    """Run the stack in the foreground until a signal (drain, exit 0) or Envoy's death (exit 1)."""
     out = out or sys.stdout
     err = err or sys.stderr
     with stop_on_signals() as stop:
@@ -274,7 +334,13 @@ def run_stack(settings: Settings, out: IO[str] | None = None, err: IO[str] | Non
             check_ports(settings, plan_sims(served_models(settings), settings.sim_port))
             run_dir = run_dir_for(settings)
             specs, served, sims = stack_specs(settings, run_dir)
-            supervisor = Supervisor(run_dir, stop, echo=err)
+            supervisor = Supervisor(
+                run_dir,
+                stop.requested,
+                echo=err,
+                urgent=stop.urgent,
+                startup_timeout_s=settings.startup_timeout,
+            )
             for spec in specs:
                 supervisor.start(spec, settings.startup_timeout)
             url = f"http://{_url_host(settings.host)}:{settings.port}/v1"
@@ -283,10 +349,15 @@ def run_stack(settings: Settings, out: IO[str] | None = None, err: IO[str] | Non
             if dead is not None:
                 _say(
                     err,
-                    f"extproc: {dead.name} exited unexpectedly with code {dead.proc.returncode}; "
+                    f"extproc: {dead.name} {exit_text(dead.proc.returncode)}; "
                     f"stopping the stack (log: {run_dir / dead.name}.log):\n{dead.tail_text()}",
                 )
                 return 1
+            _say(
+                err,
+                f"extproc: draining: open requests get {settings.shutdown_grace:g}s to finish "
+                "(a second Ctrl-C stops at once)",
+            )
             return 0
         except Interrupted:
             return 0
@@ -298,4 +369,6 @@ def run_stack(settings: Settings, out: IO[str] | None = None, err: IO[str] | Non
             return 1
         finally:
             if supervisor is not None:
-                supervisor.stop_all()
+                # extproc first: its open streams finish through Envoy, which still serves them; then
+                # Envoy; the engines last, so that the aborts of cut streams reach them.
+                supervisor.stop_all(order=(SERVER, ENVOY))

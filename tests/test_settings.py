@@ -48,6 +48,8 @@ def samples(model_dir: Path) -> dict[str, tuple[str, Any]]:
         "envoy_log_level": ("DEBUG", "debug"),
         "startup_timeout": ("2.5", 2.5),
         "envoy_access_log": ("true", True),
+        "shutdown_grace": ("0", 0.0),
+        "liveness_interval": ("1.5", 1.5),
     }
 
 

@@ -143,6 +143,14 @@ async def serve(args: argparse.Namespace) -> None:
         await stop.wait()
     finally:
         await cluster.stop()
+        for i, engine in enumerate(cluster.engines):
+            # What each engine saw, for whoever reads the log (the lifecycle tests do).
+            s = engine.stats
+            print(
+                f"engine {i} stopped: {s.generate_requests} Generate calls, {s.completed} completed, "
+                f"{s.aborts} aborted, {s.cancelled} cancelled, {s.abort_calls} Abort calls",
+                flush=True,
+            )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

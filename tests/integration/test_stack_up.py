@@ -3,6 +3,7 @@ stopped; plus the supervisor's failure paths with stand-in children."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -85,10 +86,21 @@ def _get_json(url: str) -> tuple[int, Any]:
 
 @pytest.fixture
 def up_stack(tmp_path: Path, free_ports: Any) -> Iterator[tuple[subprocess.Popen[bytes], int, Path]]:
+    with running_up(tmp_path, free_ports) as running:
+        yield running
+
+
+@contextlib.contextmanager
+def running_up(
+    tmp_path: Path, free_ports: Any, *extra: str
+) -> Iterator[tuple[subprocess.Popen[bytes], int, Path]]:
+    """`extproc up` with two simulated engines (and `extra` flags), serving; killed at the end if still
+    running. Yields the process, the client port and its log."""
     port = free_ports.one()
     argv = [sys.executable, "-m", "extproc", "up", "--port", str(port)]
     argv += ["--admin-port", str(free_ports.one()), "--listen", f"127.0.0.1:{free_ports.one()}"]
     argv += ["--sim", "2", "--sim-port", str(free_ports.block(2)), "--startup-timeout", str(START_TIMEOUT_S)]
+    argv += extra
     env = {k: v for k, v in os.environ.items() if not k.startswith("EXTPROC_")}
     env["EXTPROC_CACHE_DIR"] = str(tmp_path / "cache")
     log = tmp_path / "up.log"
