@@ -2,6 +2,48 @@
 
 from os import PathLike
 
+# Header and metadata names shared with Envoy's configuration (native/core/src/contracts.rs).
+DESTINATION_HEADER: str
+LB_METADATA_NAMESPACE: str
+SERVED_ENDPOINT_KEY: str
+SUBSET_HINT_NAMESPACE: str
+SUBSET_HINT_KEY: str
+UPSTREAM_ADDRESS_ATTRIBUTE: str
+MAX_RETRIES_HEADER: str
+CLIENT_HEADERS_REMOVED: tuple[str, ...]
+OBJECTIVE_HEADER: str
+SESSION_HEADER: str
+REQUEST_ID_HEADER: str
+# The routing policy registry's names, the default first (native/core/src/routing/policy/registry.rs).
+ROUTING_POLICIES: tuple[str, ...]
+DEFAULT_ROUTING_POLICY: str
+
+class EngineLoad:
+    """An engine's own load report: one data-parallel rank's, or summed over its ranks."""
+
+    def __init__(
+        self,
+        *,
+        running: int,
+        waiting: int,
+        kv_usage: float,
+        max_running: int,
+        waiting_uncached_tokens: int = 0,
+    ) -> None: ...
+    @property
+    def running(self) -> int: ...
+    @property
+    def waiting(self) -> int: ...
+    @property
+    def kv_usage(self) -> float:
+        """KV-cache usage in [0, 1] (clamped on construction; NaN reads 0)."""
+    @property
+    def max_running(self) -> int:
+        """The engine's admission window; 0 when unknown."""
+    @property
+    def waiting_uncached_tokens(self) -> int:
+        """Prompt tokens of waiting requests not served from the prefix cache (queued prefill work)."""
+
 class Gateway:
     """Served models and their endpoints, shared by every request stream."""
 
@@ -24,16 +66,7 @@ class Gateway:
     ) -> None: ...
     def set_health(self, name: str, address: str, healthy: bool) -> bool: ...
     def report_load(
-        self,
-        name: str,
-        address: str,
-        running: int,
-        waiting: int,
-        kv_usage: float,
-        max_running: int,
-        waiting_uncached_tokens: int = 0,
-        *,
-        dp_rank: int | None = None,
+        self, name: str, address: str, load: EngineLoad, *, dp_rank: int | None = None
     ) -> bool: ...
     def endpoint_protocols(self, name: str) -> list[tuple[str, str]]: ...
     def endpoints(self, name: str) -> list[str]: ...

@@ -19,6 +19,9 @@ from smg_grpc_proto.generated import sglang_scheduler_pb2_grpc as sglang_grpc
 from smg_grpc_proto.generated import vllm_engine_pb2 as vllm_pb
 from smg_grpc_proto.generated import vllm_engine_pb2_grpc as vllm_grpc
 
+# The router's load type: what a GetLoads reply becomes here is what the router takes, field for field.
+from extproc._native import EngineLoad
+
 Protocol = Literal["vllm", "sglang"]
 PROTOCOLS: tuple[Protocol, ...] = ("vllm", "sglang")
 SERVICES: dict[Protocol, str] = {
@@ -79,20 +82,6 @@ class ModelFacts:
     dp_size: int = 1
 
 
-@dataclass(frozen=True)
-class EngineLoad:
-    """An engine's own load report: one data-parallel rank's, or summed over its ranks."""
-
-    running: int
-    waiting: int
-    # KV-cache usage in [0, 1].
-    kv_usage: float
-    # How many requests the engine runs at once (its admission window); 0 when unknown.
-    max_running: int
-    # Prompt tokens of waiting requests not served from the prefix cache: the prefill work queued.
-    waiting_uncached_tokens: int = 0
-
-
 def _pb(protocol: Protocol) -> Any:
     return vllm_pb if protocol == "vllm" else sglang_pb
 
@@ -148,7 +137,7 @@ def load_from_reply(reply: Any) -> EngineLoad:
     if not ranks:
         aggregate = getattr(reply, "aggregate", None)
         if aggregate is None or not reply.HasField("aggregate"):
-            return EngineLoad(0, 0, 0.0, 0)
+            return EngineLoad(running=0, waiting=0, kv_usage=0.0, max_running=0)
         return EngineLoad(
             running=max(aggregate.total_running_reqs, 0),
             waiting=max(aggregate.total_waiting_reqs, 0),

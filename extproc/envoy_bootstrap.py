@@ -24,14 +24,17 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+# The header and metadata names extproc reads and writes, declared once in native/core/src/contracts.rs.
+from extproc.contracts import (
+    CLIENT_HEADERS_REMOVED,
+    DESTINATION_HEADER,
+    LB_METADATA_NAMESPACE,
+    SERVED_ENDPOINT_KEY,
+    SUBSET_HINT_NAMESPACE,
+    UPSTREAM_ADDRESS_ATTRIBUTE,
+)
 from extproc.setting_parsers import MiB, parse_host_port
 
-DESTINATION_HEADER = "x-gateway-destination-endpoint"
-LB_METADATA_NAMESPACE = "envoy.lb"
-# Where Envoy's override_host policy records the engine that served (the endpoint-picker protocol's name).
-SERVED_ENDPOINT_KEY = "x-gateway-destination-endpoint-served"
-# Where a filter before extproc may restrict the engines extproc picks from.
-SUBSET_HINT_NAMESPACE = "envoy.lb.subset_hint"
 EXTPROC_CLUSTER = "extproc"
 ENGINES_CLUSTER = "engines"
 NO_ENGINE_BODY = {
@@ -280,18 +283,9 @@ def _ext_proc_filter() -> dict[str, Any]:
                 "forwarding_namespaces": {"untyped": [SUBSET_HINT_NAMESPACE]},
             },
             # Which engine actually answered (after a fallback): Abort and accounting follow it.
-            "response_attributes": ["upstream.address"],
+            "response_attributes": [UPSTREAM_ADDRESS_ATTRIBUTE],
         },
     }
-
-
-# Request headers a client could steer engines or Envoy's retries with.
-CLIENT_HEADERS_REMOVED = (
-    DESTINATION_HEADER,
-    "x-envoy-max-retries",
-    "x-envoy-retry-on",
-    "x-envoy-retry-grpc-on",
-)
 
 
 def _strip_client_routing_headers() -> dict[str, Any]:
@@ -301,6 +295,7 @@ def _strip_client_routing_headers() -> dict[str, Any]:
         "name": name,
         "typed_config": {
             "@type": _TYPE + "envoy.extensions.http.early_header_mutation.header_mutation.v3.HeaderMutation",
+            # The request headers a client could steer engines or Envoy's retries with.
             "mutations": [{"remove": header} for header in CLIENT_HEADERS_REMOVED],
         },
     }

@@ -290,18 +290,7 @@ class EnginePool:
             self._report_load(engine, load, rank)
 
     def _report_load(self, engine: Engine, load: EngineLoad, rank: int | None) -> None:
-        # Without a rank the call is the one it always was (one-rank engines, stubs of older gateways).
-        kwargs = {} if rank is None else {"dp_rank": rank}
-        self.gateway.report_load(
-            self.model,
-            engine.address,
-            load.running,
-            load.waiting,
-            load.kv_usage,
-            load.max_running,
-            waiting_uncached_tokens=load.waiting_uncached_tokens,
-            **kwargs,
-        )
+        self.gateway.report_load(self.model, engine.address, load, dp_rank=rank)
 
     async def close(self) -> None:
         for task in self._tasks:

@@ -16,20 +16,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from extproc import contracts
+
 MiB = 1024 * 1024
 
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 ENVOY_LOG_LEVELS = ("trace", "debug", "info", "warning", "error", "critical", "off")
-ROUTING_POLICIES = (
-    "kv_events",
-    "prefix_cache",
-    "weighted",
-    "round_robin",
-    "random",
-    "least_load",
-    "power_of_two",
-    "consistent_hash",
-)
+# The router's registry (native/core/src/routing/policy/registry.rs) is the one list of policies.
+ROUTING_POLICIES = contracts.ROUTING_POLICIES
+DEFAULT_ROUTING_POLICY = contracts.DEFAULT_ROUTING_POLICY
 ENGINE_PROTOCOLS = ("auto", "vllm", "sglang")
 # Where an engine's KV events come from: SubscribeKvEvents on its gRPC address, nowhere, or (per engine
 # only) vLLM's ZMQ publisher, `zmq://host:port[?replay=PORT&topic=T]`.

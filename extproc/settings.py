@@ -218,7 +218,7 @@ class Settings:
         "per-connection buffers",
     )
     routing_policy: str = setting(
-        "kv_events",
+        p.DEFAULT_ROUTING_POLICY,
         p.choice(p.ROUTING_POLICIES),
         _GATEWAY,
         f"engine picking policy: {', '.join(p.ROUTING_POLICIES)}",

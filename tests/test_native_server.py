@@ -16,7 +16,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
 from smg_grpc_proto.generated import vllm_engine_pb2 as vllm
 
-from extproc import _native, server
+from extproc import _native, contracts, server
 from extproc.config import Settings
 from extproc.models import default_model_dir
 from extproc.simulator import SimCluster, SimOptions, start_engines
@@ -105,7 +105,7 @@ class Envoy:
             chunk = (await self.reply()).request_body.response.body_mutation.streamed_response
             body += chunk.body
             if chunk.end_of_stream:
-                return mutation["x-gateway-destination-endpoint"], body
+                return mutation[contracts.DESTINATION_HEADER], body
 
 
 def channel_for(address: str) -> grpc.aio.Channel:
@@ -128,7 +128,7 @@ async def test_models_are_listed_at_once(native: _native.ExtProcServer) -> None:
     assert native.address is not None
     async with channel_for(native.address) as channel:
         envoy = Envoy(channel)
-        objective = {"x-gateway-inference-objective": "batch"}
+        objective = {contracts.OBJECTIVE_HEADER: "batch"}
         request = headers(**{":method": "GET", ":path": "/v1/models", "x-request-id": "m-1"}, **objective)
         request.end_of_stream = True
         await envoy.send(request_headers=request)

@@ -21,6 +21,28 @@ def stub_api() -> dict[str, set[str]]:
     return api
 
 
+def stub_constants() -> dict[str, str]:
+    """Module-level `NAME: type` declarations of the stub: name -> the annotation's source."""
+    tree = ast.parse(STUB.read_text())
+    return {
+        node.target.id: ast.unparse(node.annotation)
+        for node in tree.body
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
+    }
+
+
+def test_stub_declares_exactly_the_constants_of_the_extension_with_their_types() -> None:
+    values = {n: v for n, v in vars(_native).items() if not n.startswith("_") and not isinstance(v, type)}
+    declared = stub_constants()
+    assert set(values) == set(declared)
+    for name, value in values.items():
+        if declared[name] == "str":
+            assert isinstance(value, str) and value, name
+        else:
+            assert declared[name] == "tuple[str, ...]", name
+            assert isinstance(value, tuple) and value and all(isinstance(v, str) for v in value), name
+
+
 def test_stub_lists_exactly_the_public_api_of_the_extension() -> None:
     for name, methods in stub_api().items():
         cls = getattr(_native, name)

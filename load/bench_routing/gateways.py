@@ -15,19 +15,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from extproc.contracts import ROUTING_POLICIES
 from load.bench import gateways as bench_gateways
 from load.bench.procs import StartError, free_port, spawn
 
-POLICIES = (
-    "kv_events",
-    "prefix_cache",
-    "weighted",
-    "round_robin",
-    "least_load",
-    "consistent_hash",
-    "power_of_two",
-    "random",
-)
+# Every policy of ours: the router's registry.
+POLICIES = ROUTING_POLICIES
 SMG_POLICY = "cache_aware"
 
 

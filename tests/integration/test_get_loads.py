@@ -29,17 +29,16 @@ class RecordingGateway:
         self.reports: dict[str, tuple[int, int, float, int, int]] = {}
 
     def report_load(
-        self,
-        name: str,
-        address: str,
-        running: int,
-        waiting: int,
-        kv: float,
-        window: int,
-        waiting_uncached_tokens: int = 0,
+        self, name: str, address: str, load: _native.EngineLoad, *, dp_rank: int | None = None
     ) -> bool:
-        self.reports[address] = (running, waiting, kv, window, waiting_uncached_tokens)
-        return self._gateway.report_load(name, address, running, waiting, kv, window, waiting_uncached_tokens)
+        self.reports[address] = (
+            load.running,
+            load.waiting,
+            load.kv_usage,
+            load.max_running,
+            load.waiting_uncached_tokens,
+        )
+        return self._gateway.report_load(name, address, load, dp_rank=dp_rank)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._gateway, name)

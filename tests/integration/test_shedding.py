@@ -14,13 +14,14 @@ from pathlib import Path
 
 import pytest
 
+from extproc import contracts
 from extproc.simulator import SimOptions
 from tests.conftest import FreePorts
 from tests.integration.harness import Stack, local_stack, post_json, wait_for
 
 # GetLoads polls: the router learns that the engine runs the first request (so it is not queued).
 LOAD_INTERVAL_S = 0.05
-OBJECTIVE = "x-gateway-inference-objective"
+OBJECTIVE = contracts.OBJECTIVE_HEADER
 
 
 @pytest.fixture

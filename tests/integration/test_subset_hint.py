@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from openai import APIStatusError
 
+from extproc import contracts
 from tests.conftest import FreePorts
 from tests.integration.harness import Stack, local_stack
 
@@ -23,8 +24,8 @@ def _hint(addresses: list[str]) -> dict[str, Any]:
             "@type": TYPE + "envoy.extensions.filters.http.set_metadata.v3.Config",
             "metadata": [
                 {
-                    "metadata_namespace": "envoy.lb.subset_hint",
-                    "value": {"x-gateway-destination-endpoint-subset": addresses},
+                    "metadata_namespace": contracts.SUBSET_HINT_NAMESPACE,
+                    "value": {contracts.SUBSET_HINT_KEY: addresses},
                 }
             ],
         },

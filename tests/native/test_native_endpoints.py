@@ -64,9 +64,10 @@ def test_quadruples_give_a_data_parallel_engine_one_endpoint_per_rank(gateway: _
     assert sorted(gateway.endpoints(MODEL)) == ["10.0.0.2:9000", "10.0.0.3:9000"]
     assert gateway.set_health(MODEL, "10.0.0.1:9000", True)
     # Loads go to one rank; a rank the engine lacks is unknown.
-    assert gateway.report_load(MODEL, "10.0.0.1:9000", 1, 0, 0.5, 8, dp_rank=2)
-    assert not gateway.report_load(MODEL, "10.0.0.1:9000", 1, 0, 0.5, 8, dp_rank=3)
-    assert gateway.report_load(MODEL, "10.0.0.2:9000", 1, 0, 0.5, 8)
+    load = _native.EngineLoad(running=1, waiting=0, kv_usage=0.5, max_running=8)
+    assert gateway.report_load(MODEL, "10.0.0.1:9000", load, dp_rank=2)
+    assert not gateway.report_load(MODEL, "10.0.0.1:9000", load, dp_rank=3)
+    assert gateway.report_load(MODEL, "10.0.0.2:9000", load)
     assert gateway.reset_kv_events(MODEL, "10.0.0.1:9000")
     # Back to one rank: the address alone again.
     gateway.set_endpoints(MODEL, [("10.0.0.1:9000", 16, "vllm", 1)])

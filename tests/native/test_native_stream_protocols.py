@@ -11,12 +11,13 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from smg_grpc_proto.generated import sglang_scheduler_pb2 as sglang
 from smg_grpc_proto.generated import vllm_engine_pb2 as vllm
 
-from extproc import _native
+from extproc import _native, contracts
 from tests.conftest import DEFAULT_MODEL, default_gateway
 
 MODEL = DEFAULT_MODEL
 ENGINE = "127.0.0.1:9"
-DESTINATION = "x-gateway-destination-endpoint"
+DESTINATION = contracts.DESTINATION_HEADER
+LB_NAMESPACE = contracts.LB_METADATA_NAMESPACE
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +95,7 @@ def test_a_data_parallel_engine_gets_the_rank_and_envoy_the_address(
         destination = next(o.header.raw_value.decode() for o in headers if o.header.key == DESTINATION)
         assert destination == ENGINE
         assert (
-            replies[0].dynamic_metadata.fields["envoy.lb"].struct_value.fields[DESTINATION].string_value
+            replies[0].dynamic_metadata.fields[LB_NAMESPACE].struct_value.fields[DESTINATION].string_value
             == ENGINE
         )
         summary = stream.summary()

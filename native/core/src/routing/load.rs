@@ -3,8 +3,9 @@
 
 use crate::pb::kv_events as pb;
 
-/// What an engine reports about itself, from a `GetLoads` poll or an `EngineLoad` record on its
-/// KV-event stream.
+/// What an engine reports about itself, from a `GetLoads` poll (built in Python, handed over as the
+/// binding's `EngineLoad`) or an `EngineLoad` record on its KV-event stream (`From<&pb::EngineLoad>`).
+/// The one load type the router takes, whichever way the report came.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct EngineLoad {
     pub running: u32,
@@ -18,14 +19,25 @@ pub struct EngineLoad {
     pub waiting_uncached_tokens: u32,
 }
 
+impl EngineLoad {
+    /// A reported KV-cache usage as a fraction: clamped to [0, 1], NaN read as 0.
+    pub fn usage_fraction(reported: f64) -> f64 {
+        if reported.is_nan() {
+            0.0
+        } else {
+            reported.clamp(0.0, 1.0)
+        }
+    }
+}
+
 impl From<&pb::EngineLoad> for EngineLoad {
     fn from(l: &pb::EngineLoad) -> Self {
         EngineLoad {
             running: l.running_requests,
             waiting: l.waiting_requests,
-            kv_usage: l.token_usage.clamp(0.0, 1.0),
+            kv_usage: EngineLoad::usage_fraction(l.token_usage),
             max_running: l.max_running_requests,
-            waiting_uncached_tokens: 0,
+            waiting_uncached_tokens: l.waiting_uncached_tokens.unwrap_or(0),
         }
     }
 }
@@ -91,5 +103,30 @@ mod tests {
             ..l
         };
         assert_eq!((busy_elsewhere.requests(), busy_elsewhere.queue()), (12, 4));
+    }
+
+    #[test]
+    fn a_kv_event_load_record_keeps_every_field_the_router_reads() {
+        let record = pb::EngineLoad {
+            running_requests: 3,
+            waiting_requests: 2,
+            waiting_uncached_tokens: Some(640),
+            token_usage: 1.5,
+            max_running_requests: 8,
+            ..Default::default()
+        };
+        let expected = EngineLoad {
+            running: 3,
+            waiting: 2,
+            kv_usage: 1.0,
+            max_running: 8,
+            waiting_uncached_tokens: 640,
+        };
+        assert_eq!(EngineLoad::from(&record), expected);
+        let odd = pb::EngineLoad {
+            token_usage: f64::NAN,
+            ..Default::default()
+        };
+        assert_eq!(EngineLoad::from(&odd), EngineLoad::default());
     }
 }

@@ -1,6 +1,8 @@
 //! PyO3 glue: the only place that knows about Python. Every call copies its inputs into owned Rust
 //! values and releases the GIL while the work runs.
 
+mod contracts;
+mod load;
 mod server;
 mod tokenizer;
 
@@ -14,8 +16,10 @@ use pyo3::types::{PyBytes, PyDict, PyList};
 use extproc_core::engine::Protocol;
 use extproc_core::error::ApiError;
 use extproc_core::gateway::{Gateway, Limits, ServedModel};
-use extproc_core::routing::{EngineLoad, RouterConfig};
+use extproc_core::routing::policy::registry::DEFAULT_POLICY;
+use extproc_core::routing::RouterConfig;
 use extproc_core::stream::{RequestStream, Summary};
+use load::PyEngineLoad;
 
 /// Served models and their endpoints, shared by every request stream.
 #[pyclass(name = "Gateway", module = "extproc._native", frozen)]
@@ -47,7 +51,7 @@ impl PyGateway {
 
     /// Load `model_dir` (tokenizer, chat template) and serve it as `name`, its engines picked by
     /// `policy` with `routing_config` (JSON object of `RouterConfig` fields; docs/routing.md).
-    #[pyo3(signature = (name, model_dir, *, max_context = None, policy = "kv_events", routing_config = None))]
+    #[pyo3(signature = (name, model_dir, *, max_context = None, policy = DEFAULT_POLICY, routing_config = None))]
     fn add_model(
         &self,
         py: Python<'_>,
@@ -90,32 +94,18 @@ impl PyGateway {
         Ok(self.model(name)?.router.set_health(address, healthy))
     }
 
-    /// The engine's own load report (a `GetLoads` poll): running and waiting requests, KV-cache usage in
-    /// [0, 1], its admission window (0 when unknown) and the uncached prompt tokens of its waiting
-    /// requests (queued prefill work; 0 when not reported). `dp_rank`: the data-parallel rank the report
+    /// The engine's own load report (a `GetLoads` poll). `dp_rank`: the data-parallel rank the report
     /// is for, on an engine of several (`None`: the engine of one rank, or rank 0). False for an unknown
     /// address or rank.
-    #[pyo3(signature = (name, address, running, waiting, kv_usage, max_running, waiting_uncached_tokens = 0, *, dp_rank = None))]
-    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (name, address, load, *, dp_rank = None))]
     fn report_load(
         &self,
         name: &str,
         address: &str,
-        running: u32,
-        waiting: u32,
-        kv_usage: f64,
-        max_running: u32,
-        waiting_uncached_tokens: u32,
+        load: PyRef<'_, PyEngineLoad>,
         dp_rank: Option<u32>,
     ) -> PyResult<bool> {
-        let load = EngineLoad {
-            running,
-            waiting,
-            kv_usage: kv_usage.clamp(0.0, 1.0),
-            max_running,
-            waiting_uncached_tokens,
-        };
-        Ok(self.model(name)?.router.set_engine_load(address, dp_rank, &load))
+        Ok(self.model(name)?.router.set_engine_load(address, dp_rank, &load.inner))
     }
 
     /// Every engine address of `name` and the protocol it speaks ("vllm" or "sglang").
@@ -309,6 +299,8 @@ pub(crate) fn summary_dict(py: Python<'_>, s: Summary) -> PyResult<Bound<'_, PyD
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyGateway>()?;
     m.add_class::<PyStream>()?;
+    load::register(m)?;
+    contracts::register(m)?;
     tokenizer::register(m)?;
     server::register(m)?;
     Ok(())

@@ -18,15 +18,20 @@ use crate::routing::error::RoutingError;
 type PolicyCtor = fn(&RouterConfig) -> Result<Box<dyn Policy>, RoutingError>;
 type ScorerCtor = fn() -> Box<dyn Scorer>;
 
+/// The policy a model gets unless its settings name another (Python's settings default to it too).
+pub const DEFAULT_POLICY: &str = "kv_events";
+
+/// Every policy by the name settings use, the default first, then the cache-affine ones, then the rest;
+/// Python's settings offer exactly these (exported through the binding), in this order.
 const POLICIES: &[(&str, PolicyCtor)] = &[
+    (DEFAULT_POLICY, |cfg| Ok(Box::new(KvEvents::new(cfg)))),
+    ("prefix_cache", |cfg| Ok(Box::new(PrefixCache::new(cfg)))),
+    ("weighted", weighted),
     ("round_robin", |_| Ok(Box::new(RoundRobin::default()))),
     ("random", |_| Ok(Box::new(Random))),
     ("least_load", |_| Ok(Box::new(LeastLoad))),
     ("power_of_two", |_| Ok(Box::new(PowerOfTwo))),
     ("consistent_hash", |_| Ok(Box::new(ConsistentHash))),
-    ("prefix_cache", |cfg| Ok(Box::new(PrefixCache::new(cfg)))),
-    ("kv_events", |cfg| Ok(Box::new(KvEvents::new(cfg)))),
-    ("weighted", weighted),
 ];
 
 const SCORERS: &[(&str, ScorerCtor)] = &[
@@ -104,6 +109,10 @@ mod tests {
         for name in policy_names() {
             assert!(policy(name, &RouterConfig::default()).is_ok(), "{name}");
         }
+        let mut unique = policy_names();
+        unique.sort_unstable();
+        unique.dedup();
+        assert_eq!(unique.len(), POLICIES.len(), "a policy name is registered twice");
         assert!(matches!(
             policy("cache_aware", &RouterConfig::default()),
             Err(RoutingError::UnknownPolicy { .. })

@@ -1,0 +1,35 @@
+//! Module attributes of `extproc._native` that Python must agree on with the core: the header and
+//! metadata names of `extproc_core::contracts` (the Envoy bootstrap configures Envoy with them) and the
+//! routing registry's policy names and default (the settings offer exactly these).
+
+use pyo3::prelude::*;
+use pyo3::types::PyTuple;
+
+use extproc_core::contracts;
+use extproc_core::routing::policy::registry;
+
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    let names = [
+        ("DESTINATION_HEADER", contracts::DESTINATION_HEADER),
+        ("LB_METADATA_NAMESPACE", contracts::LB_METADATA_NAMESPACE),
+        ("SERVED_ENDPOINT_KEY", contracts::SERVED_ENDPOINT_KEY),
+        ("SUBSET_HINT_NAMESPACE", contracts::SUBSET_HINT_NAMESPACE),
+        ("SUBSET_HINT_KEY", contracts::SUBSET_HINT_KEY),
+        ("UPSTREAM_ADDRESS_ATTRIBUTE", contracts::UPSTREAM_ADDRESS_ATTRIBUTE),
+        ("MAX_RETRIES_HEADER", contracts::MAX_RETRIES_HEADER),
+        ("OBJECTIVE_HEADER", contracts::OBJECTIVE_HEADER),
+        ("SESSION_HEADER", contracts::SESSION_HEADER),
+        ("REQUEST_ID_HEADER", contracts::REQUEST_ID_HEADER),
+        ("DEFAULT_ROUTING_POLICY", registry::DEFAULT_POLICY),
+    ];
+    for (name, value) in names {
+        m.add(name, value)?;
+    }
+    let py = m.py();
+    m.add(
+        "CLIENT_HEADERS_REMOVED",
+        PyTuple::new(py, contracts::CLIENT_HEADERS_REMOVED)?,
+    )?;
+    m.add("ROUTING_POLICIES", PyTuple::new(py, registry::policy_names())?)?;
+    Ok(())
+}
