@@ -1,17 +1,20 @@
-"""Shared test helpers: free TCP ports on loopback, a native gateway serving the default model, and the
-session's guard against processes its tests leave running."""
+"""Shared test helpers: free TCP ports on loopback, a native gateway serving the default model, the one
+real vLLM engine of the session, and the session's guard against processes its tests leave running."""
 
 from __future__ import annotations
 
 import socket
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from extproc import _native
 from extproc.models import default_model_dir, served_model_name
 from tests import leftover_processes
+
+if TYPE_CHECKING:
+    from load.vllm_engine import VllmProcess
 
 # The name the default model (the packaged Llama 3 tokenizer and template) is served under.
 DEFAULT_MODEL = served_model_name(default_model_dir())
@@ -60,6 +63,17 @@ class FreePorts:
 @pytest.fixture
 def free_ports() -> FreePorts:
     return FreePorts()
+
+
+@pytest.fixture(scope="session")
+def real_vllm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmProcess]:
+    """The real vLLM CPU engine serving load.vllm_engine's tiny Llama, started by the first test that asks
+    for it and stopped at the end of the session: it takes 30-100 s to come up, so the contract, conformance
+    and ZMQ suites share this one. Its prefix cache is shared too: each test uses prompts of its own."""
+    from load.vllm_engine import start_vllm
+
+    with start_vllm(log_path=tmp_path_factory.mktemp("vllm") / "vllm.log") as engine:
+        yield engine
 
 
 @pytest.fixture(scope="session", autouse=True)

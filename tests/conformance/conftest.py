@@ -3,8 +3,8 @@
 - `gateway` (session scope, parametrized over the engine protocol, "vllm" then "sglang"): one simulated
   engine behind extproc and a real Envoy; pytest runs every test of one protocol before starting the
   other's stack, so each starts once per session.
-- `vllm_gateway` (module scope): extproc and Envoy in front of the real vLLM CPU engine of the contract
-  suite; its tests are marked `real_engine`.
+- `vllm_gateway` (module scope): extproc and Envoy in front of the session's real vLLM CPU engine
+  (`real_vllm`, shared with the contract suite); its tests are marked `real_engine`.
 - `api` ("chat", "completions") and `stream` (False, True) parametrize the tests that take them.
 """
 
@@ -14,6 +14,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from load.vllm_engine import VllmProcess
 from tests.conformance.stacks import (
     MODEL_NAME,
     PROTOCOLS,
@@ -54,15 +55,12 @@ def gateway(
 
 
 @pytest.fixture(scope="module")
-def vllm_gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
-    """The real vLLM CPU engine (the contract suite's tiny Llama), stopped when the module is done."""
-    from load.vllm_engine import start_vllm
-    from load.vllm_engine.tiny_model import ensure_tiny_model
-
-    model_dir = ensure_tiny_model()
-    with start_vllm(model_dir=model_dir) as engine:
-        with gateway_in_front_of([engine.address], model_dir, tmp_path_factory.mktemp("vllm-gw")) as gw:
-            yield gw
+def vllm_gateway(real_vllm: VllmProcess, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+    """The gateway in front of the real vLLM CPU engine (the tiny Llama), stopped when the module is done
+    (the engine stays for the session)."""
+    tmp = tmp_path_factory.mktemp("vllm-gw")
+    with gateway_in_front_of([real_vllm.address], real_vllm.model_dir, tmp) as gw:
+        yield gw
 
 
 @pytest.fixture(params=["chat", "completions"])

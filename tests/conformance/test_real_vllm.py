@@ -4,7 +4,8 @@ effects that are deterministic on a real model. Its tokens are noise, so effects
 them: greedy decoding repeats one token, a +100 logit bias makes a token the only choice, a seed fixes a
 sample.
 
-The engine starts once for this module (30-100 s); `pytest -m "not real_engine"` leaves it out.
+The engine starts once per session (30-100 s; `real_vllm`, shared with the contract suite); `pytest -m
+"not real_engine"` leaves it out.
 """
 
 from __future__ import annotations

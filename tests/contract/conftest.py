@@ -2,9 +2,9 @@
 
 Both serve the same tiny random-weight Llama folder (built once and cached by `load.vllm_engine`), and
 the simulator is configured as vLLM's CPU backend runs (128-token blocks, 128 sequences, a 1M-token
-cache), so the suite asserts one behaviour for both. Each engine starts once per session: the real one
-takes ~30-100 s to come up. Tests make their prompts unique (`Prompts`) because the engines keep their
-caches for the whole session.
+cache), so the suite asserts one behaviour for both. Each engine starts once per session (the real one is
+the session's `real_vllm`, shared with other suites). Tests make their prompts unique (`Prompts`) because
+the engines keep their caches for the whole session.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from extproc.simulator import SimCluster, SimOptions, start_engines
-from load.vllm_engine import start_vllm
+from load.vllm_engine import VllmProcess
 from load.vllm_engine.tiny_model import MAX_MODEL_LEN, ensure_tiny_model
 
 # vLLM's CPU backend: 128-token blocks, 128 running sequences; VLLM_CPU_KVCACHE_SPACE=1 GiB holds 1M
@@ -67,9 +67,8 @@ def sim_engine(tiny_model: Path) -> Iterator[Engine]:
 
 
 @pytest.fixture(scope="session")
-def vllm_engine(tiny_model: Path) -> Iterator[Engine]:
-    with start_vllm(model_dir=tiny_model) as process:
-        yield Engine("vllm", process.address, tiny_model)
+def vllm_engine(real_vllm: VllmProcess) -> Engine:
+    return Engine("vllm", real_vllm.address, real_vllm.model_dir)
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -33,8 +33,7 @@ from extproc.simulator import SimCluster, SimOptions, start_engines
 from extproc.simulator.cluster import SimEngine
 from extproc.simulator.kv_cache import Cleared, Stored
 from extproc.simulator.zmq_publisher import encode_batch
-from load.vllm_engine import start_vllm
-from load.vllm_engine.tiny_model import ensure_tiny_model
+from load.vllm_engine import VllmProcess
 from tests.conftest import DEFAULT_MODEL, default_gateway
 from tests.integration.harness import generate_direct
 
@@ -334,17 +333,20 @@ async def test_restarts_unreadable_batches_and_lost_publishers(tmp_path: Path) -
 
 
 @pytest.mark.real_engine
-async def test_a_real_vllm_engine_feeds_the_router_over_zmq(tmp_path: Path) -> None:
+async def test_a_real_vllm_engine_feeds_the_router_over_zmq(real_vllm: VllmProcess) -> None:
     """vLLM's own publisher (the launcher's `--kv-events-config`: ipc://, topic "kv-events", no replay
     socket): its stores and its Cleared after FlushCache steer picks; its 128-token block size is learned
-    from the events."""
-    model_dir = ensure_tiny_model()
-    engine = await asyncio.to_thread(start_vllm, model_dir=model_dir, log_path=tmp_path / "vllm.log")
+    from the events. The engine is the session's: a prompt it cached already would publish no store, so
+    this test's prompt is its own."""
+    engine = real_vllm
+    model_dir = engine.model_dir
     gateway = _native.Gateway(max_body_bytes=1 << 20)
     gateway.add_model("tiny", str(model_dir), policy="kv_events", routing_config='{"seed": 7}')
     other = "10.0.0.2:50051"
     gateway.set_endpoints("tiny", [(engine.address, 0), (other, 128)])
-    prompt = [128000, *range(5000, 5299)]  # 300 tokens: two full 128-token blocks
+    # 300 tokens (two full 128-token blocks) starting with ids no other test's prompt starts with (the
+    # contract suite's `Prompts` start below 91_000, the chat template with a header token).
+    prompt = [128000, *range(100_000, 100_299)]
     # The other engine holds the prompt's first block: vLLM wins the pick only with what its events told.
     assert gateway.apply_zmq_kv_events("tiny", other, 0, stored_batch(prompt[:128], 128)) == "applied"
     subs = ZmqKvEventSubscriptions(
@@ -378,4 +380,3 @@ async def test_a_real_vllm_engine_feeds_the_router_over_zmq(tmp_path: Path) -> N
         assert pick(gateway, prompt, "tiny") == other
     finally:
         await subs.close()
-        await asyncio.to_thread(engine.stop)
