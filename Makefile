@@ -51,7 +51,7 @@ test: test-rust test-python ## all tests: cargo test, then pytest
 test-rust: ## Rust unit tests of the core crate (native/core; no Python needed)
 	$(CARGO) test --release $(MANIFEST) -p extproc-core
 
-vllm-engine: $(RUNTIME_STAMP) ## build the cached real vLLM engine (.cache/vllm-venv + tiny model) the contract suite runs
+vllm-engine: $(RUNTIME_STAMP) ## build the real vLLM engine the tests run (its venv + tiny model, cached in ~/.cache/extproc/vllm)
 	$(BIN)/python -m load.vllm_engine prepare
 
 test-python: $(TEST_STAMP) vllm-engine ## the Python suite (unit, real-Envoy integration, load, contract vs real vLLM)
