@@ -10,6 +10,7 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use futures_core::Stream;
+use prost::Message;
 use tokio::sync::watch;
 use tonic::body::Body;
 use tonic::server::Grpc;
@@ -21,6 +22,7 @@ use super::codec::RawCodec;
 use super::fanout;
 use super::stats::{Counters, Finished, Telemetry};
 use crate::gateway::Gateway;
+use crate::pb::ext_proc::{ProcessingRequest, ProcessingResponse};
 use crate::stream::{CallOutcome, RequestStream};
 
 pub const PROCESS_PATH: &str = "/envoy.service.ext_proc.v3.ExternalProcessor/Process";
@@ -151,12 +153,16 @@ impl Stream for ProcessStream {
             if let Some(fanout) = this.fanout.as_mut() {
                 let outcomes = ready!(fanout.as_mut().poll(cx));
                 this.fanout = None;
-                this.replies = this.machine.fanout_done(outcomes).into_iter();
+                this.replies = encoded(this.machine.fanout_done(outcomes));
                 continue;
             }
             match ready!(Pin::new(&mut this.inbound).poll_next(cx)) {
                 Some(Ok(message)) => {
-                    this.replies = this.machine.process(&message).into_iter();
+                    let Ok(request) = ProcessingRequest::decode(message) else {
+                        this.ended = true;
+                        return Poll::Ready(Some(Err(Status::internal("undecodable ext_proc message"))));
+                    };
+                    this.replies = encoded(this.machine.process(request));
                     if let Some(calls) = this.machine.take_fanout() {
                         let limit = this.shared.gateway.limits.max_engine_message;
                         this.fanout = Some(Box::pin(fanout::run(this.shared.aborter.clone(), calls, limit)));
@@ -167,6 +173,10 @@ impl Stream for ProcessStream {
             }
         }
     }
+}
+
+fn encoded(replies: Vec<ProcessingResponse>) -> std::vec::IntoIter<Vec<u8>> {
+    replies.iter().map(Message::encode_to_vec).collect::<Vec<_>>().into_iter()
 }
 
 impl Drop for ProcessStream {

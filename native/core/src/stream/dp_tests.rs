@@ -64,7 +64,7 @@ fn send(gateway: &Arc<Gateway>) -> Routed {
         })),
         ..Default::default()
     };
-    assert!(stream.process(&headers.encode_to_vec()).is_empty());
+    assert!(stream.process(headers).is_empty());
     let body = ProcessingRequest {
         request: Some(Request::RequestBody(HttpBody {
             body: br#"{"model": "m", "prompt": "Hello there", "max_tokens": 4}"#.to_vec(),
@@ -72,11 +72,7 @@ fn send(gateway: &Arc<Gateway>) -> Routed {
         })),
         ..Default::default()
     };
-    let replies: Vec<ProcessingResponse> = stream
-        .process(&body.encode_to_vec())
-        .iter()
-        .map(|r| ProcessingResponse::decode(r.as_slice()).unwrap())
-        .collect();
+    let replies: Vec<ProcessingResponse> = stream.process(body);
     let Some(Response::RequestHeaders(h)) = &replies[0].response else {
         panic!("expected the routing reply, got {:?}", replies[0]);
     };

@@ -20,8 +20,6 @@ mod test_model;
 
 use std::sync::Arc;
 
-use prost::Message;
-
 use crate::engine::{GenerateCall, Protocol};
 use crate::error::ApiError;
 use crate::gateway::{unix_now, Gateway, ServedModel};
@@ -143,13 +141,28 @@ impl RequestStream {
         }
     }
 
-    /// One ext_proc message in (serialized `ProcessingRequest`), the replies out (serialized).
-    pub fn process(&mut self, message: &[u8]) -> Vec<Vec<u8>> {
-        let replies = match ProcessingRequest::decode(message) {
-            Ok(request) => self.dispatch(request),
-            Err(e) => self.fail(ApiError::internal(format!("undecodable ext_proc message: {e}"))),
-        };
-        replies.iter().map(Message::encode_to_vec).collect()
+    /// One ext_proc message in, the replies to send out, in order.
+    pub fn process(&mut self, request: ProcessingRequest) -> Vec<ProcessingResponse> {
+        match (self.phase, request.request) {
+            (Phase::RequestHeaders, Some(Request::RequestHeaders(h))) => {
+                self.subset = epp::subset_hint(request.metadata_context.as_ref());
+                self.on_request_headers(h)
+            }
+            (Phase::RequestBody, Some(Request::RequestBody(b))) => self.on_request_body(b),
+            // Trailers after the body also end it (a client sending HTTP trailers).
+            (Phase::RequestBody, Some(Request::RequestTrailers(_))) => self.forward(),
+            (Phase::ResponseHeaders, Some(Request::ResponseHeaders(h))) => {
+                self.follow_upstream(epp::upstream_address(&request.attributes));
+                self.on_response_headers(h)
+            }
+            (Phase::ResponseBody, Some(Request::ResponseBody(b))) => self.on_response_body(b),
+            (Phase::ResponseBody, Some(Request::ResponseTrailers(t))) => {
+                self.on_response_trailers(t.trailers.unwrap_or_default())
+            }
+            // Envoy may repeat an end-of-stream body chunk on large bodies; anything after the end
+            // of a phase is dropped, never processed twice.
+            _ => Vec::new(),
+        }
     }
 
     /// The engine request to abort if the stream ends now (the client went away mid-exchange).
@@ -182,11 +195,11 @@ impl RequestStream {
     }
 
     /// The batch's answer (an immediate response) from its calls' outcomes, in call order.
-    pub fn fanout_done(&mut self, outcomes: Vec<CallOutcome>) -> Vec<Vec<u8>> {
+    pub fn fanout_done(&mut self, outcomes: Vec<CallOutcome>) -> Vec<ProcessingResponse> {
         let Some(mut batch) = self.batch.take().filter(|_| self.phase == Phase::Fanout) else {
             return Vec::new();
         };
-        let replies = match batch.answer(outcomes) {
+        match batch.answer(outcomes) {
             Ok((body, usage)) => {
                 self.summary.prompt_tokens = usage.prompt_tokens;
                 self.summary.completion_tokens = usage.completion_tokens;
@@ -194,35 +207,11 @@ impl RequestStream {
                 self.answer(body, "extproc_batch")
             }
             Err(error) => self.fail(error),
-        };
-        replies.iter().map(Message::encode_to_vec).collect()
+        }
     }
 
     pub fn is_done(&self) -> bool {
         self.phase == Phase::Done
-    }
-
-    fn dispatch(&mut self, request: ProcessingRequest) -> Vec<ProcessingResponse> {
-        match (self.phase, request.request) {
-            (Phase::RequestHeaders, Some(Request::RequestHeaders(h))) => {
-                self.subset = epp::subset_hint(request.metadata_context.as_ref());
-                self.on_request_headers(h)
-            }
-            (Phase::RequestBody, Some(Request::RequestBody(b))) => self.on_request_body(b),
-            // Trailers after the body also end it (a client sending HTTP trailers).
-            (Phase::RequestBody, Some(Request::RequestTrailers(_))) => self.forward(),
-            (Phase::ResponseHeaders, Some(Request::ResponseHeaders(h))) => {
-                self.follow_upstream(epp::upstream_address(&request.attributes));
-                self.on_response_headers(h)
-            }
-            (Phase::ResponseBody, Some(Request::ResponseBody(b))) => self.on_response_body(b),
-            (Phase::ResponseBody, Some(Request::ResponseTrailers(t))) => {
-                self.on_response_trailers(t.trailers.unwrap_or_default())
-            }
-            // Envoy may repeat an end-of-stream body chunk on large bodies; anything after the end
-            // of a phase is dropped, never processed twice.
-            _ => Vec::new(),
-        }
     }
 
     /// The id the engine knows the request by: the client's request id when Envoy gave one.

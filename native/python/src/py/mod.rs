@@ -7,6 +7,7 @@ mod tokenizer;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
+use prost::Message;
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
@@ -14,6 +15,7 @@ use pyo3::types::{PyBytes, PyDict, PyList};
 use extproc_core::engine::Protocol;
 use extproc_core::error::ApiError;
 use extproc_core::gateway::{Gateway, Limits, ServedModel};
+use extproc_core::pb::ext_proc::ProcessingRequest;
 use extproc_core::routing::{EngineLoad, RouterConfig};
 use extproc_core::stream::{RequestStream, Summary};
 
@@ -229,11 +231,14 @@ pub struct PyStream {
 #[pymethods]
 impl PyStream {
     /// One serialized `ProcessingRequest` in; the serialized `ProcessingResponse`s to send, in order.
+    /// Python holds these messages as protobuf objects of its own (xds-protos), so bytes are the
+    /// natural handover; ValueError when `message` is not a `ProcessingRequest`.
     fn process<'py>(&self, py: Python<'py>, message: &[u8]) -> PyResult<Bound<'py, PyList>> {
-        let message = message.to_vec();
+        let request = ProcessingRequest::decode(message)
+            .map_err(|e| PyValueError::new_err(format!("not a ProcessingRequest: {e}")))?;
         let replies = py.detach(|| {
             let mut machine = self.inner.lock().expect("stream lock");
-            let mut replies = machine.process(&message);
+            let mut replies = machine.process(request);
             // Only the native server makes a batch's engine calls.
             if let Some(calls) = machine.take_fanout() {
                 let refused = ApiError::new(
@@ -243,7 +248,7 @@ impl PyStream {
                 );
                 replies.extend(machine.fanout_done(calls.iter().map(|_| Err(refused.clone())).collect()));
             }
-            replies
+            replies.iter().map(Message::encode_to_vec).collect::<Vec<_>>()
         });
         PyList::new(py, replies.iter().map(|r| PyBytes::new(py, r)))
     }
