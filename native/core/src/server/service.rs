@@ -176,14 +176,18 @@ impl Stream for ProcessStream {
 }
 
 fn encoded(replies: Vec<ProcessingResponse>) -> std::vec::IntoIter<Vec<u8>> {
-    replies.iter().map(Message::encode_to_vec).collect::<Vec<_>>().into_iter()
+    replies
+        .iter()
+        .map(Message::encode_to_vec)
+        .collect::<Vec<_>>()
+        .into_iter()
 }
 
 impl Drop for ProcessStream {
     fn drop(&mut self) {
         let pending = self.machine.pending_abort();
-        if let Some(p) = &pending {
-            self.shared.aborter.abort(&p.endpoint, p.protocol, &p.request_id);
+        if let Some(p) = pending {
+            self.shared.aborter.abort(p.endpoint, p.protocol, p.request_id);
         }
         self.shared.telemetry.record(|| Finished {
             summary: self.machine.summary(),

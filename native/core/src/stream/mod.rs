@@ -6,15 +6,18 @@
 //! the whole body is parsed (it carries the routing decision), before any body reply; the
 //! response-headers reply before any response body; trailers last.
 
+mod answers;
 mod batch;
 #[cfg(test)]
 mod dp_tests;
 mod epp;
+mod http_api;
 mod replies;
 mod request;
 mod response;
 #[cfg(test)]
 mod response_tests;
+mod target;
 #[cfg(test)]
 mod test_model;
 
@@ -26,14 +29,14 @@ use crate::gateway::{unix_now, Gateway, ServedModel};
 use crate::grpc_frame;
 use crate::openai::request::{parse_chat_request, parse_completion_request, Api, GenerationRequest, PromptInput};
 use crate::openai::response::ResponseMeta;
-use crate::openai::tokenize::{
-    detokenize_response, parse_detokenize_request, parse_tokenize_request, tokenize_response, TokenizeInput,
-};
+use crate::openai::tokenize::{parse_detokenize_request, parse_tokenize_request};
 use crate::pb::ext_proc::{
     processing_request::Request, HeaderMap, HttpBody, HttpHeaders, ProcessingRequest, ProcessingResponse,
 };
-use crate::routing::InFlight;
+use crate::routing::PickRequest;
+use http_api::HttpApi;
 use response::{ResponseShape, ResponseTranslator};
+use target::Target;
 
 pub use batch::{CallOutcome, FanoutCall};
 pub use replies::{DESTINATION_HEADER, MAX_BODY_CHUNK};
@@ -76,33 +79,27 @@ pub struct Summary {
 }
 
 /// An engine request to abort: the engine's address, its protocol and the request's id there.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PendingAbort {
-    pub endpoint: String,
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PendingAbort<'a> {
+    pub endpoint: &'a str,
     pub protocol: Protocol,
-    pub request_id: String,
+    pub request_id: &'a str,
 }
 
 /// The engine call in flight, once the request was routed.
 struct Exchange {
     model: Arc<ServedModel>,
     prompt_tokens: u64,
-    /// The engine's address (never an endpoint's `#rank` name).
-    endpoint: String,
-    /// The data-parallel rank the request is pinned to (`data_parallel_rank`), if any.
-    dp_rank: Option<u32>,
-    protocol: Protocol,
+    target: Target,
     engine_request_id: String,
     translator: ResponseTranslator,
     client_headers_sent: bool,
-    /// Counts the request as in flight on the endpoint (load for the router) until the exchange ends.
-    in_flight: Option<InFlight>,
 }
 
 pub struct RequestStream {
     gateway: Arc<Gateway>,
     phase: Phase,
-    endpoint: Option<Endpoint>,
+    api: Option<HttpApi>,
     /// `x-session-id`: the consistent-hash key, if the client sent one.
     session: Option<String>,
     /// `x-gateway-inference-objective`: names the request's priority class, if the client sent one.
@@ -115,22 +112,12 @@ pub struct RequestStream {
     summary: Summary,
 }
 
-/// The HTTP APIs the gateway answers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Endpoint {
-    Models,
-    ChatCompletions,
-    Completions,
-    Tokenize,
-    Detokenize,
-}
-
 impl RequestStream {
     pub fn new(gateway: Arc<Gateway>) -> Self {
         RequestStream {
             gateway,
             phase: Phase::RequestHeaders,
-            endpoint: None,
+            api: None,
             session: None,
             objective: None,
             subset: None,
@@ -166,20 +153,23 @@ impl RequestStream {
     }
 
     /// The engine request to abort if the stream ends now (the client went away mid-exchange).
-    pub fn pending_abort(&self) -> Option<PendingAbort> {
+    pub fn pending_abort(&self) -> Option<PendingAbort<'_>> {
         match (&self.exchange, self.phase) {
             (Some(x), Phase::ResponseHeaders | Phase::ResponseBody) => Some(PendingAbort {
-                endpoint: x.endpoint.clone(),
-                protocol: x.protocol,
-                request_id: x.engine_request_id.clone(),
+                endpoint: &x.target.address,
+                protocol: x.target.protocol,
+                request_id: &x.engine_request_id,
             }),
             _ => None,
         }
     }
 
+    /// What the request became so far.
     pub fn summary(&self) -> Summary {
         let mut s = self.summary.clone();
         if let Some(x) = &self.exchange {
+            s.endpoint = x.target.address.clone();
+            s.dp_rank = x.target.dp_rank;
             s.prompt_tokens = x.translator.usage.prompt_tokens;
             s.completion_tokens = x.translator.usage.completion_tokens;
             s.cached_tokens = x.translator.usage.cached_tokens;
@@ -191,7 +181,8 @@ impl RequestStream {
     /// The engine calls of a batched request, for the server to make (once); `fanout_done` takes the
     /// outcomes.
     pub fn take_fanout(&mut self) -> Option<Vec<FanoutCall>> {
-        self.batch.as_mut().and_then(batch::Batch::take_calls)
+        let calls = self.batch.as_mut()?.take_calls();
+        (!calls.is_empty()).then_some(calls)
     }
 
     /// The batch's answer (an immediate response) from its calls' outcomes, in call order.
@@ -223,10 +214,6 @@ impl RequestStream {
         }
     }
 
-    fn request_id(&self) -> &str {
-        &self.summary.request_id
-    }
-
     /// Answer the client directly with `error`; nothing reaches an engine.
     fn fail(&mut self, error: ApiError) -> Vec<ProcessingResponse> {
         self.phase = Phase::Done;
@@ -248,27 +235,23 @@ impl RequestStream {
         let full_path = headers.get(":path").unwrap_or_default();
         let path = full_path.split('?').next().unwrap_or_default().to_string();
         self.summary.path = path.clone();
-        let endpoint = match path.trim_end_matches('/') {
-            "/v1/models" => Endpoint::Models,
-            "/v1/chat/completions" => Endpoint::ChatCompletions,
-            "/v1/completions" => Endpoint::Completions,
-            "/v1/tokenize" | "/tokenize" => Endpoint::Tokenize,
-            "/v1/detokenize" | "/detokenize" => Endpoint::Detokenize,
-            _ => return self.fail(ApiError::not_found(format!("no route for {path}"))),
+        let Some(api) = HttpApi::from_path(&path) else {
+            return self.fail(ApiError::not_found(format!("no route for {path}")));
         };
-        self.endpoint = Some(endpoint);
-        match (endpoint, method) {
-            (Endpoint::Models, "GET") => {
-                let body = self.gateway.models_json();
+        self.api = Some(api);
+        if method != api.method() {
+            return self.fail(method_not_allowed(method, &path));
+        }
+        match api {
+            HttpApi::Models => {
+                let body = answers::models(&self.gateway);
                 self.answer(body, "extproc_models")
             }
-            (Endpoint::Models, other) => self.fail(method_not_allowed(other, &path)),
-            (_, "POST") if h.end_of_stream => self.fail(ApiError::invalid("a JSON request body is required")),
-            (_, "POST") => {
+            _ if h.end_of_stream => self.fail(ApiError::invalid("a JSON request body is required")),
+            _ => {
                 self.phase = Phase::RequestBody;
                 Vec::new()
             }
-            (_, other) => self.fail(method_not_allowed(other, &path)),
         }
     }
 
@@ -280,7 +263,7 @@ impl RequestStream {
             200,
             "application/json",
             body,
-            self.request_id(),
+            &self.summary.request_id,
             details,
         )]
     }
@@ -321,93 +304,62 @@ impl RequestStream {
 
     fn prepare(&mut self) -> Result<Vec<ProcessingResponse>, ApiError> {
         let body = std::mem::take(&mut self.body);
-        match self.endpoint {
-            Some(Endpoint::ChatCompletions) => self.generate(parse_chat_request(&body)?),
-            Some(Endpoint::Completions) => self.generate(parse_completion_request(&body)?),
-            Some(Endpoint::Tokenize) => self.tokenize(&body),
-            Some(Endpoint::Detokenize) => self.detokenize(&body),
-            Some(Endpoint::Models) | None => Err(ApiError::internal("no body was expected")),
+        match self.api {
+            Some(HttpApi::ChatCompletions) => self.generate(parse_chat_request(&body)?),
+            Some(HttpApi::Completions) => self.generate(parse_completion_request(&body)?),
+            Some(HttpApi::Tokenize) => {
+                let req = parse_tokenize_request(&body)?;
+                let answer = answers::tokenize(&*self.model(&req.model)?, &req)?;
+                Ok(self.answer(answer, "extproc_tokenize"))
+            }
+            Some(HttpApi::Detokenize) => {
+                let req = parse_detokenize_request(&body)?;
+                let answer = answers::detokenize(&*self.model(&req.model)?, &req)?;
+                Ok(self.answer(answer, "extproc_detokenize"))
+            }
+            Some(HttpApi::Models) | None => Err(ApiError::internal("no body was expected")),
         }
-    }
-
-    fn tokenize(&mut self, body: &[u8]) -> Result<Vec<ProcessingResponse>, ApiError> {
-        let req = parse_tokenize_request(body)?;
-        let model = self.model(&req.model)?;
-        let tokenizer = &model.files.tokenizer;
-        let ids = match &req.input {
-            TokenizeInput::Chat(chat) => request::chat_prompt(&model, chat)?.input_ids,
-            TokenizeInput::Text {
-                text,
-                add_special_tokens: true,
-            } => tokenizer.encode_with_special_tokens(text).map_err(ApiError::internal)?,
-            TokenizeInput::Text {
-                text,
-                add_special_tokens: false,
-            } => tokenizer.encode(text).map_err(ApiError::internal)?,
-        };
-        let strs = req.return_token_strs.then(|| {
-            ids.iter()
-                .map(|&id| tokenizer.id_to_token(id).unwrap_or_default())
-                .collect()
-        });
-        Ok(self.answer(tokenize_response(&ids, model.max_context(), strs), "extproc_tokenize"))
-    }
-
-    fn detokenize(&mut self, body: &[u8]) -> Result<Vec<ProcessingResponse>, ApiError> {
-        let req = parse_detokenize_request(body)?;
-        let model = self.model(&req.model)?;
-        request::check_token_ids(&model, &req.tokens, "tokens")?;
-        let text = model.files.tokenizer.decode(&req.tokens, false);
-        Ok(self.answer(detokenize_response(&text), "extproc_detokenize"))
     }
 
     fn generate(&mut self, req: GenerationRequest) -> Result<Vec<ProcessingResponse>, ApiError> {
         let model = self.model(&req.model)?;
-        let session = self.session.as_deref().or(req.user.as_deref());
         let subset: Option<Vec<&str>> = self.subset.as_ref().map(|s| s.iter().map(String::as_str).collect());
         let objective = self.objective.as_deref();
         self.summary.priority = model.router.priority(objective);
-        let route = request::Route {
-            session,
+        let routing = PickRequest {
+            session_key: self.session.as_deref().or(req.user.as_deref()),
             subset: subset.as_deref(),
             objective,
+            ..PickRequest::default()
         };
+        let engine_request_id = self.engine_request_id();
         if let PromptInput::Batch(prompts) = &req.input {
-            let id = self.engine_request_id();
             let limit = self.gateway.limits.max_engine_message;
-            let batch = batch::Batch::new(&model, &req, prompts, &id, route, limit)?;
-            self.summary.endpoint = batch.endpoints.join(",");
+            let batch = batch::Batch::new(&model, &req, prompts, &engine_request_id, routing, limit)?;
+            self.summary.endpoint = batch.endpoints();
             self.batch = Some(batch);
             self.phase = Phase::Fanout;
             return Ok(Vec::new());
         }
         let prompt = request::prompt(&model, &req.input)?;
         request::check_context(&model, prompt.input_ids.len(), &req)?;
-        let pick = request::pick(&model, &prompt.input_ids, route)?;
-        // Envoy connects to the engine's address; the rank travels in the request.
-        let endpoint = pick.address().to_string();
-        let dp_rank = pick.rank();
-        let protocol = model.protocol(&endpoint);
-        // Fallbacks must take the same request bytes: only engines of the primary's protocol (and,
-        // for a pinned rank, only engines with that rank: the router's choice).
-        let destination = epp::destination(
-            &endpoint,
-            pick.fallbacks.iter().filter(|f| model.protocol(f) == protocol),
-            self.gateway.limits.destination_fallbacks,
-        );
+        let target = target::pick(
+            &model,
+            PickRequest {
+                token_ids: &prompt.input_ids,
+                ..routing
+            },
+        )?;
         let prompt_tokens = prompt.input_ids.len() as u64;
-
-        let engine_request_id = self.engine_request_id();
         let echo = req.echo.then(|| model.files.tokenizer.decode(&prompt.input_ids, false));
-        let generate = protocol.encode_generate(GenerateCall {
+        let generate = target.protocol.encode_generate(GenerateCall {
             request_id: &engine_request_id,
             input_ids: prompt.input_ids,
             sampling: &req.sampling,
             include_stop_str_in_output: req.include_stop_str_in_output,
             stream: req.stream,
-            data_parallel_rank: dp_rank,
+            data_parallel_rank: target.dp_rank,
         });
-        let framed = grpc_frame::encode(&generate);
 
         let prefix = if req.api == Api::Chat { "chatcmpl" } else { "cmpl" };
         let shape = ResponseShape {
@@ -417,7 +369,7 @@ impl RequestStream {
                 created: unix_now(),
                 model: model.name.clone(),
             },
-            protocol,
+            protocol: target.protocol,
             stream: req.stream,
             include_usage: req.include_usage,
             skip_special_tokens: req.sampling.skip_special_tokens,
@@ -429,20 +381,17 @@ impl RequestStream {
             logprobs: req.sampling.logprobs,
         };
         let translator = ResponseTranslator::new(model.clone(), shape, self.gateway.limits.max_engine_message);
-        self.summary.endpoint = endpoint.clone();
-        self.summary.dp_rank = dp_rank;
-        let mut out = vec![replies::route_to_engine(&destination, protocol.generate_path())];
-        out.extend(replies::body_chunks(&framed, true, true));
+        // Envoy connects to the engine's address; the rank travels in the request.
+        let destination = target.destination(self.gateway.limits.destination_fallbacks);
+        let mut out = vec![replies::route_to_engine(&destination, target.protocol.generate_path())];
+        out.extend(replies::body_chunks(&grpc_frame::encode(&generate), true, true));
         self.exchange = Some(Exchange {
-            model: model.clone(),
+            model,
             prompt_tokens,
-            endpoint,
-            dp_rank,
-            protocol,
+            target,
             engine_request_id,
             translator,
             client_headers_sent: false,
-            in_flight: Some(pick.in_flight),
         });
         self.phase = Phase::ResponseHeaders;
         Ok(out)
@@ -454,16 +403,11 @@ impl RequestStream {
     /// rank it is pinned to (a fallback has it), else on rank 0.
     fn follow_upstream(&mut self, upstream: Option<&str>) {
         let Some(exchange) = self.exchange.as_mut() else { return };
-        let Some(upstream) = upstream.filter(|u| *u != exchange.endpoint) else {
-            return;
-        };
-        let router = &exchange.model.router;
-        let Some(in_flight) = router.begin(upstream, exchange.dp_rank, exchange.prompt_tokens) else {
-            return;
-        };
-        exchange.in_flight = Some(in_flight);
-        exchange.endpoint = upstream.to_string();
-        self.summary.endpoint = exchange.endpoint.clone();
+        if let Some(upstream) = upstream.filter(|u| *u != exchange.target.address) {
+            exchange
+                .target
+                .follow(&exchange.model, upstream, exchange.prompt_tokens);
+        }
     }
 
     fn on_response_headers(&mut self, h: HttpHeaders) -> Vec<ProcessingResponse> {
@@ -498,7 +442,7 @@ impl RequestStream {
     fn on_response_body(&mut self, b: HttpBody) -> Vec<ProcessingResponse> {
         let exchange = self.exchange.as_mut().expect("an exchange exists after routing");
         // The engine's first bytes mean its prefill is done: the router stops counting it as backlog.
-        if let Some(in_flight) = exchange.in_flight.as_mut() {
+        if let Some(in_flight) = exchange.target.in_flight.as_mut() {
             in_flight.first_token();
         }
         let events = match exchange.translator.push(&b.body) {
@@ -545,7 +489,7 @@ impl RequestStream {
         self.phase = Phase::Done;
         let request_id = self.summary.request_id.clone();
         let exchange = self.exchange.as_mut().expect("an exchange exists after routing");
-        exchange.in_flight = None;
+        exchange.target.in_flight = None;
         let mut out = Vec::new();
         let body = match (&error, exchange.client_headers_sent) {
             (None, sent) => {

@@ -256,8 +256,9 @@ impl PyStream {
     /// `(endpoint, engine_request_id, protocol)` of an engine call still running, to abort when the
     /// stream ends.
     fn pending_abort(&self) -> Option<(String, String, &'static str)> {
-        let pending = self.inner.lock().expect("stream lock").pending_abort()?;
-        Some((pending.endpoint, pending.request_id, pending.protocol.as_str()))
+        let machine = self.inner.lock().expect("stream lock");
+        let pending = machine.pending_abort()?;
+        Some((pending.endpoint.to_string(), pending.request_id.to_string(), pending.protocol.as_str()))
     }
 
     #[getter]
