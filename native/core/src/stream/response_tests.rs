@@ -12,7 +12,6 @@ use crate::gateway::{Gateway, Limits, ServedModel};
 use crate::grpc_frame;
 use crate::openai::request::Api;
 use crate::openai::response::ResponseMeta;
-use crate::pb::logprobs::{OutputLogProbs, TopLogProbs};
 use crate::pb::{sglang, vllm};
 use crate::routing::RouterConfig;
 
@@ -85,18 +84,23 @@ fn translator(model: &Arc<ServedModel>, s: Setup) -> ResponseTranslator {
     ResponseTranslator::new(model.clone(), shape, 1 << 20)
 }
 
-fn lp(ids: &[u32]) -> OutputLogProbs {
-    OutputLogProbs {
+fn lp(ids: &[u32]) -> vllm::OutputLogProbs {
+    vllm::OutputLogProbs {
         token_logprobs: ids.iter().map(|&i| -(i as f32) / 1000.0).collect(),
         token_ids: ids.to_vec(),
         top_logprobs: ids
             .iter()
-            .map(|&i| TopLogProbs {
+            .map(|&i| vllm::TopLogProbs {
                 values: vec![-0.1, -0.2, -0.3],
                 token_ids: vec![i, i + 1, i + 2],
             })
             .collect(),
     }
+}
+
+/// The same logprobs as SGLang's message: both engines lay `OutputLogProbs` out alike on the wire.
+fn sglang_lp(lp: vllm::OutputLogProbs) -> sglang::OutputLogProbs {
+    sglang::OutputLogProbs::decode(lp.encode_to_vec().as_slice()).unwrap()
 }
 
 fn chunk(protocol: Protocol, index: u32, tokens: &[u32], logprobs: bool) -> Vec<u8> {
@@ -121,7 +125,7 @@ fn chunk(protocol: Protocol, index: u32, tokens: &[u32], logprobs: bool) -> Vec<
                     prompt_tokens: 5,
                     completion_tokens: 99,
                     cached_tokens: 2,
-                    output_logprobs,
+                    output_logprobs: output_logprobs.map(sglang_lp),
                     index,
                 },
             )),
@@ -156,7 +160,7 @@ fn complete(protocol: Protocol, index: u32, tokens: &[u32], reason: &str, logpro
                     prompt_tokens: 5,
                     completion_tokens: tokens.len() as u32,
                     cached_tokens: 2,
-                    output_logprobs,
+                    output_logprobs: output_logprobs.map(sglang_lp),
                     index,
                 },
             )),
