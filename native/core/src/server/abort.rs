@@ -12,7 +12,7 @@ use tokio::sync::Notify;
 use tonic::transport::{Channel, Endpoint};
 use tonic::Status;
 
-use super::codec::RawCodec;
+use super::engine_codec::EngineCodec;
 use super::stats::{Counters, Telemetry};
 use crate::engine::Protocol;
 
@@ -116,7 +116,7 @@ async fn call(channel: Channel, path: &'static str, body: Vec<u8>) -> Result<(),
     let mut request = tonic::Request::new(body);
     request.set_timeout(ABORT_TIMEOUT);
     client
-        .unary(request, PathAndQuery::from_static(path), RawCodec)
+        .unary(request, PathAndQuery::from_static(path), EngineCodec)
         .await
         .map(|_| ())
 }

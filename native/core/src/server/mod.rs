@@ -3,7 +3,7 @@
 //! `RequestStream`. Python starts and stops it and keeps the control plane; it never sees a request.
 
 mod abort;
-mod codec;
+mod engine_codec;
 mod fanout;
 mod listen;
 mod service;
@@ -25,14 +25,13 @@ use tonic::transport::server::TcpIncoming;
 use tonic::transport::Server;
 
 pub use abort::ABORT_TIMEOUT;
-pub use codec::RawCodec;
 pub use listen::ListenAddr;
-pub use service::{MAX_MESSAGE_BYTES, PROCESS_PATH};
+pub use service::MAX_MESSAGE_BYTES;
 pub use stats::{Counters, Finished, Telemetry};
 
 use abort::Aborter;
 use listen::Listener;
-use service::{ExtProcService, Shared};
+use service::Shared;
 
 use crate::gateway::Gateway;
 
@@ -152,7 +151,7 @@ async fn serve(
     cancel: watch::Sender<bool>,
 ) {
     let aborter = shared.aborter.clone();
-    let service = ExtProcService::new(shared);
+    let service = service::server(shared);
     let (grace_tx, grace_rx) = oneshot::channel();
     // Fires on stop (or when the handle is dropped): tonic stops accepting and sends GOAWAY.
     let signal = async move {

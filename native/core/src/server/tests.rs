@@ -13,8 +13,10 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::body::Body;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Status, Streaming};
+use tonic_prost::ProstCodec;
 use tower_service::Service;
 
+use super::engine_codec::EngineCodec;
 use super::*;
 use crate::engine::Protocol;
 use crate::gateway::Limits;
@@ -87,7 +89,7 @@ impl Service<http::Uri> for UnixConnector {
     }
 }
 
-fn request_headers(method: &str, path: &str, end_of_stream: bool) -> Vec<u8> {
+fn request_headers(method: &str, path: &str, end_of_stream: bool) -> ProcessingRequest {
     let header = |key: &str, value: &str| HeaderValue {
         key: key.into(),
         value: String::new(),
@@ -107,11 +109,22 @@ fn request_headers(method: &str, path: &str, end_of_stream: bool) -> Vec<u8> {
         })),
         ..Default::default()
     }
-    .encode_to_vec()
+}
+
+/// Envoy's side of `ExternalProcessor/Process`.
+const PROCESS_PATH: &str = "/envoy.service.ext_proc.v3.ExternalProcessor/Process";
+
+fn ext_proc_codec() -> ProstCodec<ProcessingRequest, ProcessingResponse> {
+    ProstCodec::default()
 }
 
 /// Opens a Process stream; messages go in through the sender, replies come out of the stream.
-async fn open(channel: Channel) -> (mpsc::Sender<Vec<u8>>, Result<Streaming<Bytes>, Status>) {
+async fn open(
+    channel: Channel,
+) -> (
+    mpsc::Sender<ProcessingRequest>,
+    Result<Streaming<ProcessingResponse>, Status>,
+) {
     let (tx, rx) = mpsc::channel(8);
     let mut client = tonic::client::Grpc::new(channel);
     client.ready().await.unwrap();
@@ -119,7 +132,7 @@ async fn open(channel: Channel) -> (mpsc::Sender<Vec<u8>>, Result<Streaming<Byte
         .streaming(
             tonic::Request::new(ReceiverStream::new(rx)),
             PathAndQuery::from_static(PROCESS_PATH),
-            RawCodec,
+            ext_proc_codec(),
         )
         .await
         .map(tonic::Response::into_inner);
@@ -157,7 +170,7 @@ fn models_request_is_answered(listen: &str) {
         let mut out = Vec::new();
         let status = loop {
             match replies.message().await {
-                Ok(Some(m)) => out.push(ProcessingResponse::decode(m).unwrap()),
+                Ok(Some(m)) => out.push(m),
                 Ok(None) => break Code::Ok,
                 Err(s) => break s.code(),
             }
@@ -210,7 +223,11 @@ fn other_methods_are_unimplemented() {
         client.ready().await.unwrap();
         let path = PathAndQuery::from_static("/envoy.service.ext_proc.v3.ExternalProcessor/Nope");
         client
-            .unary(tonic::Request::new(Vec::new()), path, RawCodec)
+            .unary(
+                tonic::Request::new(ProcessingRequest::default()),
+                path,
+                ext_proc_codec(),
+            )
             .await
             .unwrap_err()
             .code()
@@ -297,9 +314,9 @@ fn stop_lets_open_streams_finish_within_the_grace() {
         ..Default::default()
     };
     let answer = rt.block_on(async {
-        tx.send(body.encode_to_vec()).await.unwrap();
+        tx.send(body).await.unwrap();
         drop(tx);
-        let answer = ProcessingResponse::decode(replies.message().await.unwrap().unwrap()).unwrap();
+        let answer = replies.message().await.unwrap().unwrap();
         assert!(
             replies.message().await.unwrap().is_none(),
             "then the stream ends with OK"
@@ -350,7 +367,7 @@ impl Service<http::Request<Body>> for AbortEngine {
                 _ => return Ok(Status::unimplemented("").into_http()),
             };
             let handler = AbortHandler(aborted, protocol);
-            Ok(tonic::server::Grpc::new(RawCodec).unary(handler, request).await)
+            Ok(tonic::server::Grpc::new(EngineCodec).unary(handler, request).await)
         })
     }
 }
