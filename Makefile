@@ -4,9 +4,10 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 # Installed (editable, with the Rust extension built) when this is newer than everything it was built from:
-# editing pyproject.toml or anything under native/ reinstalls, so Rust changes rebuild the extension.
+# editing pyproject.toml or anything under native/ or protos/ (the wire types' source) reinstalls, so Rust
+# changes rebuild the extension.
 STAMP := $(VENV)/.installed
-NATIVE_INPUTS := $(shell find native -path native/target -prune -o -type f -print 2>/dev/null)
+NATIVE_INPUTS := $(shell find native protos -path native/target -prune -o -type f -print 2>/dev/null)
 CARGO := cargo
 MANIFEST := --manifest-path native/Cargo.toml
 # The binding crate's build script asks this interpreter for its ABI (clippy); the core crate needs no Python.
