@@ -14,13 +14,6 @@ pub mod structs;
 pub mod vllm;
 
 /// The generated code: one module per protobuf package (`envoy::service::ext_proc::v3`, ...).
-#[allow(
-    clippy::all,
-    clippy::pedantic,
-    missing_docs,
-    rustdoc::bare_urls,
-    rustdoc::invalid_html_tags
-)]
 mod wire {
     include!(concat!(env!("OUT_DIR"), "/wire.rs"));
 }
