@@ -82,6 +82,11 @@ fn sglang_carries_what_the_client_gave() {
 #[test]
 fn vllm_keeps_unset_fields_unset_and_asks_for_n_and_logprobs() {
     let r = vllm::GenerateRequest::decode(Protocol::Vllm.encode_generate(call(&sampling())).as_slice()).unwrap();
+    // Token ids, as the `tokenized` member of vLLM's `input` oneof.
+    let Some(vllm::generate_request::Input::Tokenized(input)) = r.input else {
+        panic!("no tokenized input: {:?}", r.input)
+    };
+    assert_eq!(input.input_ids, [5, 6, 7]);
     let p = r.sampling_params.unwrap();
     assert_eq!((p.temperature, p.top_p, p.top_k, p.logprobs), (None, 0.0, 0, None));
     let s = Sampling {
