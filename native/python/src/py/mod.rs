@@ -234,22 +234,24 @@ impl PyStream {
     /// Python holds these messages as protobuf objects of its own (xds-protos), so bytes are the
     /// natural handover; ValueError when `message` is not a `ProcessingRequest`.
     fn process<'py>(&self, py: Python<'py>, message: &[u8]) -> PyResult<Bound<'py, PyList>> {
-        let request = ProcessingRequest::decode(message)
+        let message = message.to_vec();
+        let replies = py
+            .detach(|| {
+                let request = ProcessingRequest::decode(message.as_slice())?;
+                let mut machine = self.inner.lock().expect("stream lock");
+                let mut replies = machine.process(request);
+                // Only the native server makes a batch's engine calls.
+                if let Some(calls) = machine.take_fanout() {
+                    let refused = ApiError::new(
+                        501,
+                        "not_implemented",
+                        "batched prompts need the native ext_proc server",
+                    );
+                    replies.extend(machine.fanout_done(calls.iter().map(|_| Err(refused.clone())).collect()));
+                }
+                Ok::<_, prost::DecodeError>(replies.iter().map(Message::encode_to_vec).collect::<Vec<_>>())
+            })
             .map_err(|e| PyValueError::new_err(format!("not a ProcessingRequest: {e}")))?;
-        let replies = py.detach(|| {
-            let mut machine = self.inner.lock().expect("stream lock");
-            let mut replies = machine.process(request);
-            // Only the native server makes a batch's engine calls.
-            if let Some(calls) = machine.take_fanout() {
-                let refused = ApiError::new(
-                    501,
-                    "not_implemented",
-                    "batched prompts need the native ext_proc server",
-                );
-                replies.extend(machine.fanout_done(calls.iter().map(|_| Err(refused.clone())).collect()));
-            }
-            replies.iter().map(Message::encode_to_vec).collect::<Vec<_>>()
-        });
         PyList::new(py, replies.iter().map(|r| PyBytes::new(py, r)))
     }
 
@@ -258,7 +260,11 @@ impl PyStream {
     fn pending_abort(&self) -> Option<(String, String, &'static str)> {
         let machine = self.inner.lock().expect("stream lock");
         let pending = machine.pending_abort()?;
-        Some((pending.endpoint.to_string(), pending.request_id.to_string(), pending.protocol.as_str()))
+        Some((
+            pending.endpoint.to_string(),
+            pending.request_id.to_string(),
+            pending.protocol.as_str(),
+        ))
     }
 
     #[getter]
