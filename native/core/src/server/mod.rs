@@ -517,6 +517,33 @@ mod tests {
         );
     }
 
+    /// Past tonic's default 4 MiB: the message still arrives, and the gateway's own body limit answers.
+    #[test]
+    fn messages_larger_than_tonics_default_limit_are_taken() {
+        let (_server, _) = start("127.0.0.1:0");
+        let address = _server.address().to_string();
+        let rt = client_runtime();
+        let body = ProcessingRequest {
+            request: Some(Request::RequestBody(HttpBody {
+                body: vec![b' '; 5 << 20],
+                end_of_stream: true,
+            })),
+            ..Default::default()
+        };
+        let answer = rt.block_on(async {
+            let (tx, replies) = open(connect(&address).await).await;
+            tx.send(request_headers("POST", "/v1/completions", false))
+                .await
+                .unwrap();
+            tx.send(body).await.unwrap();
+            replies.unwrap().message().await.unwrap().unwrap()
+        });
+        let Some(Response::ImmediateResponse(answer)) = answer.response else {
+            panic!("expected an immediate response");
+        };
+        assert_eq!(answer.status.unwrap().code, 413);
+    }
+
     #[test]
     fn stop_returns_at_once_without_streams() {
         let (mut server, _) = start("127.0.0.1:0");
