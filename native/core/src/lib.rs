@@ -15,5 +15,7 @@ pub mod routing;
 pub mod server;
 pub mod stop;
 pub mod stream;
+#[cfg(test)]
+mod test_assets;
 pub mod template;
 pub mod tokenize;

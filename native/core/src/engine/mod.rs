@@ -2,6 +2,7 @@
 //! neutral form: the stream code hands over prompt ids and sampling parameters and gets back `Output`s
 //! (choice index, new token ids, their logprobs, counts, finish reason), whatever the engine.
 
+mod decode;
 mod sglang;
 mod vllm;
 
@@ -61,51 +62,6 @@ pub struct Output {
     pub finish_reason: Option<String>,
 }
 
-/// Where an engine message stands: its choice and the request's token counts.
-pub(super) struct Place {
-    pub index: u32,
-    pub prompt_tokens: u32,
-    pub cached_tokens: u32,
-}
-
-impl Output {
-    /// A streamed chunk: new tokens of one choice.
-    pub(super) fn chunk(at: Place, token_ids: Vec<u32>, lp: Option<crate::pb::logprobs::OutputLogProbs>) -> Self {
-        Output {
-            index: at.index,
-            token_ids,
-            logprobs: logprobs_of(lp),
-            prompt_tokens: at.prompt_tokens,
-            cached_tokens: at.cached_tokens,
-            finish_reason: None,
-        }
-    }
-
-    /// A choice's end. Streamed, it repeats the last chunk's tokens and carries cumulative logprobs:
-    /// both were sent already. Non-streamed, it carries the whole output.
-    pub(super) fn complete(
-        at: Place,
-        stream: bool,
-        output_ids: Vec<u32>,
-        lp: Option<crate::pb::logprobs::OutputLogProbs>,
-        finish_reason: String,
-    ) -> Self {
-        let (token_ids, logprobs) = if stream {
-            (Vec::new(), Vec::new())
-        } else {
-            (output_ids, logprobs_of(lp))
-        };
-        Output {
-            index: at.index,
-            token_ids,
-            logprobs,
-            prompt_tokens: at.prompt_tokens,
-            cached_tokens: at.cached_tokens,
-            finish_reason: Some(finish_reason),
-        }
-    }
-}
-
 impl Protocol {
     /// The gRPC method path of `Generate`.
     pub fn generate_path(self) -> &'static str {
@@ -126,10 +82,7 @@ impl Protocol {
     /// One serialized `GenerateResponse`; `None` for a message with no output. In a stream, the final
     /// message repeats the last delta, so its tokens are dropped; a non-streamed one carries them all.
     pub fn decode_response(self, message: &[u8], stream: bool) -> Result<Option<Output>, String> {
-        match self {
-            Protocol::Vllm => vllm::decode_response(message, stream),
-            Protocol::Sglang => sglang::decode_response(message, stream),
-        }
+        decode::generate_response(self, message, stream)
     }
 
     /// The gRPC method path and serialized request of `Abort` for one request.
@@ -139,25 +92,6 @@ impl Protocol {
             Protocol::Sglang => (crate::pb::sglang::ABORT_PATH, sglang::encode_abort(request_id)),
         }
     }
-}
-
-/// Logprobs as both protos carry them: parallel lists, one entry per output position. The top lists
-/// come most likely first whatever the engine's order (vLLM's servicer puts the sampled token first).
-fn logprobs_of(lp: Option<crate::pb::logprobs::OutputLogProbs>) -> Vec<TokenLogprob> {
-    let Some(lp) = lp else { return Vec::new() };
-    let mut top = lp.top_logprobs.into_iter();
-    lp.token_ids
-        .into_iter()
-        .zip(lp.token_logprobs)
-        .map(|(id, logprob)| {
-            let mut top: Vec<(u32, f32)> = top
-                .next()
-                .map(|t| t.token_ids.into_iter().zip(t.values).collect())
-                .unwrap_or_default();
-            top.sort_by(|a, b| b.1.total_cmp(&a.1));
-            TokenLogprob { id, logprob, top }
-        })
-        .collect()
 }
 
 impl fmt::Display for Protocol {

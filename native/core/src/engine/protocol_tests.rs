@@ -4,7 +4,6 @@ use prost::Message;
 
 use super::{GenerateCall, Output, Protocol, TokenLogprob};
 use crate::openai::request::Sampling;
-use crate::pb::logprobs::{OutputLogProbs, TopLogProbs};
 use crate::pb::{sglang, vllm};
 
 fn call(sampling: &Sampling) -> GenerateCall<'_> {
@@ -83,6 +82,11 @@ fn sglang_carries_what_the_client_gave() {
 #[test]
 fn vllm_keeps_unset_fields_unset_and_asks_for_n_and_logprobs() {
     let r = vllm::GenerateRequest::decode(Protocol::Vllm.encode_generate(call(&sampling())).as_slice()).unwrap();
+    // Token ids, as the `tokenized` member of vLLM's `input` oneof.
+    let Some(vllm::generate_request::Input::Tokenized(input)) = r.input else {
+        panic!("no tokenized input: {:?}", r.input)
+    };
+    assert_eq!(input.input_ids, [5, 6, 7]);
     let p = r.sampling_params.unwrap();
     assert_eq!((p.temperature, p.top_p, p.top_k, p.logprobs), (None, 0.0, 0, None));
     let s = Sampling {
@@ -160,22 +164,27 @@ fn a_pinned_rank_travels_as_data_parallel_rank_in_both_protocols() {
     );
 }
 
-fn logprobs() -> OutputLogProbs {
-    OutputLogProbs {
+fn logprobs() -> vllm::OutputLogProbs {
+    vllm::OutputLogProbs {
         token_logprobs: vec![-0.5, -1.5],
         token_ids: vec![10, 11],
         top_logprobs: vec![
             // Unsorted (vLLM's servicer lists the sampled token first): decoded most likely first.
-            TopLogProbs {
+            vllm::TopLogProbs {
                 values: vec![-2.0, -0.5],
                 token_ids: vec![12, 10],
             },
-            TopLogProbs {
+            vllm::TopLogProbs {
                 values: vec![-1.0],
                 token_ids: vec![13],
             },
         ],
     }
+}
+
+/// The same logprobs as SGLang's message: both engines lay `OutputLogProbs` out alike on the wire.
+fn sglang_logprobs() -> sglang::OutputLogProbs {
+    sglang::OutputLogProbs::decode(logprobs().encode_to_vec().as_slice()).unwrap()
 }
 
 fn expected_logprobs() -> Vec<TokenLogprob> {
@@ -213,7 +222,7 @@ fn both_protocols_decode_chunks_with_index_and_logprobs() {
                 prompt_tokens: 3,
                 completion_tokens: 7, // cumulative in SGLang: never used as a delta
                 cached_tokens: 1,
-                output_logprobs: Some(logprobs()),
+                output_logprobs: Some(sglang_logprobs()),
                 index: 2,
             },
         )),
@@ -253,7 +262,7 @@ fn a_streamed_complete_repeats_nothing_a_final_one_carries_everything() {
                 finish_reason: "length".into(),
                 prompt_tokens: 3,
                 completion_tokens: 2,
-                output_logprobs: Some(logprobs()),
+                output_logprobs: Some(sglang_logprobs()),
                 index: 1,
                 ..Default::default()
             },
@@ -311,7 +320,7 @@ fn sglang_complete_with_logprobs_round_trips() {
             sglang::GenerateComplete {
                 output_ids: vec![10, 11],
                 finish_reason: "stop".into(),
-                output_logprobs: Some(logprobs()),
+                output_logprobs: Some(sglang_logprobs()),
                 ..Default::default()
             },
         )),

@@ -1,4 +1,4 @@
-//! The neutral form to and from SGLang's `SglangScheduler` messages.
+//! SGLang's `SglangScheduler` requests from the neutral form (its responses: `super::decode`).
 //!
 //! SGLang's proto3 sampling fields have no presence, so a zero is read as a value; every field the
 //! client left out is sent as SGLang's own default (`sampling_params.py`): temperature 1, top_p 1,
@@ -6,10 +6,8 @@
 
 use prost::Message;
 
-use super::{GenerateCall, Output, Place};
-use crate::pb::sglang::{
-    generate_response::Response, AbortRequest, GenerateRequest, GenerateResponse, SamplingParams, TokenizedInput,
-};
+use super::GenerateCall;
+use crate::pb::sglang::{AbortRequest, GenerateRequest, SamplingParams, TokenizedInput};
 
 pub const DEFAULT_TEMPERATURE: f32 = 1.0;
 pub const DEFAULT_TOP_P: f32 = 1.0;
@@ -53,35 +51,6 @@ pub fn encode_generate(call: GenerateCall<'_>) -> Vec<u8> {
         data_parallel_rank: call.data_parallel_rank.and_then(|r| i32::try_from(r).ok()),
     }
     .encode_to_vec()
-}
-
-pub fn decode_response(message: &[u8], stream: bool) -> Result<Option<Output>, String> {
-    let message = GenerateResponse::decode(message).map_err(|e| e.to_string())?;
-    Ok(match message.response {
-        Some(Response::Chunk(c)) => {
-            let at = Place {
-                index: c.index,
-                prompt_tokens: c.prompt_tokens,
-                cached_tokens: c.cached_tokens,
-            };
-            Some(Output::chunk(at, c.token_ids, c.output_logprobs))
-        }
-        Some(Response::Complete(c)) => {
-            let at = Place {
-                index: c.index,
-                prompt_tokens: c.prompt_tokens,
-                cached_tokens: c.cached_tokens,
-            };
-            Some(Output::complete(
-                at,
-                stream,
-                c.output_ids,
-                c.output_logprobs,
-                c.finish_reason,
-            ))
-        }
-        None => None,
-    })
 }
 
 pub fn encode_abort(request_id: &str) -> Vec<u8> {

@@ -1,11 +1,9 @@
-//! The neutral form to and from vLLM's `VllmEngine` messages.
+//! vLLM's `VllmEngine` requests from the neutral form (its responses: `super::decode`).
 
 use prost::Message;
 
-use super::{GenerateCall, Output, Place};
-use crate::pb::vllm::{
-    generate_response::Response, AbortRequest, GenerateRequest, GenerateResponse, SamplingParams, TokenizedInput,
-};
+use super::GenerateCall;
+use crate::pb::vllm::{generate_request::Input, AbortRequest, GenerateRequest, SamplingParams, TokenizedInput};
 
 pub fn encode_generate(call: GenerateCall<'_>) -> Vec<u8> {
     let s = call.sampling;
@@ -34,44 +32,15 @@ pub fn encode_generate(call: GenerateCall<'_>) -> Vec<u8> {
     };
     GenerateRequest {
         request_id: call.request_id.to_string(),
-        tokenized: Some(TokenizedInput {
+        input: Some(Input::Tokenized(TokenizedInput {
             original_text: String::new(),
             input_ids: call.input_ids,
-        }),
+        })),
         sampling_params: Some(params),
         stream: call.stream,
         data_parallel_rank: call.data_parallel_rank.and_then(|r| i32::try_from(r).ok()),
     }
     .encode_to_vec()
-}
-
-pub fn decode_response(message: &[u8], stream: bool) -> Result<Option<Output>, String> {
-    let message = GenerateResponse::decode(message).map_err(|e| e.to_string())?;
-    Ok(match message.response {
-        Some(Response::Chunk(c)) => {
-            let at = Place {
-                index: c.index,
-                prompt_tokens: c.prompt_tokens,
-                cached_tokens: c.cached_tokens,
-            };
-            Some(Output::chunk(at, c.token_ids, c.output_logprobs))
-        }
-        Some(Response::Complete(c)) => {
-            let at = Place {
-                index: c.index,
-                prompt_tokens: c.prompt_tokens,
-                cached_tokens: c.cached_tokens,
-            };
-            Some(Output::complete(
-                at,
-                stream,
-                c.output_ids,
-                c.output_logprobs,
-                c.finish_reason,
-            ))
-        }
-        None => None,
-    })
 }
 
 pub fn encode_abort(request_id: &str) -> Vec<u8> {

@@ -1,36 +1,7 @@
-//! `google.protobuf.Struct` / `Value`: only what metadata needs (nested string maps and string lists).
+//! `google.protobuf.Struct` / `Value` (generated from protox's copy of `struct.proto`), as metadata
+//! and attributes carry them, with constructors for the shapes the gateway sends.
 
-use std::collections::BTreeMap;
-
-#[derive(Clone, PartialEq, prost::Message)]
-pub struct Struct {
-    #[prost(btree_map = "string, message", tag = "1")]
-    pub fields: BTreeMap<String, Value>,
-}
-
-#[derive(Clone, PartialEq, prost::Message)]
-pub struct Value {
-    #[prost(oneof = "value::Kind", tags = "3, 5, 6")]
-    pub kind: Option<value::Kind>,
-}
-
-pub mod value {
-    #[derive(Clone, PartialEq, prost::Oneof)]
-    pub enum Kind {
-        #[prost(string, tag = "3")]
-        StringValue(String),
-        #[prost(message, tag = "5")]
-        StructValue(super::Struct),
-        #[prost(message, tag = "6")]
-        ListValue(super::ListValue),
-    }
-}
-
-#[derive(Clone, PartialEq, prost::Message)]
-pub struct ListValue {
-    #[prost(message, repeated, tag = "1")]
-    pub values: Vec<Value>,
-}
+pub use super::wire::google::protobuf::{value, ListValue, Struct, Value};
 
 impl Value {
     pub fn string(s: impl Into<String>) -> Self {

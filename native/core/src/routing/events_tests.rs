@@ -262,7 +262,7 @@ fn loads_are_returned_and_load_only_batches_admit_nothing() {
     let b = KvEventBatch {
         sequence_number: 1,
         events: vec![stored(None, vec![block(5, 1)])],
-        load: Some(load.clone()),
+        load: Some(load),
         ..Default::default()
     };
     let r = f.state.apply_batch(&f.index, 0, &b, OnGap::Break);

@@ -12,7 +12,7 @@ use tokio::sync::Notify;
 use tonic::transport::{Channel, Endpoint};
 use tonic::Status;
 
-use super::codec::RawCodec;
+use super::engine_codec::EngineCodec;
 use super::stats::{Counters, Telemetry};
 use crate::engine::Protocol;
 
@@ -116,7 +116,121 @@ async fn call(channel: Channel, path: &'static str, body: Vec<u8>) -> Result<(),
     let mut request = tonic::Request::new(body);
     request.set_timeout(ABORT_TIMEOUT);
     client
-        .unary(request, PathAndQuery::from_static(path), RawCodec)
+        .unary(request, PathAndQuery::from_static(path), EngineCodec)
         .await
         .map(|_| ())
+}
+
+#[cfg(test)]
+mod tests {
+    // An engine that answers `Abort` only, and the aborter against it and against a closed port.
+
+    use std::sync::{Arc, Mutex};
+    use std::time::Duration;
+
+    use bytes::Bytes;
+    use prost::Message;
+    use tonic::body::Body;
+    use tonic::transport::server::TcpIncoming;
+    use tonic::transport::Server;
+    use tonic::Status;
+    use tower_service::Service;
+
+    use super::super::engine_codec::EngineCodec;
+    use super::super::stats::Telemetry;
+    use super::*;
+    use crate::engine::Protocol;
+    use crate::pb::{sglang, vllm};
+
+    fn counter(telemetry: &Telemetry, name: &str) -> u64 {
+        let counters = telemetry.counters.snapshot();
+        counters.into_iter().find(|(n, _)| *n == name).unwrap().1
+    }
+
+    /// An engine that only answers `Abort` (of either protocol), remembering "protocol:request id".
+    #[derive(Clone, Default)]
+    struct AbortEngine {
+        aborted: Arc<Mutex<Vec<String>>>,
+    }
+
+    impl Service<http::Request<Body>> for AbortEngine {
+        type Response = http::Response<Body>;
+        type Error = std::convert::Infallible;
+        type Future = std::pin::Pin<Box<dyn std::future::Future<Output = Result<Self::Response, Self::Error>> + Send>>;
+
+        fn poll_ready(&mut self, _cx: &mut std::task::Context<'_>) -> std::task::Poll<Result<(), Self::Error>> {
+            std::task::Poll::Ready(Ok(()))
+        }
+
+        fn call(&mut self, request: http::Request<Body>) -> Self::Future {
+            let aborted = self.aborted.clone();
+            Box::pin(async move {
+                let protocol = match request.uri().path() {
+                    vllm::ABORT_PATH => Protocol::Vllm,
+                    sglang::ABORT_PATH => Protocol::Sglang,
+                    _ => return Ok(Status::unimplemented("").into_http()),
+                };
+                let handler = AbortHandler(aborted, protocol);
+                Ok(tonic::server::Grpc::new(EngineCodec).unary(handler, request).await)
+            })
+        }
+    }
+
+    struct AbortHandler(Arc<Mutex<Vec<String>>>, Protocol);
+
+    impl Service<tonic::Request<Bytes>> for AbortHandler {
+        type Response = tonic::Response<Vec<u8>>;
+        type Error = Status;
+        type Future = std::future::Ready<Result<Self::Response, Status>>;
+
+        fn poll_ready(&mut self, _cx: &mut std::task::Context<'_>) -> std::task::Poll<Result<(), Status>> {
+            std::task::Poll::Ready(Ok(()))
+        }
+
+        fn call(&mut self, request: tonic::Request<Bytes>) -> Self::Future {
+            let body = request.into_inner();
+            let ids = match self.1 {
+                Protocol::Vllm => vllm::AbortRequest::decode(body).unwrap().request_ids,
+                Protocol::Sglang => vec![sglang::AbortRequest::decode(body).unwrap().request_id],
+            };
+            let protocol = self.1;
+            self.0
+                .lock()
+                .unwrap()
+                .extend(ids.into_iter().map(|id| format!("{protocol}:{id}")));
+            std::future::ready(Ok(tonic::Response::new(Vec::new())))
+        }
+    }
+
+    #[test]
+    fn aborts_reach_the_engine_and_failures_are_counted() {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let engine = AbortEngine::default();
+        let listener = rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).unwrap();
+        let endpoint = listener.local_addr().unwrap().to_string();
+        let incoming = TcpIncoming::from(listener);
+        rt.spawn(Server::builder().serve_with_incoming(engine.clone(), incoming));
+        // A port nothing listens on.
+        let closed = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .to_string();
+
+        let telemetry = Arc::new(Telemetry::new(0));
+        let aborter = Aborter::new(rt.handle().clone(), telemetry.clone());
+        aborter.abort(&endpoint, Protocol::Vllm, "req-7");
+        aborter.abort(&endpoint, Protocol::Sglang, "req-8");
+        aborter.abort(&closed, Protocol::Vllm, "req-9");
+        rt.block_on(aborter.wait_idle(Duration::from_secs(5)));
+        let mut seen = engine.aborted.lock().unwrap().clone();
+        seen.sort();
+        assert_eq!(seen, ["sglang:req-8", "vllm:req-7"]);
+        assert_eq!(counter(&telemetry, "aborts_sent"), 2);
+        assert_eq!(counter(&telemetry, "aborts_failed"), 1);
+    }
 }

@@ -10,7 +10,7 @@ use tonic::transport::Channel;
 use tonic::Status;
 
 use super::abort::Aborter;
-use super::codec::RawCodec;
+use super::engine_codec::EngineCodec;
 use crate::error::ApiError;
 use crate::stream::{CallOutcome, FanoutCall};
 
@@ -43,7 +43,7 @@ async fn generate(channel: Result<Channel, Status>, call: FanoutCall, max_messag
         .map_err(|e| ApiError::unavailable(format!("engine {} not reachable: {e}", call.endpoint)))?;
     let path = PathAndQuery::from_static(call.path);
     let mut stream = client
-        .server_streaming(tonic::Request::new(call.body), path, RawCodec)
+        .server_streaming(tonic::Request::new(call.body), path, EngineCodec)
         .await
         .map_err(grpc_error)?
         .into_inner();

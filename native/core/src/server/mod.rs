@@ -3,14 +3,11 @@
 //! `RequestStream`. Python starts and stops it and keeps the control plane; it never sees a request.
 
 mod abort;
-mod codec;
+mod engine_codec;
 mod fanout;
 mod listen;
 mod service;
 mod stats;
-
-#[cfg(test)]
-mod tests;
 
 use std::future::Future;
 use std::io;
@@ -25,14 +22,13 @@ use tonic::transport::server::TcpIncoming;
 use tonic::transport::Server;
 
 pub use abort::ABORT_TIMEOUT;
-pub use codec::RawCodec;
 pub use listen::ListenAddr;
-pub use service::{MAX_MESSAGE_BYTES, PROCESS_PATH};
+pub use service::MAX_MESSAGE_BYTES;
 pub use stats::{Counters, Finished, Telemetry};
 
 use abort::Aborter;
 use listen::Listener;
-use service::{ExtProcService, Shared};
+use service::Shared;
 
 use crate::gateway::Gateway;
 
@@ -152,7 +148,7 @@ async fn serve(
     cancel: watch::Sender<bool>,
 ) {
     let aborter = shared.aborter.clone();
-    let service = ExtProcService::new(shared);
+    let service = service::server(shared);
     let (grace_tx, grace_rx) = oneshot::channel();
     // Fires on stop (or when the handle is dropped): tonic stops accepting and sends GOAWAY.
     let signal = async move {
@@ -187,4 +183,373 @@ async fn serve(
         let _ = std::fs::remove_file(path);
     }
     aborter.wait_idle(ABORT_TIMEOUT + Duration::from_millis(500)).await;
+}
+
+#[cfg(test)]
+mod tests {
+    // The server over real sockets, with a tonic client standing in for Envoy.
+
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    use http::uri::PathAndQuery;
+    use hyper_util::rt::TokioIo;
+    use tokio::runtime::Runtime;
+    use tokio::sync::mpsc;
+    use tokio_stream::wrappers::ReceiverStream;
+    use tonic::transport::{Channel, Endpoint};
+    use tonic::{Code, Status, Streaming};
+    use tonic_prost::ProstCodec;
+    use tower_service::Service;
+
+    use super::*;
+    use crate::gateway::Limits;
+    use crate::pb::ext_proc::{
+        processing_request::Request, processing_response::Response, HeaderMap, HeaderValue, HttpBody, HttpHeaders,
+        ProcessingRequest, ProcessingResponse,
+    };
+
+    fn gateway() -> Arc<Gateway> {
+        Arc::new(Gateway::new(Limits {
+            max_body_bytes: 1 << 20,
+            max_engine_message: 1 << 20,
+            destination_fallbacks: 0,
+        }))
+    }
+
+    fn client_runtime() -> Runtime {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap()
+    }
+
+    fn start(listen: &str) -> (ExtProcServer, Arc<Telemetry>) {
+        let telemetry = Arc::new(Telemetry::new(16));
+        let config = ServerConfig {
+            listen: listen.into(),
+            worker_threads: 1,
+        };
+        (
+            ExtProcServer::start(gateway(), telemetry.clone(), &config).unwrap(),
+            telemetry,
+        )
+    }
+
+    async fn connect(address: &str) -> Channel {
+        if let Some(path) = address.strip_prefix("unix:") {
+            let path = path.to_string();
+            Endpoint::from_static("http://localhost")
+                .connect_with_connector(UnixConnector(path))
+                .await
+                .unwrap()
+        } else {
+            Endpoint::from_shared(format!("http://{address}"))
+                .unwrap()
+                .connect()
+                .await
+                .unwrap()
+        }
+    }
+
+    /// A connector that dials a unix socket.
+    #[derive(Clone)]
+    struct UnixConnector(String);
+
+    impl Service<http::Uri> for UnixConnector {
+        type Response = TokioIo<tokio::net::UnixStream>;
+        type Error = std::io::Error;
+        type Future = std::pin::Pin<Box<dyn std::future::Future<Output = std::io::Result<Self::Response>> + Send>>;
+
+        fn poll_ready(&mut self, _cx: &mut std::task::Context<'_>) -> std::task::Poll<std::io::Result<()>> {
+            std::task::Poll::Ready(Ok(()))
+        }
+
+        fn call(&mut self, _uri: http::Uri) -> Self::Future {
+            let path = self.0.clone();
+            Box::pin(async move { Ok(TokioIo::new(tokio::net::UnixStream::connect(path).await?)) })
+        }
+    }
+
+    fn request_headers(method: &str, path: &str, end_of_stream: bool) -> ProcessingRequest {
+        let header = |key: &str, value: &str| HeaderValue {
+            key: key.into(),
+            value: String::new(),
+            raw_value: value.as_bytes().to_vec(),
+        };
+        let headers = HeaderMap {
+            headers: vec![
+                header(":method", method),
+                header(":path", path),
+                header("x-request-id", "req-1"),
+            ],
+        };
+        ProcessingRequest {
+            request: Some(Request::RequestHeaders(HttpHeaders {
+                headers: Some(headers),
+                end_of_stream,
+            })),
+            ..Default::default()
+        }
+    }
+
+    /// Envoy's side of `ExternalProcessor/Process`.
+    const PROCESS_PATH: &str = "/envoy.service.ext_proc.v3.ExternalProcessor/Process";
+
+    fn ext_proc_codec() -> ProstCodec<ProcessingRequest, ProcessingResponse> {
+        ProstCodec::default()
+    }
+
+    /// Opens a Process stream; messages go in through the sender, replies come out of the stream.
+    async fn open(
+        channel: Channel,
+    ) -> (
+        mpsc::Sender<ProcessingRequest>,
+        Result<Streaming<ProcessingResponse>, Status>,
+    ) {
+        let (tx, rx) = mpsc::channel(8);
+        let mut client = tonic::client::Grpc::new(channel);
+        client.ready().await.unwrap();
+        let replies = client
+            .streaming(
+                tonic::Request::new(ReceiverStream::new(rx)),
+                PathAndQuery::from_static(PROCESS_PATH),
+                ext_proc_codec(),
+            )
+            .await
+            .map(tonic::Response::into_inner);
+        (tx, replies)
+    }
+
+    fn wait_until(what: &str, done: impl Fn() -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !done() {
+            assert!(Instant::now() < deadline, "timed out waiting for {what}");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    fn counter(telemetry: &Telemetry, name: &str) -> u64 {
+        telemetry
+            .counters
+            .snapshot()
+            .into_iter()
+            .find(|(n, _)| *n == name)
+            .unwrap()
+            .1
+    }
+
+    /// GET /v1/models is answered at once, whatever the transport.
+    fn models_request_is_answered(listen: &str) {
+        let (mut server, telemetry) = start(listen);
+        let address = server.address().to_string();
+        let rt = client_runtime();
+        let (replies, status) = rt.block_on(async {
+            let (tx, replies) = open(connect(&address).await).await;
+            tx.send(request_headers("GET", "/v1/models", true)).await.unwrap();
+            drop(tx);
+            let mut replies = replies.unwrap();
+            let mut out = Vec::new();
+            let status = loop {
+                match replies.message().await {
+                    Ok(Some(m)) => out.push(m),
+                    Ok(None) => break Code::Ok,
+                    Err(s) => break s.code(),
+                }
+            };
+            (out, status)
+        });
+        assert_eq!(status, Code::Ok);
+        assert_eq!(replies.len(), 1);
+        let Some(Response::ImmediateResponse(answer)) = &replies[0].response else {
+            panic!("expected an immediate response, got {:?}", replies[0]);
+        };
+        assert_eq!(answer.status.as_ref().unwrap().code, 200);
+        let body: serde_json::Value = serde_json::from_slice(&answer.body).unwrap();
+        assert_eq!(body["object"], "list");
+        wait_until("the stream's summary", || counter(&telemetry, "streams_finished") == 1);
+        let finished = telemetry.take();
+        assert_eq!(finished.len(), 1);
+        assert_eq!(finished[0].summary.request_id, "req-1");
+        assert_eq!(finished[0].summary.status, 200);
+        assert!(!finished[0].aborted);
+        assert_eq!(counter(&telemetry, "streams_started"), 1);
+        server.stop(Duration::from_secs(1));
+    }
+
+    #[test]
+    fn serves_over_tcp_with_the_real_port() {
+        let (server, _) = start("127.0.0.1:0");
+        let port: u16 = server.address().rsplit_once(':').unwrap().1.parse().unwrap();
+        assert_ne!(port, 0);
+        assert!(server.address().starts_with("127.0.0.1:"));
+        drop(server);
+        models_request_is_answered("127.0.0.1:0");
+    }
+
+    #[test]
+    fn serves_over_a_unix_socket_and_removes_it_on_stop() {
+        let path = std::env::temp_dir().join(format!("extproc-server-test-{}.sock", std::process::id()));
+        let listen = format!("unix:{}", path.display());
+        models_request_is_answered(&listen);
+        assert!(!path.exists(), "the socket file is removed on stop");
+    }
+
+    #[test]
+    fn other_methods_are_unimplemented() {
+        let (_server, _) = start("127.0.0.1:0");
+        let address = _server.address().to_string();
+        let rt = client_runtime();
+        let code = rt.block_on(async {
+            let mut client = tonic::client::Grpc::new(connect(&address).await);
+            client.ready().await.unwrap();
+            let path = PathAndQuery::from_static("/envoy.service.ext_proc.v3.ExternalProcessor/Nope");
+            client
+                .unary(
+                    tonic::Request::new(ProcessingRequest::default()),
+                    path,
+                    ext_proc_codec(),
+                )
+                .await
+                .unwrap_err()
+                .code()
+        });
+        assert_eq!(code, Code::Unimplemented);
+    }
+
+    #[test]
+    fn a_bad_address_fails_to_start() {
+        let telemetry = Arc::new(Telemetry::new(0));
+        for listen in ["nonsense", "unix:relative.sock", "127.0.0.1:1"] {
+            let config = ServerConfig {
+                listen: listen.into(),
+                worker_threads: 1,
+            };
+            // Port 1 needs privileges the tests do not run with; if they do, it binds, and that is fine.
+            if listen == "127.0.0.1:1" && std::net::TcpListener::bind(listen).is_ok() {
+                continue;
+            }
+            assert!(
+                ExtProcServer::start(gateway(), telemetry.clone(), &config).is_err(),
+                "{listen}"
+            );
+        }
+    }
+
+    #[test]
+    fn stop_waits_for_open_streams_up_to_the_grace_then_cancels_them() {
+        let (mut server, telemetry) = start("127.0.0.1:0");
+        let address = server.address().to_string();
+        let rt = client_runtime();
+        // A POST whose body never comes: the stream stays open.
+        let (tx, mut replies) = rt.block_on(async {
+            let (tx, replies) = open(connect(&address).await).await;
+            tx.send(request_headers("POST", "/v1/chat/completions", false))
+                .await
+                .unwrap();
+            (tx, replies.unwrap())
+        });
+        wait_until("the stream to start", || counter(&telemetry, "streams_started") == 1);
+        let outcome = rt.spawn(async move { replies.message().await.map(|m| m.is_some()) });
+        let began = Instant::now();
+        server.stop(Duration::from_millis(300));
+        let took = began.elapsed();
+        assert!(
+            took >= Duration::from_millis(300),
+            "stopped after {took:?}, before the grace ran out"
+        );
+        assert!(took < Duration::from_secs(3), "stop took {took:?}");
+        let status = rt.block_on(outcome).unwrap().unwrap_err();
+        assert_eq!(status.code(), Code::Unavailable);
+        assert_eq!(counter(&telemetry, "streams_finished"), 1);
+        drop(tx);
+        // Nothing listens any more.
+        assert!(std::net::TcpStream::connect(&address).is_err());
+    }
+
+    #[test]
+    fn stop_lets_open_streams_finish_within_the_grace() {
+        let (mut server, telemetry) = start("127.0.0.1:0");
+        let address = server.address().to_string();
+        let rt = client_runtime();
+        let (tx, mut replies) = rt.block_on(async {
+            let (tx, replies) = open(connect(&address).await).await;
+            tx.send(request_headers("POST", "/v1/chat/completions", false))
+                .await
+                .unwrap();
+            (tx, replies.unwrap())
+        });
+        wait_until("the stream to start", || counter(&telemetry, "streams_started") == 1);
+        let stopping = std::thread::spawn(move || {
+            let began = Instant::now();
+            server.stop(Duration::from_secs(10));
+            began.elapsed()
+        });
+        std::thread::sleep(Duration::from_millis(200));
+        assert!(!stopping.is_finished(), "stop waits for the open stream");
+        // The request goes on: its body arrives (for a model nobody serves) and gets its answer.
+        let body = ProcessingRequest {
+            request: Some(Request::RequestBody(HttpBody {
+                body: br#"{"model": "nope", "messages": [{"role": "user", "content": "hi"}]}"#.to_vec(),
+                end_of_stream: true,
+            })),
+            ..Default::default()
+        };
+        let answer = rt.block_on(async {
+            tx.send(body).await.unwrap();
+            drop(tx);
+            let answer = replies.message().await.unwrap().unwrap();
+            assert!(
+                replies.message().await.unwrap().is_none(),
+                "then the stream ends with OK"
+            );
+            answer
+        });
+        let Some(Response::ImmediateResponse(answer)) = answer.response else {
+            panic!("expected an immediate response");
+        };
+        assert_eq!(answer.status.unwrap().code, 404);
+        let took = stopping.join().unwrap();
+        assert!(
+            took < Duration::from_secs(5),
+            "stop took {took:?} after the last stream ended"
+        );
+    }
+
+    /// Past tonic's default 4 MiB: the message still arrives, and the gateway's own body limit answers.
+    #[test]
+    fn messages_larger_than_tonics_default_limit_are_taken() {
+        let (_server, _) = start("127.0.0.1:0");
+        let address = _server.address().to_string();
+        let rt = client_runtime();
+        let body = ProcessingRequest {
+            request: Some(Request::RequestBody(HttpBody {
+                body: vec![b' '; 5 << 20],
+                end_of_stream: true,
+            })),
+            ..Default::default()
+        };
+        let answer = rt.block_on(async {
+            let (tx, replies) = open(connect(&address).await).await;
+            tx.send(request_headers("POST", "/v1/completions", false))
+                .await
+                .unwrap();
+            tx.send(body).await.unwrap();
+            replies.unwrap().message().await.unwrap().unwrap()
+        });
+        let Some(Response::ImmediateResponse(answer)) = answer.response else {
+            panic!("expected an immediate response");
+        };
+        assert_eq!(answer.status.unwrap().code, 413);
+    }
+
+    #[test]
+    fn stop_returns_at_once_without_streams() {
+        let (mut server, _) = start("127.0.0.1:0");
+        let began = Instant::now();
+        server.stop(Duration::from_secs(10));
+        assert!(began.elapsed() < Duration::from_secs(1));
+        assert!(!server.is_running());
+    }
 }

@@ -1,29 +1,27 @@
-//! The one gRPC method served, `ExternalProcessor/Process`: every ext_proc message goes through the
-//! request's `RequestStream` and its replies go straight back, on the runtime that polls the stream.
+//! The one gRPC method served, `ExternalProcessor/Process`, through the server trait tonic generates
+//! from `protos/`: every ext_proc message goes through the request's `RequestStream` and its replies
+//! go straight back, on the runtime that polls the stream. Any other method is tonic's UNIMPLEMENTED.
 
-use std::convert::Infallible;
-use std::future::{ready, Future, Ready};
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 use std::time::Instant;
 
-use bytes::Bytes;
 use futures_core::Stream;
 use tokio::sync::watch;
-use tonic::body::Body;
-use tonic::server::Grpc;
-use tonic::{Status, Streaming};
-use tower_service::Service;
+use tonic::{Request, Response, Status, Streaming};
 
 use super::abort::Aborter;
-use super::codec::RawCodec;
 use super::fanout;
 use super::stats::{Counters, Finished, Telemetry};
 use crate::gateway::Gateway;
+use crate::pb::ext_proc::external_processor_server::{ExternalProcessor, ExternalProcessorServer};
+use crate::pb::ext_proc::{ProcessingRequest, ProcessingResponse};
 use crate::stream::{CallOutcome, RequestStream};
 
-pub const PROCESS_PATH: &str = "/envoy.service.ext_proc.v3.ExternalProcessor/Process";
+type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
 /// Request bodies travel inside ext_proc messages; the gateway's own body limit applies after this.
 pub const MAX_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
 
@@ -36,64 +34,27 @@ pub struct Shared {
     pub cancel: watch::Receiver<bool>,
 }
 
-#[derive(Clone)]
-pub struct ExtProcService {
+/// The `ExternalProcessor` service: one `ProcessStream` per call of its one method.
+pub struct ExtProcessor {
     shared: Arc<Shared>,
 }
 
-impl ExtProcService {
-    pub fn new(shared: Arc<Shared>) -> Self {
-        ExtProcService { shared }
-    }
+/// The service as tonic serves it, with the message size limits set.
+pub fn server(shared: Arc<Shared>) -> ExternalProcessorServer<ExtProcessor> {
+    ExternalProcessorServer::new(ExtProcessor { shared })
+        .max_decoding_message_size(MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(MAX_MESSAGE_BYTES)
 }
 
-type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+#[tonic::async_trait]
+impl ExternalProcessor for ExtProcessor {
+    type ProcessStream = ProcessStream;
 
-impl Service<http::Request<Body>> for ExtProcService {
-    type Response = http::Response<Body>;
-    type Error = Infallible;
-    type Future = BoxFuture<Result<Self::Response, Infallible>>;
-
-    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, request: http::Request<Body>) -> Self::Future {
-        if request.uri().path() != PROCESS_PATH {
-            let status = Status::unimplemented(format!("no method {}", request.uri().path()));
-            return Box::pin(ready(Ok(status.into_http())));
-        }
-        let process = Process {
-            shared: self.shared.clone(),
-        };
-        Box::pin(async move {
-            let mut grpc = Grpc::new(RawCodec)
-                .max_decoding_message_size(MAX_MESSAGE_BYTES)
-                .max_encoding_message_size(MAX_MESSAGE_BYTES);
-            Ok(grpc.streaming(process, request).await)
-        })
-    }
-}
-
-/// The handler tonic calls with the decoded request stream.
-struct Process {
-    shared: Arc<Shared>,
-}
-
-impl Service<tonic::Request<Streaming<Bytes>>> for Process {
-    type Response = tonic::Response<ProcessStream>;
-    type Error = Status;
-    type Future = Ready<Result<Self::Response, Status>>;
-
-    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Status>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, request: tonic::Request<Streaming<Bytes>>) -> Self::Future {
-        ready(Ok(tonic::Response::new(ProcessStream::new(
+    async fn process(&self, request: Request<Streaming<ProcessingRequest>>) -> Result<Response<ProcessStream>, Status> {
+        Ok(Response::new(ProcessStream::new(
             self.shared.clone(),
             request.into_inner(),
-        ))))
+        )))
     }
 }
 
@@ -102,9 +63,9 @@ impl Service<tonic::Request<Streaming<Bytes>>> for Process {
 /// up on a reset stream) aborts the engine call if one is still running and records the summary.
 pub struct ProcessStream {
     shared: Arc<Shared>,
-    inbound: Streaming<Bytes>,
+    inbound: Streaming<ProcessingRequest>,
     machine: RequestStream,
-    replies: std::vec::IntoIter<Vec<u8>>,
+    replies: std::vec::IntoIter<ProcessingResponse>,
     /// A batched request's engine calls, while they run.
     fanout: Option<BoxFuture<Vec<CallOutcome>>>,
     cancelled: BoxFuture<()>,
@@ -113,7 +74,7 @@ pub struct ProcessStream {
 }
 
 impl ProcessStream {
-    fn new(shared: Arc<Shared>, inbound: Streaming<Bytes>) -> Self {
+    fn new(shared: Arc<Shared>, inbound: Streaming<ProcessingRequest>) -> Self {
         Counters::bump(&shared.telemetry.counters.streams_started);
         let mut cancel = shared.cancel.clone();
         ProcessStream {
@@ -133,7 +94,7 @@ impl ProcessStream {
 }
 
 impl Stream for ProcessStream {
-    type Item = Result<Vec<u8>, Status>;
+    type Item = Result<ProcessingResponse, Status>;
 
     fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         let this = self.get_mut();
@@ -156,14 +117,20 @@ impl Stream for ProcessStream {
             }
             match ready!(Pin::new(&mut this.inbound).poll_next(cx)) {
                 Some(Ok(message)) => {
-                    this.replies = this.machine.process(&message).into_iter();
+                    this.replies = this.machine.process(message).into_iter();
                     if let Some(calls) = this.machine.take_fanout() {
                         let limit = this.shared.gateway.limits.max_engine_message;
                         this.fanout = Some(Box::pin(fanout::run(this.shared.aborter.clone(), calls, limit)));
                     }
                 }
+                // A message that does not decode, or a reset stream (the client went away; nobody
+                // hears the status then): the stream ends.
+                Some(Err(status)) => {
+                    this.ended = true;
+                    return Poll::Ready(Some(Err(status)));
+                }
                 // Envoy closed its side (the exchange is over) or reset the stream (client gone).
-                Some(Err(_)) | None => this.ended = true,
+                None => this.ended = true,
             }
         }
     }
@@ -172,8 +139,8 @@ impl Stream for ProcessStream {
 impl Drop for ProcessStream {
     fn drop(&mut self) {
         let pending = self.machine.pending_abort();
-        if let Some(p) = &pending {
-            self.shared.aborter.abort(&p.endpoint, p.protocol, &p.request_id);
+        if let Some(p) = pending {
+            self.shared.aborter.abort(p.endpoint, p.protocol, p.request_id);
         }
         self.shared.telemetry.record(|| Finished {
             summary: self.machine.summary(),

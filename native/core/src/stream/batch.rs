@@ -9,14 +9,15 @@ use std::sync::Arc;
 use bytes::Bytes;
 use serde_json::json;
 
-use super::request::{self, Route};
+use super::request;
 use super::response::{ResponseShape, ResponseTranslator};
+use super::target::{self, Target};
 use crate::engine::GenerateCall;
 use crate::error::ApiError;
 use crate::gateway::{unix_now, ServedModel};
 use crate::openai::request::{GenerationRequest, PromptInput};
 use crate::openai::response::{completion_json, ResponseMeta, Usage};
-use crate::routing::InFlight;
+use crate::routing::PickRequest;
 
 /// One engine call the server must make for the batch: a non-streamed `Generate`.
 #[derive(Debug, Clone)]
@@ -31,18 +32,17 @@ pub struct FanoutCall {
 /// What became of one call: the engine's messages, or the error it ended with.
 pub type CallOutcome = Result<Vec<Bytes>, ApiError>;
 
+/// One prompt of the batch: where it goes, its request until the server takes it, its answer so far.
 struct Part {
+    target: Target,
+    generate: Option<Vec<u8>>,
     translator: ResponseTranslator,
-    /// Counts the prompt as in flight on its engine until the batch is answered.
-    _in_flight: InFlight,
 }
 
 pub struct Batch {
     meta: ResponseMeta,
     n: u32,
     parts: Vec<Part>,
-    calls: Option<Vec<FanoutCall>>,
-    pub endpoints: Vec<String>,
 }
 
 impl Batch {
@@ -52,7 +52,7 @@ impl Batch {
         req: &GenerationRequest,
         prompts: &[PromptInput],
         request_id: &str,
-        route: Route<'_>,
+        routing: PickRequest<'_>,
         max_message: usize,
     ) -> Result<Batch, ApiError> {
         let meta = ResponseMeta {
@@ -62,26 +62,28 @@ impl Batch {
             model: model.name.clone(),
         };
         let mut parts = Vec::with_capacity(prompts.len());
-        let mut calls = Vec::with_capacity(prompts.len());
-        let mut endpoints = Vec::with_capacity(prompts.len());
         for (i, input) in prompts.iter().enumerate() {
             let prompt = request::prompt(model, input)?;
             request::check_context(model, prompt.input_ids.len(), req)?;
-            let pick = request::pick(model, &prompt.input_ids, route)?;
-            let endpoint = pick.address().to_string();
-            let protocol = model.protocol(&endpoint);
+            let target = target::pick(
+                model,
+                PickRequest {
+                    token_ids: &prompt.input_ids,
+                    ..routing
+                },
+            )?;
             let echo = req.echo.then(|| model.files.tokenizer.decode(&prompt.input_ids, false));
-            let body = protocol.encode_generate(GenerateCall {
+            let generate = target.protocol.encode_generate(GenerateCall {
                 request_id: &format!("{request_id}-{i}"),
                 input_ids: prompt.input_ids,
                 sampling: &req.sampling,
                 include_stop_str_in_output: req.include_stop_str_in_output,
                 stream: false,
-                data_parallel_rank: pick.rank(),
+                data_parallel_rank: target.dp_rank,
             });
             let shape = ResponseShape {
                 meta: meta.clone(),
-                protocol,
+                protocol: target.protocol,
                 stream: false,
                 include_usage: false,
                 skip_special_tokens: req.sampling.skip_special_tokens,
@@ -93,28 +95,36 @@ impl Batch {
                 logprobs: req.sampling.logprobs,
             };
             parts.push(Part {
+                target,
+                generate: Some(generate),
                 translator: ResponseTranslator::new(model.clone(), shape, max_message),
-                _in_flight: pick.in_flight,
             });
-            calls.push(FanoutCall {
-                endpoint: endpoint.clone(),
-                path: protocol.generate_path(),
-                body,
-            });
-            endpoints.push(endpoint);
         }
         Ok(Batch {
             meta,
             n: req.sampling.n,
             parts,
-            calls: Some(calls),
-            endpoints,
         })
     }
 
-    /// The calls to make, once.
-    pub fn take_calls(&mut self) -> Option<Vec<FanoutCall>> {
-        self.calls.take()
+    /// The calls to make, in prompt order; empty once taken.
+    pub fn take_calls(&mut self) -> Vec<FanoutCall> {
+        self.parts
+            .iter_mut()
+            .filter_map(|part| {
+                Some(FanoutCall {
+                    endpoint: part.target.address.clone(),
+                    path: part.target.protocol.generate_path(),
+                    body: part.generate.take()?,
+                })
+            })
+            .collect()
+    }
+
+    /// The engines the prompts went to, comma-separated in prompt order.
+    pub fn endpoints(&self) -> String {
+        let addresses: Vec<&str> = self.parts.iter().map(|p| p.target.address.as_str()).collect();
+        addresses.join(",")
     }
 
     /// The whole answer from every call's outcome (in call order), or the first failure.

@@ -6,21 +6,16 @@
 //! the whole body is parsed (it carries the routing decision), before any body reply; the
 //! response-headers reply before any response body; trailers last.
 
+mod answers;
 mod batch;
-#[cfg(test)]
-mod dp_tests;
 mod epp;
+mod http_api;
 mod replies;
 mod request;
 mod response;
-#[cfg(test)]
-mod response_tests;
-#[cfg(test)]
-mod test_model;
+mod target;
 
 use std::sync::Arc;
-
-use prost::Message;
 
 use crate::contracts::{OBJECTIVE_HEADER, REQUEST_ID_HEADER, SESSION_HEADER};
 use crate::engine::{GenerateCall, Protocol};
@@ -29,14 +24,14 @@ use crate::gateway::{unix_now, Gateway, ServedModel};
 use crate::grpc_frame;
 use crate::openai::request::{parse_chat_request, parse_completion_request, Api, GenerationRequest, PromptInput};
 use crate::openai::response::ResponseMeta;
-use crate::openai::tokenize::{
-    detokenize_response, parse_detokenize_request, parse_tokenize_request, tokenize_response, TokenizeInput,
-};
+use crate::openai::tokenize::{parse_detokenize_request, parse_tokenize_request};
 use crate::pb::ext_proc::{
     processing_request::Request, HeaderMap, HttpBody, HttpHeaders, ProcessingRequest, ProcessingResponse,
 };
-use crate::routing::InFlight;
+use crate::routing::PickRequest;
+use http_api::HttpApi;
 use response::{ResponseShape, ResponseTranslator};
+use target::Target;
 
 pub use batch::{CallOutcome, FanoutCall};
 pub use replies::MAX_BODY_CHUNK;
@@ -75,33 +70,27 @@ pub struct Summary {
 }
 
 /// An engine request to abort: the engine's address, its protocol and the request's id there.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PendingAbort {
-    pub endpoint: String,
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PendingAbort<'a> {
+    pub endpoint: &'a str,
     pub protocol: Protocol,
-    pub request_id: String,
+    pub request_id: &'a str,
 }
 
 /// The engine call in flight, once the request was routed.
 struct Exchange {
     model: Arc<ServedModel>,
     prompt_tokens: u64,
-    /// The engine's address (never an endpoint's `#rank` name).
-    endpoint: String,
-    /// The data-parallel rank the request is pinned to (`data_parallel_rank`), if any.
-    dp_rank: Option<u32>,
-    protocol: Protocol,
+    target: Target,
     engine_request_id: String,
     translator: ResponseTranslator,
     client_headers_sent: bool,
-    /// Counts the request as in flight on the endpoint (load for the router) until the exchange ends.
-    in_flight: Option<InFlight>,
 }
 
 pub struct RequestStream {
     gateway: Arc<Gateway>,
     phase: Phase,
-    endpoint: Option<Endpoint>,
+    api: Option<HttpApi>,
     /// `x-session-id`: the consistent-hash key, if the client sent one.
     session: Option<String>,
     /// `x-gateway-inference-objective`: names the request's priority class, if the client sent one.
@@ -114,22 +103,12 @@ pub struct RequestStream {
     summary: Summary,
 }
 
-/// The HTTP APIs the gateway answers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Endpoint {
-    Models,
-    ChatCompletions,
-    Completions,
-    Tokenize,
-    Detokenize,
-}
-
 impl RequestStream {
     pub fn new(gateway: Arc<Gateway>) -> Self {
         RequestStream {
             gateway,
             phase: Phase::RequestHeaders,
-            endpoint: None,
+            api: None,
             session: None,
             objective: None,
             subset: None,
@@ -140,66 +119,8 @@ impl RequestStream {
         }
     }
 
-    /// One ext_proc message in (serialized `ProcessingRequest`), the replies out (serialized).
-    pub fn process(&mut self, message: &[u8]) -> Vec<Vec<u8>> {
-        let replies = match ProcessingRequest::decode(message) {
-            Ok(request) => self.dispatch(request),
-            Err(e) => self.fail(ApiError::internal(format!("undecodable ext_proc message: {e}"))),
-        };
-        replies.iter().map(Message::encode_to_vec).collect()
-    }
-
-    /// The engine request to abort if the stream ends now (the client went away mid-exchange).
-    pub fn pending_abort(&self) -> Option<PendingAbort> {
-        match (&self.exchange, self.phase) {
-            (Some(x), Phase::ResponseHeaders | Phase::ResponseBody) => Some(PendingAbort {
-                endpoint: x.endpoint.clone(),
-                protocol: x.protocol,
-                request_id: x.engine_request_id.clone(),
-            }),
-            _ => None,
-        }
-    }
-
-    pub fn summary(&self) -> Summary {
-        let mut s = self.summary.clone();
-        if let Some(x) = &self.exchange {
-            s.prompt_tokens = x.translator.usage.prompt_tokens;
-            s.completion_tokens = x.translator.usage.completion_tokens;
-            s.cached_tokens = x.translator.usage.cached_tokens;
-            s.finish_reason = x.translator.finish_reason().unwrap_or_default();
-        }
-        s
-    }
-
-    /// The engine calls of a batched request, for the server to make (once); `fanout_done` takes the
-    /// outcomes.
-    pub fn take_fanout(&mut self) -> Option<Vec<FanoutCall>> {
-        self.batch.as_mut().and_then(batch::Batch::take_calls)
-    }
-
-    /// The batch's answer (an immediate response) from its calls' outcomes, in call order.
-    pub fn fanout_done(&mut self, outcomes: Vec<CallOutcome>) -> Vec<Vec<u8>> {
-        let Some(mut batch) = self.batch.take().filter(|_| self.phase == Phase::Fanout) else {
-            return Vec::new();
-        };
-        let replies = match batch.answer(outcomes) {
-            Ok((body, usage)) => {
-                self.summary.prompt_tokens = usage.prompt_tokens;
-                self.summary.completion_tokens = usage.completion_tokens;
-                self.summary.cached_tokens = usage.cached_tokens;
-                self.answer(body, "extproc_batch")
-            }
-            Err(error) => self.fail(error),
-        };
-        replies.iter().map(Message::encode_to_vec).collect()
-    }
-
-    pub fn is_done(&self) -> bool {
-        self.phase == Phase::Done
-    }
-
-    fn dispatch(&mut self, request: ProcessingRequest) -> Vec<ProcessingResponse> {
+    /// One ext_proc message in, the replies to send out, in order.
+    pub fn process(&mut self, request: ProcessingRequest) -> Vec<ProcessingResponse> {
         match (self.phase, request.request) {
             (Phase::RequestHeaders, Some(Request::RequestHeaders(h))) => {
                 self.subset = epp::subset_hint(request.metadata_context.as_ref());
@@ -222,6 +143,59 @@ impl RequestStream {
         }
     }
 
+    /// The engine request to abort if the stream ends now (the client went away mid-exchange).
+    pub fn pending_abort(&self) -> Option<PendingAbort<'_>> {
+        match (&self.exchange, self.phase) {
+            (Some(x), Phase::ResponseHeaders | Phase::ResponseBody) => Some(PendingAbort {
+                endpoint: &x.target.address,
+                protocol: x.target.protocol,
+                request_id: &x.engine_request_id,
+            }),
+            _ => None,
+        }
+    }
+
+    /// What the request became so far.
+    pub fn summary(&self) -> Summary {
+        let mut s = self.summary.clone();
+        if let Some(x) = &self.exchange {
+            s.endpoint = x.target.address.clone();
+            s.dp_rank = x.target.dp_rank;
+            s.prompt_tokens = x.translator.usage.prompt_tokens;
+            s.completion_tokens = x.translator.usage.completion_tokens;
+            s.cached_tokens = x.translator.usage.cached_tokens;
+            s.finish_reason = x.translator.finish_reason().unwrap_or_default();
+        }
+        s
+    }
+
+    /// The engine calls of a batched request, for the server to make (once); `fanout_done` takes the
+    /// outcomes.
+    pub fn take_fanout(&mut self) -> Option<Vec<FanoutCall>> {
+        let calls = self.batch.as_mut()?.take_calls();
+        (!calls.is_empty()).then_some(calls)
+    }
+
+    /// The batch's answer (an immediate response) from its calls' outcomes, in call order.
+    pub fn fanout_done(&mut self, outcomes: Vec<CallOutcome>) -> Vec<ProcessingResponse> {
+        let Some(mut batch) = self.batch.take().filter(|_| self.phase == Phase::Fanout) else {
+            return Vec::new();
+        };
+        match batch.answer(outcomes) {
+            Ok((body, usage)) => {
+                self.summary.prompt_tokens = usage.prompt_tokens;
+                self.summary.completion_tokens = usage.completion_tokens;
+                self.summary.cached_tokens = usage.cached_tokens;
+                self.answer(body, "extproc_batch")
+            }
+            Err(error) => self.fail(error),
+        }
+    }
+
+    pub fn is_done(&self) -> bool {
+        self.phase == Phase::Done
+    }
+
     /// The id the engine knows the request by: the client's request id when Envoy gave one.
     fn engine_request_id(&self) -> String {
         if self.summary.request_id.is_empty() {
@@ -229,10 +203,6 @@ impl RequestStream {
         } else {
             self.summary.request_id.clone()
         }
-    }
-
-    fn request_id(&self) -> &str {
-        &self.summary.request_id
     }
 
     /// Answer the client directly with `error`; nothing reaches an engine.
@@ -256,27 +226,23 @@ impl RequestStream {
         let full_path = headers.get(":path").unwrap_or_default();
         let path = full_path.split('?').next().unwrap_or_default().to_string();
         self.summary.path = path.clone();
-        let endpoint = match path.trim_end_matches('/') {
-            "/v1/models" => Endpoint::Models,
-            "/v1/chat/completions" => Endpoint::ChatCompletions,
-            "/v1/completions" => Endpoint::Completions,
-            "/v1/tokenize" | "/tokenize" => Endpoint::Tokenize,
-            "/v1/detokenize" | "/detokenize" => Endpoint::Detokenize,
-            _ => return self.fail(ApiError::not_found(format!("no route for {path}"))),
+        let Some(api) = HttpApi::from_path(&path) else {
+            return self.fail(ApiError::not_found(format!("no route for {path}")));
         };
-        self.endpoint = Some(endpoint);
-        match (endpoint, method) {
-            (Endpoint::Models, "GET") => {
-                let body = self.gateway.models_json();
+        self.api = Some(api);
+        if method != api.method() {
+            return self.fail(method_not_allowed(method, &path));
+        }
+        match api {
+            HttpApi::Models => {
+                let body = answers::models(&self.gateway);
                 self.answer(body, "extproc_models")
             }
-            (Endpoint::Models, other) => self.fail(method_not_allowed(other, &path)),
-            (_, "POST") if h.end_of_stream => self.fail(ApiError::invalid("a JSON request body is required")),
-            (_, "POST") => {
+            _ if h.end_of_stream => self.fail(ApiError::invalid("a JSON request body is required")),
+            _ => {
                 self.phase = Phase::RequestBody;
                 Vec::new()
             }
-            (_, other) => self.fail(method_not_allowed(other, &path)),
         }
     }
 
@@ -288,7 +254,7 @@ impl RequestStream {
             200,
             "application/json",
             body,
-            self.request_id(),
+            &self.summary.request_id,
             details,
         )]
     }
@@ -329,93 +295,62 @@ impl RequestStream {
 
     fn prepare(&mut self) -> Result<Vec<ProcessingResponse>, ApiError> {
         let body = std::mem::take(&mut self.body);
-        match self.endpoint {
-            Some(Endpoint::ChatCompletions) => self.generate(parse_chat_request(&body)?),
-            Some(Endpoint::Completions) => self.generate(parse_completion_request(&body)?),
-            Some(Endpoint::Tokenize) => self.tokenize(&body),
-            Some(Endpoint::Detokenize) => self.detokenize(&body),
-            Some(Endpoint::Models) | None => Err(ApiError::internal("no body was expected")),
+        match self.api {
+            Some(HttpApi::ChatCompletions) => self.generate(parse_chat_request(&body)?),
+            Some(HttpApi::Completions) => self.generate(parse_completion_request(&body)?),
+            Some(HttpApi::Tokenize) => {
+                let req = parse_tokenize_request(&body)?;
+                let answer = answers::tokenize(&*self.model(&req.model)?, &req)?;
+                Ok(self.answer(answer, "extproc_tokenize"))
+            }
+            Some(HttpApi::Detokenize) => {
+                let req = parse_detokenize_request(&body)?;
+                let answer = answers::detokenize(&*self.model(&req.model)?, &req)?;
+                Ok(self.answer(answer, "extproc_detokenize"))
+            }
+            Some(HttpApi::Models) | None => Err(ApiError::internal("no body was expected")),
         }
-    }
-
-    fn tokenize(&mut self, body: &[u8]) -> Result<Vec<ProcessingResponse>, ApiError> {
-        let req = parse_tokenize_request(body)?;
-        let model = self.model(&req.model)?;
-        let tokenizer = &model.files.tokenizer;
-        let ids = match &req.input {
-            TokenizeInput::Chat(chat) => request::chat_prompt(&model, chat)?.input_ids,
-            TokenizeInput::Text {
-                text,
-                add_special_tokens: true,
-            } => tokenizer.encode_with_special_tokens(text).map_err(ApiError::internal)?,
-            TokenizeInput::Text {
-                text,
-                add_special_tokens: false,
-            } => tokenizer.encode(text).map_err(ApiError::internal)?,
-        };
-        let strs = req.return_token_strs.then(|| {
-            ids.iter()
-                .map(|&id| tokenizer.id_to_token(id).unwrap_or_default())
-                .collect()
-        });
-        Ok(self.answer(tokenize_response(&ids, model.max_context(), strs), "extproc_tokenize"))
-    }
-
-    fn detokenize(&mut self, body: &[u8]) -> Result<Vec<ProcessingResponse>, ApiError> {
-        let req = parse_detokenize_request(body)?;
-        let model = self.model(&req.model)?;
-        request::check_token_ids(&model, &req.tokens, "tokens")?;
-        let text = model.files.tokenizer.decode(&req.tokens, false);
-        Ok(self.answer(detokenize_response(&text), "extproc_detokenize"))
     }
 
     fn generate(&mut self, req: GenerationRequest) -> Result<Vec<ProcessingResponse>, ApiError> {
         let model = self.model(&req.model)?;
-        let session = self.session.as_deref().or(req.user.as_deref());
         let subset: Option<Vec<&str>> = self.subset.as_ref().map(|s| s.iter().map(String::as_str).collect());
         let objective = self.objective.as_deref();
         self.summary.priority = model.router.priority(objective);
-        let route = request::Route {
-            session,
+        let routing = PickRequest {
+            session_key: self.session.as_deref().or(req.user.as_deref()),
             subset: subset.as_deref(),
             objective,
+            ..PickRequest::default()
         };
+        let engine_request_id = self.engine_request_id();
         if let PromptInput::Batch(prompts) = &req.input {
-            let id = self.engine_request_id();
             let limit = self.gateway.limits.max_engine_message;
-            let batch = batch::Batch::new(&model, &req, prompts, &id, route, limit)?;
-            self.summary.endpoint = batch.endpoints.join(",");
+            let batch = batch::Batch::new(&model, &req, prompts, &engine_request_id, routing, limit)?;
+            self.summary.endpoint = batch.endpoints();
             self.batch = Some(batch);
             self.phase = Phase::Fanout;
             return Ok(Vec::new());
         }
         let prompt = request::prompt(&model, &req.input)?;
         request::check_context(&model, prompt.input_ids.len(), &req)?;
-        let pick = request::pick(&model, &prompt.input_ids, route)?;
-        // Envoy connects to the engine's address; the rank travels in the request.
-        let endpoint = pick.address().to_string();
-        let dp_rank = pick.rank();
-        let protocol = model.protocol(&endpoint);
-        // Fallbacks must take the same request bytes: only engines of the primary's protocol (and,
-        // for a pinned rank, only engines with that rank: the router's choice).
-        let destination = epp::destination(
-            &endpoint,
-            pick.fallbacks.iter().filter(|f| model.protocol(f) == protocol),
-            self.gateway.limits.destination_fallbacks,
-        );
+        let target = target::pick(
+            &model,
+            PickRequest {
+                token_ids: &prompt.input_ids,
+                ..routing
+            },
+        )?;
         let prompt_tokens = prompt.input_ids.len() as u64;
-
-        let engine_request_id = self.engine_request_id();
         let echo = req.echo.then(|| model.files.tokenizer.decode(&prompt.input_ids, false));
-        let generate = protocol.encode_generate(GenerateCall {
+        let generate = target.protocol.encode_generate(GenerateCall {
             request_id: &engine_request_id,
             input_ids: prompt.input_ids,
             sampling: &req.sampling,
             include_stop_str_in_output: req.include_stop_str_in_output,
             stream: req.stream,
-            data_parallel_rank: dp_rank,
+            data_parallel_rank: target.dp_rank,
         });
-        let framed = grpc_frame::encode(&generate);
 
         let prefix = if req.api == Api::Chat { "chatcmpl" } else { "cmpl" };
         let shape = ResponseShape {
@@ -425,7 +360,7 @@ impl RequestStream {
                 created: unix_now(),
                 model: model.name.clone(),
             },
-            protocol,
+            protocol: target.protocol,
             stream: req.stream,
             include_usage: req.include_usage,
             skip_special_tokens: req.sampling.skip_special_tokens,
@@ -437,20 +372,17 @@ impl RequestStream {
             logprobs: req.sampling.logprobs,
         };
         let translator = ResponseTranslator::new(model.clone(), shape, self.gateway.limits.max_engine_message);
-        self.summary.endpoint = endpoint.clone();
-        self.summary.dp_rank = dp_rank;
-        let mut out = vec![replies::route_to_engine(&destination, protocol.generate_path())];
-        out.extend(replies::body_chunks(&framed, true, true));
+        // Envoy connects to the engine's address; the rank travels in the request.
+        let destination = target.destination(self.gateway.limits.destination_fallbacks);
+        let mut out = vec![replies::route_to_engine(&destination, target.protocol.generate_path())];
+        out.extend(replies::body_chunks(&grpc_frame::encode(&generate), true, true));
         self.exchange = Some(Exchange {
-            model: model.clone(),
+            model,
             prompt_tokens,
-            endpoint,
-            dp_rank,
-            protocol,
+            target,
             engine_request_id,
             translator,
             client_headers_sent: false,
-            in_flight: Some(pick.in_flight),
         });
         self.phase = Phase::ResponseHeaders;
         Ok(out)
@@ -462,16 +394,11 @@ impl RequestStream {
     /// rank it is pinned to (a fallback has it), else on rank 0.
     fn follow_upstream(&mut self, upstream: Option<&str>) {
         let Some(exchange) = self.exchange.as_mut() else { return };
-        let Some(upstream) = upstream.filter(|u| *u != exchange.endpoint) else {
-            return;
-        };
-        let router = &exchange.model.router;
-        let Some(in_flight) = router.begin(upstream, exchange.dp_rank, exchange.prompt_tokens) else {
-            return;
-        };
-        exchange.in_flight = Some(in_flight);
-        exchange.endpoint = upstream.to_string();
-        self.summary.endpoint = exchange.endpoint.clone();
+        if let Some(upstream) = upstream.filter(|u| *u != exchange.target.address) {
+            exchange
+                .target
+                .follow(&exchange.model, upstream, exchange.prompt_tokens);
+        }
     }
 
     fn on_response_headers(&mut self, h: HttpHeaders) -> Vec<ProcessingResponse> {
@@ -506,7 +433,7 @@ impl RequestStream {
     fn on_response_body(&mut self, b: HttpBody) -> Vec<ProcessingResponse> {
         let exchange = self.exchange.as_mut().expect("an exchange exists after routing");
         // The engine's first bytes mean its prefill is done: the router stops counting it as backlog.
-        if let Some(in_flight) = exchange.in_flight.as_mut() {
+        if let Some(in_flight) = exchange.target.in_flight.as_mut() {
             in_flight.first_token();
         }
         let events = match exchange.translator.push(&b.body) {
@@ -553,7 +480,7 @@ impl RequestStream {
         self.phase = Phase::Done;
         let request_id = self.summary.request_id.clone();
         let exchange = self.exchange.as_mut().expect("an exchange exists after routing");
-        exchange.in_flight = None;
+        exchange.target.in_flight = None;
         let mut out = Vec::new();
         let body = match (&error, exchange.client_headers_sent) {
             (None, sent) => {
@@ -636,12 +563,178 @@ fn percent_decode(s: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::percent_decode;
+    // Data-parallel ranks through the stream: the destination names engine addresses only, the rank
+    // travels in the Generate request (`data_parallel_rank`), fallbacks are other engines.
+
+    use std::collections::HashSet;
+    use std::sync::Arc;
+
+    use prost::Message;
+
+    use crate::contracts::{DESTINATION_HEADER, LB_METADATA_NAMESPACE, MAX_RETRIES_HEADER};
+    use crate::test_assets::llama3_model_dir;
+    use super::{percent_decode, RequestStream};
+    use crate::engine::Protocol;
+    use crate::gateway::{Gateway, Limits};
+    use crate::pb::ext_proc::{
+        body_mutation::Mutation, processing_request::Request, processing_response::Response, HeaderMap, HeaderValue,
+        HttpBody, HttpHeaders, ProcessingRequest, ProcessingResponse,
+    };
+    use crate::pb::structs::value::Kind;
+    use crate::pb::{sglang, vllm};
+    use crate::routing::RouterConfig;
 
     #[test]
     fn grpc_messages_are_percent_decoded() {
         assert_eq!(percent_decode("prompt%20too%20long"), "prompt too long");
         assert_eq!(percent_decode("100%"), "100%");
         assert_eq!(percent_decode("%e2%9c%93"), "✓");
+    }
+
+    const A: &str = "10.0.0.1:50051";
+    const B: &str = "10.0.0.2:50051";
+    const C: &str = "10.0.0.3:50051";
+
+    /// A gateway serving model "m" (the venv's Llama 3 tokenizer) that lists up to 4 fallbacks.
+    fn gateway() -> Arc<Gateway> {
+        let dir = llama3_model_dir("dp");
+        let gateway = Arc::new(Gateway::new(Limits {
+            max_body_bytes: 1 << 20,
+            max_engine_message: 1 << 20,
+            destination_fallbacks: 4,
+        }));
+        gateway
+            .add_model("m", &dir, Some(4096), "round_robin", RouterConfig::default())
+            .unwrap();
+        gateway
+    }
+
+    /// What the stream sent for one completion request.
+    struct Routed {
+        header: String,
+        /// Envoy's retry limit for the request: one retry per listed fallback.
+        max_retries: usize,
+        metadata: String,
+        generate: Vec<u8>,
+        summary_endpoint: String,
+        summary_rank: Option<u32>,
+    }
+
+    fn send(gateway: &Arc<Gateway>) -> Routed {
+        let mut stream = RequestStream::new(gateway.clone());
+        let header = |key: &str, value: &str| HeaderValue {
+            key: key.into(),
+            value: String::new(),
+            raw_value: value.as_bytes().to_vec(),
+        };
+        let headers = ProcessingRequest {
+            request: Some(Request::RequestHeaders(HttpHeaders {
+                headers: Some(HeaderMap {
+                    headers: vec![header(":method", "POST"), header(":path", "/v1/completions")],
+                }),
+                end_of_stream: false,
+            })),
+            ..Default::default()
+        };
+        assert!(stream.process(headers).is_empty());
+        let body = ProcessingRequest {
+            request: Some(Request::RequestBody(HttpBody {
+                body: br#"{"model": "m", "prompt": "Hello there", "max_tokens": 4}"#.to_vec(),
+                end_of_stream: true,
+            })),
+            ..Default::default()
+        };
+        let replies: Vec<ProcessingResponse> = stream.process(body);
+        let Some(Response::RequestHeaders(h)) = &replies[0].response else {
+            panic!("expected the routing reply, got {:?}", replies[0]);
+        };
+        let mutation = h.response.as_ref().unwrap().header_mutation.as_ref().unwrap();
+        let set = |key: &str| {
+            mutation
+                .set_headers
+                .iter()
+                .filter_map(|o| o.header.as_ref())
+                .find(|h| h.key == key)
+                .map(|h| String::from_utf8(h.raw_value.clone()).unwrap())
+                .unwrap()
+        };
+        let header = set(DESTINATION_HEADER);
+        let max_retries = set(MAX_RETRIES_HEADER).parse().unwrap();
+        let lb = &replies[0].dynamic_metadata.as_ref().unwrap().fields[LB_METADATA_NAMESPACE];
+        let Some(Kind::StructValue(lb)) = &lb.kind else {
+            panic!("envoy.lb is a struct")
+        };
+        let metadata = lb.fields[DESTINATION_HEADER].as_str().unwrap().to_string();
+        let mut framed = Vec::new();
+        for r in &replies[1..] {
+            if let Some(Response::RequestBody(b)) = &r.response {
+                let mutation = b.response.as_ref().unwrap().body_mutation.as_ref().unwrap();
+                if let Some(Mutation::StreamedResponse(s)) = &mutation.mutation {
+                    framed.extend_from_slice(&s.body);
+                }
+            }
+        }
+        let summary = stream.summary();
+        Routed {
+            header,
+            max_retries,
+            metadata,
+            generate: framed[5..].to_vec(),
+            summary_endpoint: summary.endpoint,
+            summary_rank: summary.dp_rank,
+        }
+    }
+
+    fn data_parallel_rank(protocol: Protocol, generate: &[u8]) -> Option<i32> {
+        match protocol {
+            Protocol::Vllm => vllm::GenerateRequest::decode(generate).unwrap().data_parallel_rank,
+            Protocol::Sglang => sglang::GenerateRequest::decode(generate).unwrap().data_parallel_rank,
+        }
+    }
+
+    #[test]
+    fn ranks_travel_in_the_request_and_the_destination_names_addresses() {
+        for protocol in [Protocol::Vllm, Protocol::Sglang] {
+            let gateway = gateway();
+            let model = gateway.model("m").unwrap();
+            // A and B have two ranks each, C one: five endpoints, round robin over them.
+            model
+                .set_endpoints(vec![
+                    (A.into(), 0, protocol, 2),
+                    (B.into(), 0, protocol, 2),
+                    (C.into(), 0, protocol, 1),
+                ])
+                .unwrap();
+            let mut seen = HashSet::new();
+            for _ in 0..10 {
+                let routed = send(&gateway);
+                assert_eq!(routed.header, routed.metadata);
+                assert!(!routed.header.contains('#'), "{}", routed.header);
+                let mut destination = routed.header.split(',');
+                let primary = destination.next().unwrap();
+                let fallbacks: Vec<&str> = destination.collect();
+                assert_eq!(routed.summary_endpoint, primary);
+                let rank = data_parallel_rank(protocol, &routed.generate);
+                assert_eq!(rank.map(|r| r as u32), routed.summary_rank);
+                assert_eq!(routed.max_retries, fallbacks.len(), "Envoy retries once per fallback");
+                let distinct: HashSet<&str> = fallbacks.iter().copied().collect();
+                assert_eq!(distinct.len(), fallbacks.len(), "fallbacks are distinct: {fallbacks:?}");
+                assert!(
+                    !fallbacks.contains(&primary),
+                    "not the primary's engine: {}",
+                    routed.header
+                );
+                if primary == C {
+                    assert_eq!(rank, None, "a one-rank engine gets no rank");
+                    assert_eq!(distinct, HashSet::from([A, B]));
+                } else {
+                    assert!(matches!(rank, Some(0 | 1)), "{rank:?}");
+                    let other = if primary == A { B } else { A };
+                    assert_eq!(fallbacks, [other], "only the other engine with that rank");
+                }
+                seen.insert((primary.to_string(), rank));
+            }
+            assert_eq!(seen.len(), 5, "every rank and C were picked: {seen:?}");
+        }
     }
 }

@@ -3,7 +3,6 @@
 use crate::error::ApiError;
 use crate::gateway::ServedModel;
 use crate::openai::request::{ChatInput, GenerationRequest, PromptInput};
-use crate::routing::{NoRoute, Pick};
 use crate::template::{ChatInputs, RenderError};
 
 /// The prompt as token ids, ready to send.
@@ -66,52 +65,6 @@ pub fn chat_prompt(model: &ServedModel, request: &ChatInput) -> Result<Prompt, A
     })?;
     let input_ids = model.files.tokenizer.encode(&text).map_err(ApiError::internal)?;
     Ok(Prompt { input_ids })
-}
-
-/// How a request's prompts are routed: the session key, Envoy's subset hint and the request's objective.
-#[derive(Debug, Clone, Copy)]
-pub struct Route<'a> {
-    pub session: Option<&'a str>,
-    pub subset: Option<&'a [&'a str]>,
-    /// The `x-gateway-inference-objective` header.
-    pub objective: Option<&'a str>,
-}
-
-/// The engine for a prompt, among Envoy's subset hint when there is one; 503 when none is ready, 429
-/// when every one is at its queue limit and the request's priority is sheddable.
-pub fn pick(model: &ServedModel, token_ids: &[u32], route: Route<'_>) -> Result<Pick, ApiError> {
-    let Route {
-        session,
-        subset,
-        objective,
-    } = route;
-    model
-        .pick_in(token_ids, session, subset, objective)
-        .map_err(|why| match why {
-            NoRoute::NoEndpoint => {
-                let within = if subset.is_some() {
-                    " among the engines of the subset hint"
-                } else {
-                    ""
-                };
-                ApiError::unavailable(format!("no engine is ready to serve model '{}'{within}", model.name))
-            }
-            NoRoute::Overloaded => {
-                let priority = model.router.priority(objective);
-                let class = match objective {
-                    Some(name) => format!("objective '{name}' (priority {priority})"),
-                    None => format!("no objective (priority {priority})"),
-                };
-                ApiError::new(
-                    429,
-                    "rate_limit_error",
-                    format!(
-                        "every engine of model '{}' is at its queue limit; requests of {class} are shed; retry later",
-                        model.name
-                    ),
-                )
-            }
-        })
 }
 
 /// The tokens that end a choice when sampled: the request's stop token ids and, unless `ignore_eos`,

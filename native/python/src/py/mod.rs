@@ -9,6 +9,7 @@ mod tokenizer;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
+use prost::Message;
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
@@ -16,6 +17,7 @@ use pyo3::types::{PyBytes, PyDict, PyList};
 use extproc_core::engine::Protocol;
 use extproc_core::error::ApiError;
 use extproc_core::gateway::{Gateway, Limits, ServedModel};
+use extproc_core::pb::ext_proc::ProcessingRequest;
 use extproc_core::routing::policy::registry::DEFAULT_POLICY;
 use extproc_core::routing::RouterConfig;
 use extproc_core::stream::{RequestStream, Summary};
@@ -219,30 +221,40 @@ pub struct PyStream {
 #[pymethods]
 impl PyStream {
     /// One serialized `ProcessingRequest` in; the serialized `ProcessingResponse`s to send, in order.
+    /// Python holds these messages as protobuf objects of its own (xds-protos), so bytes are the
+    /// natural handover; ValueError when `message` is not a `ProcessingRequest`.
     fn process<'py>(&self, py: Python<'py>, message: &[u8]) -> PyResult<Bound<'py, PyList>> {
         let message = message.to_vec();
-        let replies = py.detach(|| {
-            let mut machine = self.inner.lock().expect("stream lock");
-            let mut replies = machine.process(&message);
-            // Only the native server makes a batch's engine calls.
-            if let Some(calls) = machine.take_fanout() {
-                let refused = ApiError::new(
-                    501,
-                    "not_implemented",
-                    "batched prompts need the native ext_proc server",
-                );
-                replies.extend(machine.fanout_done(calls.iter().map(|_| Err(refused.clone())).collect()));
-            }
-            replies
-        });
+        let replies = py
+            .detach(|| {
+                let request = ProcessingRequest::decode(message.as_slice())?;
+                let mut machine = self.inner.lock().expect("stream lock");
+                let mut replies = machine.process(request);
+                // Only the native server makes a batch's engine calls.
+                if let Some(calls) = machine.take_fanout() {
+                    let refused = ApiError::new(
+                        501,
+                        "not_implemented",
+                        "batched prompts need the native ext_proc server",
+                    );
+                    replies.extend(machine.fanout_done(calls.iter().map(|_| Err(refused.clone())).collect()));
+                }
+                Ok::<_, prost::DecodeError>(replies.iter().map(Message::encode_to_vec).collect::<Vec<_>>())
+            })
+            .map_err(|e| PyValueError::new_err(format!("not a ProcessingRequest: {e}")))?;
         PyList::new(py, replies.iter().map(|r| PyBytes::new(py, r)))
     }
 
     /// `(endpoint, engine_request_id, protocol)` of an engine call still running, to abort when the
     /// stream ends.
     fn pending_abort(&self) -> Option<(String, String, &'static str)> {
-        let pending = self.inner.lock().expect("stream lock").pending_abort()?;
-        Some((pending.endpoint, pending.request_id, pending.protocol.as_str()))
+        let machine = self.inner.lock().expect("stream lock");
+        let pending = machine.pending_abort()?;
+        Some((
+            pending.endpoint.to_string(),
+            pending.request_id.to_string(),
+            pending.protocol.as_str(),
+        ))
     }
 
     #[getter]

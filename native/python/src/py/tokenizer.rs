@@ -363,8 +363,7 @@ impl PyChatTemplate {
     fn render(&self, py: Python<'_>, context_json: &str) -> PyResult<String> {
         let context: Json = serde_json::from_str(context_json).map_err(|e| PyValueError::new_err(e.to_string()))?;
         let inner = self.inner.clone();
-        py.detach(move || inner.render_json(&context))
-            .map_err(render_error)
+        py.detach(move || inner.render_json(&context)).map_err(render_error)
     }
 
     /// `apply_chat_template(..., tokenize=False)` semantics; `special_tokens_json` holds bos_token etc.

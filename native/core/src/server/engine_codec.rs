@@ -1,5 +1,7 @@
-//! A gRPC codec that moves message bytes as they are: the state machine decodes and encodes the
-//! protobuf itself, so the server never parses a message twice.
+//! The codec of the server's own engine calls (an `Abort`, a batch's `Generate`s): the engine layer
+//! (`engine::Protocol`) encodes and decodes engine messages itself, since the same bytes also travel
+//! gRPC-framed inside Envoy's bodies, so the calls move them as they are. (The ext_proc service itself
+//! uses tonic's generated, typed server.)
 
 use bytes::{Buf, BufMut, Bytes};
 use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
@@ -7,24 +9,24 @@ use tonic::Status;
 
 /// Outgoing messages are serialized protobufs (`Vec<u8>`); incoming ones arrive as `Bytes`.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct RawCodec;
+pub struct EngineCodec;
 
-impl Codec for RawCodec {
+impl Codec for EngineCodec {
     type Encode = Vec<u8>;
     type Decode = Bytes;
-    type Encoder = RawCodec;
-    type Decoder = RawCodec;
+    type Encoder = EngineCodec;
+    type Decoder = EngineCodec;
 
     fn encoder(&mut self) -> Self::Encoder {
-        RawCodec
+        EngineCodec
     }
 
     fn decoder(&mut self) -> Self::Decoder {
-        RawCodec
+        EngineCodec
     }
 }
 
-impl Encoder for RawCodec {
+impl Encoder for EngineCodec {
     type Item = Vec<u8>;
     type Error = Status;
 
@@ -34,7 +36,7 @@ impl Encoder for RawCodec {
     }
 }
 
-impl Decoder for RawCodec {
+impl Decoder for EngineCodec {
     type Item = Bytes;
     type Error = Status;
 

@@ -1,0 +1,57 @@
+//! The HTTP route table: which of the gateway's APIs a request path names, and the method it takes.
+
+/// The HTTP APIs the gateway answers (engines' gRPC methods are elsewhere: `engine::Protocol`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HttpApi {
+    Models,
+    ChatCompletions,
+    Completions,
+    Tokenize,
+    Detokenize,
+}
+
+impl HttpApi {
+    /// The API at `path` (its query already cut off); a trailing slash names the same API. The
+    /// tokenizer APIs answer at vLLM's paths too (`/tokenize`, `/detokenize`).
+    pub fn from_path(path: &str) -> Option<HttpApi> {
+        match path.trim_end_matches('/') {
+            "/v1/models" => Some(HttpApi::Models),
+            "/v1/chat/completions" => Some(HttpApi::ChatCompletions),
+            "/v1/completions" => Some(HttpApi::Completions),
+            "/v1/tokenize" | "/tokenize" => Some(HttpApi::Tokenize),
+            "/v1/detokenize" | "/detokenize" => Some(HttpApi::Detokenize),
+            _ => None,
+        }
+    }
+
+    /// The one method the API takes: `GET` for the model list, `POST` with a JSON body for the rest.
+    pub fn method(self) -> &'static str {
+        match self {
+            HttpApi::Models => "GET",
+            _ => "POST",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::HttpApi;
+
+    #[test]
+    fn paths_name_their_api_with_or_without_a_trailing_slash() {
+        assert_eq!(HttpApi::from_path("/v1/models"), Some(HttpApi::Models));
+        assert_eq!(HttpApi::from_path("/v1/models/"), Some(HttpApi::Models));
+        assert_eq!(
+            HttpApi::from_path("/v1/chat/completions"),
+            Some(HttpApi::ChatCompletions)
+        );
+        assert_eq!(HttpApi::from_path("/v1/completions"), Some(HttpApi::Completions));
+        assert_eq!(HttpApi::from_path("/tokenize"), Some(HttpApi::Tokenize));
+        assert_eq!(HttpApi::from_path("/v1/detokenize"), Some(HttpApi::Detokenize));
+        for unknown in ["/", "", "/v1", "/v1/embeddings", "/v1/models/m"] {
+            assert_eq!(HttpApi::from_path(unknown), None, "{unknown}");
+        }
+        assert_eq!(HttpApi::Models.method(), "GET");
+        assert_eq!(HttpApi::Completions.method(), "POST");
+    }
+}
