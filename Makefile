@@ -61,7 +61,7 @@ lint: $(TEST_STAMP) ## ruff check + format check, clippy -D warnings, rustfmt ch
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(PYO3_ENV) $(CARGO) clippy $(MANIFEST) --workspace --all-targets -- -D warnings
-	$(CARGO) fmt $(MANIFEST) --check
+	$(CARGO) fmt $(MANIFEST) --all --check
 
 envoy-configs: $(RUNTIME_STAMP) ## regenerate the reference Envoy configs in envoy/ (and validate them)
 	$(BIN)/python -m extproc.envoy_bootstrap envoy

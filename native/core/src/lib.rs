@@ -15,7 +15,7 @@ pub mod routing;
 pub mod server;
 pub mod stop;
 pub mod stream;
+pub mod template;
 #[cfg(test)]
 mod test_assets;
-pub mod template;
 pub mod tokenize;

@@ -571,9 +571,8 @@ mod tests {
 
     use prost::Message;
 
-    use crate::contracts::{DESTINATION_HEADER, LB_METADATA_NAMESPACE, MAX_RETRIES_HEADER};
-    use crate::test_assets::llama3_model_dir;
     use super::{percent_decode, RequestStream};
+    use crate::contracts::{DESTINATION_HEADER, LB_METADATA_NAMESPACE, MAX_RETRIES_HEADER};
     use crate::engine::Protocol;
     use crate::gateway::{Gateway, Limits};
     use crate::pb::ext_proc::{
@@ -583,6 +582,7 @@ mod tests {
     use crate::pb::structs::value::Kind;
     use crate::pb::{sglang, vllm};
     use crate::routing::RouterConfig;
+    use crate::test_assets::llama3_model_dir;
 
     #[test]
     fn grpc_messages_are_percent_decoded() {

@@ -311,7 +311,6 @@ mod tests {
     use prost::Message;
     use serde_json::Value;
 
-    use crate::test_assets::llama3_model_dir;
     use super::{ResponseShape, ResponseTranslator};
     use crate::engine::Protocol;
     use crate::gateway::{Gateway, Limits, ServedModel};
@@ -320,6 +319,7 @@ mod tests {
     use crate::openai::response::ResponseMeta;
     use crate::pb::{sglang, vllm};
     use crate::routing::RouterConfig;
+    use crate::test_assets::llama3_model_dir;
 
     /// One model for every test (they run in parallel; the directory is written once).
     fn model() -> Arc<ServedModel> {
