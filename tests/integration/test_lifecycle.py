@@ -216,6 +216,8 @@ class StreamReader:
     # None: read to a clean end; else the error that ended the read.
     error: str | None = None
     ended_at: float = 0.0
+    # After a clean end: the server closed the connection (rather than keeping it for another request).
+    closed: bool = False
 
     def run(self) -> None:
         body = {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "stream": True}
@@ -230,10 +232,16 @@ class StreamReader:
             while chunk := response.read1(65536):
                 self.data += chunk
                 self.first_data.set()
+            self.ended_at = time.monotonic()
+            if conn.sock is None:  # http.client closed it: the response said `connection: close`
+                self.closed = True
+            else:
+                conn.sock.settimeout(5)
+                self.closed = conn.sock.recv(1) == b""
         except (OSError, http.client.HTTPException) as e:
             self.error = type(e).__name__
         finally:
-            self.ended_at = time.monotonic()
+            self.ended_at = self.ended_at or time.monotonic()
             self.first_data.set()
             conn.close()
 
@@ -281,15 +289,18 @@ def test_sigterm_drains_open_streams_then_stops_in_order(tmp_path: Path, free_po
         assert short.status == 200 and short.error is None, (short.error, short.events()[-3:])
         assert short.events()[-1] == "[DONE]"
         assert json.loads(short.events()[-2])["choices"][0]["finish_reason"] == "length"
-        # The long one ran until the grace was over, then was cut: no [DONE], the connection closed.
+        # The long one ran until the grace was over, then was cut before its end.
         cut_after = long.ended_at - term_at
         assert long.status == 200
         assert GRACE_S - 0.5 <= cut_after <= GRACE_S + 3, f"long stream ended {cut_after:.1f}s after SIGTERM"
-        assert long.events()[-1] != "[DONE]"
+        assert '"finish_reason":"length"' not in long.data.decode()
 
-        # The engine saw one request finish and one aborted by extproc (not just dropped).
+        # The engine saw one request finish and got extproc's Abort for the other, which stopped there
+        # (counted as aborted, or as cancelled when Envoy's reset of the engine call came first).
         stops = log_lines(log, r"^sim \| engine \d+ stopped: ")
-        assert [counted(stops, what) for what in ("completed", "aborted", "Abort calls")] == [1, 1, 1], stops
+        assert counted(stops, "completed") == 1, stops
+        assert counted(stops, "Abort calls") == 1, stops
+        assert counted(stops, "aborted") + counted(stops, "cancelled") == 1, stops
         # Stopped in order: extproc (after its grace), then Envoy, then the engines.
         lines = text.splitlines()
         envoy_term = next(i for i, line in enumerate(lines) if "caught ENVOY_SIGTERM" in line)
@@ -299,13 +310,18 @@ def test_sigterm_drains_open_streams_then_stops_in_order(tmp_path: Path, free_po
             f"refused new connections after {refused_after:.2f}s; long stream cut {cut_after:.1f}s after "
             f"SIGTERM (grace {GRACE_S:g}s); exit 0 after {exited_after:.1f}s"
         )
-        # What is still missing: the cut stream should end with an SSE error event before the connection
-        # closes. extproc's native server ends the ext_proc stream with UNAVAILABLE when the grace is
-        # over, and Envoy then resets the client stream: the error event needs the native cancel path to
-        # send one first (native/core/src/server/service.rs, native/core/src/stream/).
-        last = json.loads(long.events()[-1]) if long.events()[-1].startswith("{") else {}
-        if "error" not in last:
-            pytest.xfail("a stream cut at shutdown ends without an SSE error event (native cancel path)")
+        # The cut stream ends with an SSE error event and [DONE], then the connection closes. Missing
+        # today: extproc's native server ends the ext_proc stream with UNAVAILABLE when the grace is
+        # over and Envoy resets the client's stream mid-body; the native cancel path must first send the
+        # error event as the body's end (native/core/src/server/service.rs, native/core/src/stream/; a
+        # patch that makes this test pass: /work/notes/D2-native-shutdown-cut.patch).
+        events = long.events()
+        errors = [json.loads(e)["error"] for e in events[-2:-1] if e.startswith('{"error"')]
+        if long.error is not None and not errors:
+            pytest.xfail(f"a stream cut at shutdown ends without an SSE error event ({long.error})")
+        assert errors and errors[0]["code"] == 503, events[-3:]
+        assert events[-1] == "[DONE]"
+        assert long.error is None and long.closed
 
 
 def counted(lines: list[str], what: str) -> int:
@@ -414,3 +430,17 @@ def test_stop_all_drains_first_then_stops_in_the_given_order(tmp_path: Path, fre
         "envoy exited",
         "engine exited",
     ]
+
+
+def test_an_urgent_stop_does_not_wait_for_the_stop_timeout(tmp_path: Path, free_ports: Any) -> None:
+    """A second Ctrl-C during a drain: children still draining are killed at once."""
+    urgent = threading.Event()
+    sup = Supervisor(tmp_path, threading.Event(), echo=None, urgent=urgent)
+    argv = [sys.executable, "-c", SERVE_PY, str(port := free_ports.one()), "ignore-sigterm"]
+    spec = ChildSpec("slow", argv, tcp_accepts("127.0.0.1", port), "accepting", stop_timeout_s=60)
+    child = sup.start(spec, timeout_s=20)
+    threading.Timer(0.5, urgent.set).start()
+    started = time.monotonic()
+    sup.stop_all()
+    assert time.monotonic() - started < 5
+    assert child.proc.returncode == -signal.SIGKILL
