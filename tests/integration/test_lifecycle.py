@@ -312,15 +312,9 @@ def test_sigterm_drains_open_streams_then_stops_in_order(tmp_path: Path, free_po
             f"refused new connections after {refused_after:.2f}s; long stream cut {cut_after:.1f}s after "
             f"SIGTERM (grace {GRACE_S:g}s); exit 0 after {exited_after:.1f}s"
         )
-        # The cut stream ends with an SSE error event and [DONE], then the connection closes. Missing
-        # today: extproc's native server ends the ext_proc stream with UNAVAILABLE when the grace is
-        # over and Envoy resets the client's stream mid-body; the native cancel path must first send the
-        # error event as the body's end (native/core/src/server/service.rs, native/core/src/stream/; a
-        # patch that makes this test pass: /work/notes/D2-native-shutdown-cut.patch).
+        # The cut stream ends with an SSE error event (503) and [DONE], then the connection closes.
         events = long.events()
         errors = [json.loads(e)["error"] for e in events[-2:-1] if e.startswith('{"error"')]
-        if long.error is not None and not errors:
-            pytest.xfail(f"a stream cut at shutdown ends without an SSE error event ({long.error})")
         assert errors and errors[0]["code"] == 503, events[-3:]
         assert events[-1] == "[DONE]"
         assert long.error is None and long.closed

@@ -15,6 +15,7 @@ use tonic::{Request, Response, Status, Streaming};
 use super::abort::Aborter;
 use super::fanout;
 use super::stats::{Counters, Finished, Telemetry};
+use crate::engine::Protocol;
 use crate::gateway::Gateway;
 use crate::pb::ext_proc::external_processor_server::{ExternalProcessor, ExternalProcessorServer};
 use crate::pb::ext_proc::{ProcessingRequest, ProcessingResponse};
@@ -70,6 +71,11 @@ pub struct ProcessStream {
     fanout: Option<BoxFuture<Vec<CallOutcome>>>,
     cancelled: BoxFuture<()>,
     ended: bool,
+    /// The engine call a stop cut (endpoint, protocol, engine request id): the machine has ended the
+    /// exchange by then, so Drop aborts this one.
+    cut_abort: Option<(String, Protocol, String)>,
+    /// A cut with nothing to tell the client ends the ext_proc stream with UNAVAILABLE (Envoy's 503).
+    unavailable_owed: bool,
     started: Instant,
 }
 
@@ -88,6 +94,8 @@ impl ProcessStream {
             replies: Vec::new().into_iter(),
             fanout: None,
             ended: false,
+            cut_abort: None,
+            unavailable_owed: false,
             started: Instant::now(),
         }
     }
@@ -103,11 +111,22 @@ impl Stream for ProcessStream {
                 return Poll::Ready(Some(Ok(reply)));
             }
             if this.ended {
+                if std::mem::take(&mut this.unavailable_owed) {
+                    return Poll::Ready(Some(Err(Status::unavailable("extproc is shutting down"))));
+                }
                 return Poll::Ready(None);
             }
             if this.cancelled.as_mut().poll(cx).is_ready() {
+                // The grace ran out: the client hears why (an SSE error event and [DONE], or a 503) and
+                // its response ends cleanly; Envoy then resets the engine call, and Drop aborts it.
                 this.ended = true;
-                return Poll::Ready(Some(Err(Status::unavailable("extproc is shutting down"))));
+                this.cut_abort = this
+                    .machine
+                    .pending_abort()
+                    .map(|p| (p.endpoint.to_string(), p.protocol, p.request_id.to_string()));
+                this.replies = this.machine.shutdown().into_iter();
+                this.unavailable_owed = this.replies.len() == 0;
+                continue;
             }
             if let Some(fanout) = this.fanout.as_mut() {
                 let outcomes = ready!(fanout.as_mut().poll(cx));
@@ -142,9 +161,13 @@ impl Drop for ProcessStream {
         if let Some(p) = pending {
             self.shared.aborter.abort(p.endpoint, p.protocol, p.request_id);
         }
+        let cut = self.cut_abort.take();
+        if let Some((endpoint, protocol, request_id)) = &cut {
+            self.shared.aborter.abort(endpoint, *protocol, request_id);
+        }
         self.shared.telemetry.record(|| Finished {
             summary: self.machine.summary(),
-            aborted: pending.is_some(),
+            aborted: pending.is_some() || cut.is_some(),
             duration: self.started.elapsed(),
         });
     }

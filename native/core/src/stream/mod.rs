@@ -15,6 +15,9 @@ mod request;
 mod response;
 mod target;
 
+#[cfg(test)]
+mod shutdown_tests;
+
 use std::sync::Arc;
 
 use crate::contracts::{OBJECTIVE_HEADER, REQUEST_ID_HEADER, SESSION_HEADER};
@@ -190,6 +193,30 @@ impl RequestStream {
             }
             Err(error) => self.fail(error),
         }
+    }
+
+    /// The replies that end the exchange when the server stops before it is over (its grace ran out):
+    /// a stream whose 200 already went out gets an error event and `data: [DONE]` as the end of its
+    /// body, a request whose answer has not started gets a 503 (an immediate response: Envoy refuses an
+    /// unprompted response-headers reply), a request not yet routed nothing (the caller ends the
+    /// ext_proc stream with an error, which Envoy answers with its 503). The machine is done after it:
+    /// take `pending_abort` first.
+    pub fn shutdown(&mut self) -> Vec<ProcessingResponse> {
+        let Some(exchange) = self.exchange.as_mut() else {
+            return Vec::new();
+        };
+        if !matches!(self.phase, Phase::ResponseHeaders | Phase::ResponseBody) {
+            return Vec::new();
+        }
+        let error = ApiError::unavailable("the gateway is shutting down");
+        if !exchange.client_headers_sent {
+            exchange.target.in_flight = None;
+            return self.fail(error);
+        }
+        let mut replies = self.finish(Some(error));
+        // The trailers reply answers Envoy's response trailers, which do not come before the end.
+        replies.pop();
+        replies
     }
 
     pub fn is_done(&self) -> bool {
