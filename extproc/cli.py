@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from extproc import __version__
@@ -137,7 +138,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _cmd_envoy_config(args: argparse.Namespace) -> int:
-    from extproc.envoy_bootstrap import render_bootstrap
+    from extproc.envoy_bootstrap import DEFAULT_CLIENT_CONNECTIONS, render_bootstrap
     from extproc.stack import envoy_options
 
     settings = _settings(args, ENVOY_CONFIG)
@@ -149,7 +150,12 @@ def _cmd_envoy_config(args: argparse.Namespace) -> int:
             "--destination-fallbacks needs the engines (--engine): Envoy must know them to follow it"
         )
     retries = settings.destination_fallbacks or None
-    text = render_bootstrap(envoy_options(settings, engines, retries))
+    # The config is for an Envoy elsewhere: its connection cap is not derived from this machine's
+    # open-file limit (see docs/reliability.md).
+    cap = settings.max_client_connections or DEFAULT_CLIENT_CONNECTIONS
+    options = envoy_options(replace(settings, max_client_connections=None), engines, retries)
+    options = replace(options, max_downstream_connections=cap)
+    text = render_bootstrap(options)
     if args.output:
         with open(args.output, "w") as file:
             file.write(text)

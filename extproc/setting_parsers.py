@@ -126,6 +126,24 @@ def parse_grace(raw: Any) -> float:
     return value
 
 
+def parse_timeout(raw: Any) -> float:
+    value = _float(raw)
+    if value is None or not 0 <= value <= 86400:
+        raise BadValue("expected seconds between 0 (off) and 86400, e.g. 10")
+    return value
+
+
+def parse_connections(raw: Any) -> int:
+    return _int(raw, 1, 10_000_000, "expected a positive number of connections")
+
+
+def parse_file(raw: Any) -> str:
+    """A file path, made absolute here (it need not exist yet: Envoy, which reads it, reports that)."""
+    if not isinstance(raw, (str, os.PathLike)) or not str(raw).strip():
+        raise BadValue("expected a file path")
+    return str(Path(raw).expanduser().resolve())
+
+
 def parse_bool(raw: Any) -> bool:
     if isinstance(raw, bool):
         return raw

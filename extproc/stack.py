@@ -313,6 +313,7 @@ def envoy_options(
         access_log=settings.envoy_access_log,
         engines=engines,
         engine_retries=retries if engines else 0,
+        **envoy_bootstrap.edge_options(settings),
     )
 
 

@@ -17,7 +17,7 @@ import threading
 import time
 import urllib.request
 from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -243,12 +243,14 @@ def local_stack(
     fallbacks: int = 0,
     routing_config: str | None = None,
     filters_before: Callable[[list[str]], Sequence[dict[str, Any]]] | None = None,
+    envoy_overrides: Mapping[str, Any] | None = None,
 ) -> Iterator[Stack]:
     """`engines`, `protocol` and `sim` describe the single default model; `models` several instead.
     `fallbacks` > 0: Envoy knows every model's engines (one cluster) and follows up to that many
     fallbacks, as under `extproc up`; 0 leaves Envoy one address per request (ORIGINAL_DST).
     `filters_before`: given the first model's engine addresses, Envoy HTTP filters to run before ext_proc
-    (as a gateway in front of extproc would)."""
+    (as a gateway in front of extproc would). `envoy_overrides`: EnvoyOptions fields to set (timeouts,
+    connection cap, TLS)."""
     loop = LoopThread()
     single = models is None
     if models is None:
@@ -297,6 +299,7 @@ def local_stack(
         engines=known,
         engine_retries=fallbacks if known else 0,
     )
+    options = replace(options, **(envoy_overrides or {}))
     config = tmp / "envoy.json"
     bootstrap = build_bootstrap(options)
     hcm = bootstrap["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]

@@ -10,6 +10,7 @@ mod answers;
 mod batch;
 mod epp;
 mod http_api;
+mod local_reply;
 mod replies;
 mod request;
 mod response;
@@ -45,6 +46,8 @@ enum Phase {
     RequestBody,
     ResponseHeaders,
     ResponseBody,
+    /// Envoy's own reply to a request that was never routed, passed through (`local_reply`).
+    LocalReply,
     /// A batch's engine calls are made by the server (`take_fanout`, then `fanout_done`).
     Fanout,
     Done,
@@ -139,6 +142,16 @@ impl RequestStream {
             (Phase::ResponseBody, Some(Request::ResponseBody(b))) => self.on_response_body(b),
             (Phase::ResponseBody, Some(Request::ResponseTrailers(t))) => {
                 self.on_response_trailers(t.trailers.unwrap_or_default())
+            }
+            // Envoy's own reply (a timeout, a codec error) before the request was routed.
+            (Phase::RequestHeaders | Phase::RequestBody | Phase::LocalReply, Some(request)) => {
+                match local_reply::pass_through(&request) {
+                    Some((out, ended)) => {
+                        self.phase = if ended { Phase::Done } else { Phase::LocalReply };
+                        out
+                    }
+                    None => Vec::new(),
+                }
             }
             // Envoy may repeat an end-of-stream body chunk on large bodies; anything after the end
             // of a phase is dropped, never processed twice.
