@@ -470,6 +470,13 @@ _LOCAL_REPLIES: list[tuple[dict[str, Any], int, str, str]] = [
         "the gateway's request processor failed",
     ),
     (
+        # A client too slow to send its request head or body (request_headers_timeout, request_timeout).
+        {"cel": "response.code == 408"},
+        408,
+        "request_timeout",
+        "the request was not received in time",
+    ),
+    (
         # UF connect failure, UH no healthy host, URX retry limit, UC/UR connection reset, UO overflow.
         {"flags": ["UF", "UH", "URX", "UC", "UR", "UO"]},
         503,

@@ -161,7 +161,8 @@ def test_a_slow_upload_gets_408_and_releases_its_ext_proc_stream(stack: Stack) -
             time.sleep(0.05)
         elapsed = time.monotonic() - start
         response = _read_to_close(sock)
-        assert response is not None and response.startswith(b"HTTP/1.1 408"), response
+        assert response.startswith(b"HTTP/1.1 408"), response
+        assert b"application/json" in response and b'"request_timeout"' in response, response
         assert elapsed >= REQUEST_TIMEOUT_S - 1.0, elapsed
         assert wait_for(lambda: stat(stack.admin_url, "cluster.extproc.upstream_rq_active") == 0), (
             "the ext_proc stream of the cut request stayed open"
