@@ -390,7 +390,8 @@ class Settings:
         "SECONDS",
         doc="a request with no bytes either way for this long is ended by Envoy (408 before the response "
         "started, else the stream is cut): a backstop for an engine that stalls; keep it above the "
-        "longest wait for a first token you accept; `0` for no limit",
+        "longest wait for a first token you accept and your longest batched completion (answered at its "
+        "end); `0` for no limit",
     )
     client_idle_timeout: float = setting(
         300.0,
