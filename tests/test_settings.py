@@ -22,6 +22,8 @@ def model_dir(tmp_path: Path) -> Path:
     path = tmp_path / "my-model"
     path.mkdir()
     (path / "tokenizer.json").write_text("{}")
+    # The api_keys_file sample, beside the model directory.
+    (tmp_path / "keys.jsonl").write_text(f'{{"sha256": "{"ab" * 32}", "name": "k", "models": ["*"]}}\n')
     return path
 
 
@@ -50,6 +52,7 @@ def samples(model_dir: Path) -> dict[str, tuple[str, Any]]:
         "envoy_access_log": ("true", True),
         "shutdown_grace": ("0", 0.0),
         "liveness_interval": ("1.5", 1.5),
+        "api_keys_file": (str(model_dir.parent / "keys.jsonl"), (model_dir.parent / "keys.jsonl").resolve()),
     }
 
 
