@@ -63,15 +63,17 @@ pub const REQUEST_ID_HEADER: &str = "x-request-id";
 pub const AUTHORIZATION_HEADER: &str = "authorization";
 
 /// The only non-pseudo request headers that reach an engine as gRPC metadata: the ones extproc sets on
-/// the engine call (content type, `te`, the destination and retry limit Envoy routes by) and the ids a
-/// trace is followed by. extproc's request-headers reply removes every other client header (credentials,
-/// cookies, `grpc-timeout`, oversized custom headers); pseudo-headers and `host` stay (Envoy routes by
-/// them and never lets a filter remove them).
+/// the engine call (content type, `te`, the destination and retry limit Envoy routes by), the one Envoy
+/// needs to match any route (it matches none without `x-forwarded-proto`, which it sets itself) and the
+/// ids a trace is followed by. extproc's request-headers reply removes every other client header
+/// (credentials, cookies, `grpc-timeout`, oversized custom headers); pseudo-headers and `host` stay
+/// (Envoy routes by them and never lets a filter remove them).
 pub const ENGINE_REQUEST_HEADERS: &[&str] = &[
     "content-type",
     "te",
     DESTINATION_HEADER,
     MAX_RETRIES_HEADER,
+    "x-forwarded-proto",
     REQUEST_ID_HEADER,
     "traceparent",
     "tracestate",

@@ -201,6 +201,7 @@ mod tests {
             "x-custom",
             "x-custom",
             "x-request-id",
+            "x-forwarded-proto",
             "traceparent",
             "x-envoy-upstream-rq-timeout-ms",
         ];
