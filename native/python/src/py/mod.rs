@@ -24,6 +24,9 @@ use extproc_core::routing::RouterConfig;
 use extproc_core::stream::{RequestStream, Summary};
 use load::PyEngineLoad;
 
+/// One API key as Python passes it: `(sha256 hex, name, models, requests_per_minute)`.
+type KeyTuple = (String, String, Vec<String>, u32);
+
 /// Served models and their endpoints, shared by every request stream.
 #[pyclass(name = "Gateway", module = "extproc._native", frozen)]
 pub struct PyGateway {
@@ -177,7 +180,7 @@ impl PyGateway {
 
     /// Require an API key of every request: `(sha256 hex, name, models, requests_per_minute)` per key
     /// (models `["*"]`: all; 0: no rate limit), or None for none. Raises ValueError on a bad entry.
-    fn set_api_keys(&self, keys: Option<Vec<(String, String, Vec<String>, u32)>>) -> PyResult<()> {
+    fn set_api_keys(&self, keys: Option<Vec<KeyTuple>>) -> PyResult<()> {
         let keys = match keys {
             None => None,
             Some(entries) => {
