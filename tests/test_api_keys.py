@@ -80,7 +80,7 @@ def test_an_empty_file_is_refused(tmp_path: Path) -> None:
 def test_the_setting_checks_the_file_at_startup(tmp_path: Path) -> None:
     path = tmp_path / "keys.jsonl"
     path.write_text("{}\n")
-    with pytest.raises(ConfigError, match="--api-keys-file .*: keys file line 1: sha256"):
+    with pytest.raises(ConfigError, match=r"--api-keys-file .*: keys file line 1: sha256"):
         load_settings({"api_keys_file": str(path)})
-    with pytest.raises(ConfigError, match="--api-keys-file .*: cannot read it"):
+    with pytest.raises(ConfigError, match=r"--api-keys-file .*: cannot read it"):
         load_settings({"api_keys_file": str(tmp_path / "missing")})
