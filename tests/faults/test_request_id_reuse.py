@@ -68,13 +68,18 @@ def test_a_client_reusing_anothers_request_id_cannot_cut_its_stream(stack: Stack
     assert len(set(ids)) == 2 and "victim-id-1" not in ids, ids
 
 
-def test_requests_get_distinct_engine_and_response_ids(stack: Stack) -> None:
+@pytest.mark.parametrize("client_id", [None, "reused-id"])
+def test_requests_get_distinct_engine_and_response_ids(stack: Stack, client_id: str | None) -> None:
+    """Envoy gives each request a fresh x-request-id unless the client sends one (kept from loopback):
+    either way, five requests in well under a second (the old fallback id was one per second) are five
+    engine requests and five response ids."""
     engine = stack.engines.engines[0]
     before = len(engine.core.recorded)
     body = {"model": stack.model, "prompt": "hello", "max_tokens": 1}
+    headers = {"x-request-id": client_id} if client_id else {}
     response_ids = []
-    for _ in range(5):  # well within one second: the old fallback id was one per second
-        conn = post_json(stack.base_url, "/v1/completions", body)
+    for _ in range(5):
+        conn = post_json(stack.base_url, "/v1/completions", body, headers=headers)
         response = conn.getresponse()
         assert response.status == 200
         response_ids.append(json.loads(response.read())["id"])
