@@ -1,4 +1,5 @@
-"""The `extproc` command: `up` (the local stack), `serve` (the ext_proc server alone), `envoy-config`.
+"""The `extproc` command: `up` (the local stack), `serve` (the ext_proc server alone), `envoy-config`,
+`keys hash` (a line of the API keys file, extproc.api_keys).
 
 Each command's flags are derived from the settings it takes (extproc.settings); they are parsed as strings
 and validated by extproc.config, so a bad value reads the same whether it came from a flag, the environment
@@ -82,6 +83,15 @@ def build_parser() -> argparse.ArgumentParser:
     _add_settings(envoy, ENVOY_CONFIG)
     envoy.add_argument("-o", "--output", metavar="FILE", help="write to FILE instead of stdout")
 
+    keys = commands.add_parser(
+        "keys",
+        help="API keys: `extproc keys hash` prints the api_keys_file line for a key",
+        description="Manage API keys for the api_keys_file setting.",
+    )
+    from extproc import api_keys
+
+    api_keys.build_parser(keys)
+
     # The simulator owns its flags; `extproc sim ARGS` hands ARGS to it unchanged.
     commands.add_parser(
         "sim",
@@ -164,7 +174,13 @@ def _cmd_envoy_config(args: argparse.Namespace) -> int:
     return 0
 
 
-_COMMANDS = {UP: _cmd_up, SERVE: _cmd_serve, ENVOY_CONFIG: _cmd_envoy_config}
+def _cmd_keys(args: argparse.Namespace) -> int:
+    from extproc import api_keys
+
+    return api_keys.run(args)
+
+
+_COMMANDS = {UP: _cmd_up, SERVE: _cmd_serve, ENVOY_CONFIG: _cmd_envoy_config, "keys": _cmd_keys}
 
 
 def _cmd_sim(argv: Sequence[str]) -> int:

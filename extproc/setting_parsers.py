@@ -247,6 +247,22 @@ def parse_host(raw: Any) -> str:
         raise BadValue("expected an IP address to listen on (e.g. 127.0.0.1 or 0.0.0.0)") from None
 
 
+def parse_api_keys_file(raw: Any) -> Path:
+    """An existing keys file whose every line is a valid key entry (extproc.api_keys)."""
+    from extproc.api_keys import KeysFileError, parse_keys
+
+    if not isinstance(raw, (str, os.PathLike)) or not str(raw).strip():
+        raise BadValue("expected the path of an API keys file")
+    path = Path(raw).expanduser().resolve()
+    try:
+        parse_keys(path.read_text(), "keys file")
+    except OSError as e:
+        raise BadValue(f"cannot read it ({e.strerror or e})") from None
+    except KeysFileError as e:
+        raise BadValue(str(e)) from None
+    return path
+
+
 def parse_model_dir(raw: Any) -> Path:
     if not isinstance(raw, (str, os.PathLike)) or not str(raw).strip():
         raise BadValue("expected a model directory")

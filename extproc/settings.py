@@ -297,6 +297,18 @@ class Settings:
         doc="several served models: `[[models]]` tables in the config file only, see [Several "
         "models](#several-models)",
     )
+    api_keys_file: Path | None = setting(  # noqa: RUF009
+        None,
+        p.parse_api_keys_file,
+        _GATEWAY,
+        "file of API keys (JSON lines from `extproc keys hash`); unset: no key required",
+        "FILE",
+        doc="API keys required of every request (`Authorization: Bearer <key>`): one JSON line per key "
+        "with its SHA-256 (never the key), a name, the models it may use and a requests-per-minute "
+        "limit, as `extproc keys hash` prints it; read at startup. See [Headers and "
+        "authentication](reliability.md#headers-and-authentication)",
+        default_doc="none: no key required",
+    )
     log_level: str = setting(
         "info",
         p.choice(p.LOG_LEVELS),

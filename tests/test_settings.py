@@ -23,6 +23,8 @@ def model_dir(tmp_path: Path) -> Path:
     path = tmp_path / "my-model"
     path.mkdir()
     (path / "tokenizer.json").write_text("{}")
+    # The api_keys_file sample, beside the model directory.
+    (tmp_path / "keys.jsonl").write_text(f'{{"sha256": "{"ab" * 32}", "name": "k", "models": ["*"]}}\n')
     return path
 
 
@@ -62,6 +64,7 @@ def samples(model_dir: Path) -> dict[str, tuple[str, Any]]:
         "extproc_tls_ca": ("/etc/tls/extproc-ca.pem", "/etc/tls/extproc-ca.pem"),
         "extproc_tls_cert": ("/etc/tls/envoy.pem", "/etc/tls/envoy.pem"),
         "extproc_tls_key": ("/etc/tls/envoy.key", "/etc/tls/envoy.key"),
+        "api_keys_file": (str(model_dir.parent / "keys.jsonl"), (model_dir.parent / "keys.jsonl").resolve()),
     }
 
 

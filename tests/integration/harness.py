@@ -244,6 +244,7 @@ def local_stack(
     routing_config: str | None = None,
     filters_before: Callable[[list[str]], Sequence[dict[str, Any]]] | None = None,
     envoy_overrides: Mapping[str, Any] | None = None,
+    api_keys_file: Path | None = None,
 ) -> Iterator[Stack]:
     """`engines`, `protocol` and `sim` describe the single default model; `models` several instead.
     `fallbacks` > 0: Envoy knows every model's engines (one cluster) and follows up to that many
@@ -263,6 +264,8 @@ def local_stack(
         extra["load_interval"] = load_interval
     if routing_config is not None:
         extra["routing_config"] = routing_config
+    if api_keys_file is not None:
+        extra["api_keys_file"] = api_keys_file
     known: tuple[str, ...] = ()
     if fallbacks:
         known = tuple(a for cluster in clusters.values() for a in cluster.addresses)
