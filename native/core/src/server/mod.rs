@@ -8,6 +8,7 @@ mod fanout;
 mod listen;
 mod service;
 mod stats;
+mod workers;
 
 use std::future::Future;
 use std::io;
@@ -25,10 +26,12 @@ pub use abort::ABORT_TIMEOUT;
 pub use listen::ListenAddr;
 pub use service::MAX_MESSAGE_BYTES;
 pub use stats::{Counters, Finished, Telemetry};
+pub use workers::pool_size;
 
 use abort::Aborter;
 use listen::Listener;
 use service::Shared;
+use workers::Workers;
 
 use crate::gateway::Gateway;
 
@@ -48,6 +51,9 @@ pub struct ServerConfig {
     pub listen: String,
     /// Runtime threads serving streams; 1 runs everything on the server's one thread.
     pub worker_threads: usize,
+    /// Threads that process large request bodies (parse, template, tokenize) off the runtime's
+    /// threads; 0: one per CPU.
+    pub request_workers: usize,
 }
 
 /// A running server; `stop` (or dropping it) shuts it down.
@@ -72,6 +78,7 @@ impl ExtProcServer {
             aborter: Aborter::new(runtime.handle().clone(), telemetry.clone()),
             telemetry,
             cancel: cancel_rx,
+            workers: Workers::new(pool_size(config.request_workers)),
         });
         let (stop_tx, stop_rx) = oneshot::channel();
         let thread = std::thread::Builder::new().name("extproc-grpc".into()).spawn(move || {
@@ -214,6 +221,7 @@ mod tests {
             max_body_bytes: 1 << 20,
             max_engine_message: 1 << 20,
             destination_fallbacks: 0,
+            max_buffered_output_tokens: crate::gateway::DEFAULT_MAX_BUFFERED_OUTPUT_TOKENS,
         }))
     }
 
@@ -230,6 +238,7 @@ mod tests {
         let config = ServerConfig {
             listen: listen.into(),
             worker_threads: 1,
+            request_workers: 1,
         };
         (
             ExtProcServer::start(gateway(), telemetry.clone(), &config).unwrap(),
@@ -425,6 +434,7 @@ mod tests {
             let config = ServerConfig {
                 listen: listen.into(),
                 worker_threads: 1,
+                request_workers: 1,
             };
             // Port 1 needs privileges the tests do not run with; if they do, it binds, and that is fine.
             if listen == "127.0.0.1:1" && std::net::TcpListener::bind(listen).is_ok() {
