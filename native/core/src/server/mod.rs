@@ -318,7 +318,7 @@ mod tests {
         Result<Streaming<ProcessingResponse>, Status>,
     ) {
         let (tx, rx) = mpsc::channel(8);
-        let mut client = tonic::client::Grpc::new(channel);
+        let mut client = tonic::client::Grpc::new(channel).max_decoding_message_size(MAX_MESSAGE_BYTES);
         client.ready().await.unwrap();
         let replies = client
             .streaming(
@@ -552,6 +552,74 @@ mod tests {
             panic!("expected an immediate response");
         };
         assert_eq!(answer.status.unwrap().code, 413);
+    }
+
+    /// A body being tokenized for long (7 MB for /v1/tokenize) holds up neither the runtime's one
+    /// thread nor the other streams on the connection: a stream opened after it is answered first.
+    #[test]
+    fn a_large_body_is_processed_off_the_thread_serving_the_streams() {
+        let dir = crate::test_assets::llama3_model_dir("server-busy");
+        let limits = Limits {
+            max_body_bytes: 16 << 20,
+            ..gateway().limits
+        };
+        let gateway = Arc::new(Gateway::new(limits));
+        gateway
+            .add_model("m", &dir, None, "round_robin", crate::routing::RouterConfig::default())
+            .unwrap();
+        let telemetry = Arc::new(Telemetry::new(16));
+        let config = ServerConfig {
+            listen: "127.0.0.1:0".into(),
+            worker_threads: 1,
+            request_workers: 1,
+        };
+        let _server = ExtProcServer::start(gateway, telemetry, &config).unwrap();
+        let address = _server.address().to_string();
+        let words: String = (0..1_000_000).map(|i| format!("w{} ", i * 7919 % 1_000_003)).collect();
+        let body = serde_json::json!({"model": "m", "prompt": words})
+            .to_string()
+            .into_bytes();
+        let rt = client_runtime();
+        let (tokenized_after, models_after) = rt.block_on(async move {
+            let channel = connect(&address).await;
+            let began = Instant::now();
+            let (heavy_tx, heavy) = open(channel.clone()).await;
+            heavy_tx
+                .send(request_headers("POST", "/v1/tokenize", false))
+                .await
+                .unwrap();
+            heavy_tx
+                .send(ProcessingRequest {
+                    request: Some(Request::RequestBody(HttpBody {
+                        body,
+                        end_of_stream: true,
+                    })),
+                    ..Default::default()
+                })
+                .await
+                .unwrap();
+            let heavy = tokio::spawn(async move {
+                let answer = heavy.unwrap().message().await.unwrap().unwrap();
+                (answer, began.elapsed())
+            });
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            let (light_tx, light) = open(channel).await;
+            light_tx.send(request_headers("GET", "/v1/models", true)).await.unwrap();
+            let light = light.unwrap().message().await.unwrap().unwrap();
+            let models_after = began.elapsed();
+            assert!(matches!(light.response, Some(Response::ImmediateResponse(_))));
+            let (answer, tokenized_after) = heavy.await.unwrap();
+            let Some(Response::ImmediateResponse(answer)) = answer.response else {
+                panic!("expected the tokenize answer");
+            };
+            assert_eq!(answer.status.unwrap().code, 200);
+            drop((heavy_tx, light_tx));
+            (tokenized_after, models_after)
+        });
+        assert!(
+            models_after < tokenized_after,
+            "/v1/models took {models_after:?}, the 7 MB tokenize {tokenized_after:?}"
+        );
     }
 
     #[test]

@@ -83,9 +83,10 @@ mod tests {
             })
             .collect();
         let done: Vec<_> = rt.block_on(async {
+            let started: Vec<_> = jobs.into_iter().map(tokio::spawn).collect();
             let mut out = Vec::new();
-            for job in jobs {
-                out.push(job.await);
+            for job in started {
+                out.push(job.await.unwrap());
             }
             out
         });

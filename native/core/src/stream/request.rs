@@ -185,6 +185,8 @@ mod tests {
             max_buffered_output_tokens: DEFAULT_MAX_BUFFERED_OUTPUT_TOKENS,
         }));
         let dir = llama3_model_dir("limits");
+        let template = "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}";
+        std::fs::write(dir.join("chat_template.jinja"), template).unwrap();
         gateway
             .add_model("m", &dir, Some(CONTEXT), "round_robin", RouterConfig::default())
             .unwrap();
@@ -245,8 +247,15 @@ mod tests {
         let PromptInput::Chat(input) = &chat.input else {
             unreachable!()
         };
-        // The test model has no chat template: the check runs on a rendered text, not reached here.
-        assert!(chat_prompt(&model, input).is_err());
+        let e = chat_prompt(&model, input).err().unwrap();
+        assert_eq!(e.param.as_deref(), Some("messages"));
+        assert!(e.message.contains("bytes"), "{}", e.message);
+        // A chat that fits is rendered and tokenized.
+        let short = parse_chat_request(br#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#).unwrap();
+        let PromptInput::Chat(input) = &short.input else {
+            unreachable!()
+        };
+        assert!(!chat_prompt(&model, input).unwrap().input_ids.is_empty());
     }
 
     #[test]
