@@ -50,7 +50,12 @@ class Gateway:
     """Served models and their endpoints, shared by every request stream."""
 
     def __init__(
-        self, *, max_body_bytes: int, max_engine_message: int = ..., destination_fallbacks: int = ...
+        self,
+        *,
+        max_body_bytes: int,
+        max_engine_message: int = ...,
+        destination_fallbacks: int = ...,
+        max_buffered_output_tokens: int = ...,
     ) -> None: ...
     def add_model(
         self,
@@ -101,7 +106,13 @@ class ExtProcServer:
     """
 
     def __init__(
-        self, gateway: Gateway, listen: str, *, worker_threads: int = 1, summary_capacity: int = 4096
+        self,
+        gateway: Gateway,
+        listen: str,
+        *,
+        worker_threads: int = 1,
+        request_workers: int = 0,
+        summary_capacity: int = 4096,
     ) -> None: ...
     def start(self) -> str:
         """Bind `listen` ("host:port", port 0 for any; or "unix:/path") and serve; returns the address."""

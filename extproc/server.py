@@ -23,8 +23,9 @@ log = structlog.get_logger("extproc.server")
 
 ENGINE_WAIT_S = 30.0
 STOP_GRACE_S = 5.0
-# Threads serving ext_proc streams; Envoy needs the other cores of a small machine.
-WORKER_THREADS = 1
+# Threads serving ext_proc streams (their messages and HTTP/2 pings; large request bodies go to the
+# `request_workers` pool): two, so one stream's slow step never holds up the connection's others.
+WORKER_THREADS = 2
 REPORT_INTERVAL_S = 1.0
 
 
@@ -95,7 +96,9 @@ async def start(settings: Settings, *, engine_wait_s: float = ENGINE_WAIT_S) -> 
 
     Waits up to `engine_wait_s` for every model to have at least one healthy engine."""
     gateway = _native.Gateway(
-        max_body_bytes=settings.max_body_bytes, destination_fallbacks=settings.destination_fallbacks
+        max_body_bytes=settings.max_body_bytes,
+        destination_fallbacks=settings.destination_fallbacks,
+        max_buffered_output_tokens=settings.max_buffered_output_tokens,
     )
     if settings.api_keys_file is not None:
         try:
@@ -120,7 +123,12 @@ async def start(settings: Settings, *, engine_wait_s: float = ENGINE_WAIT_S) -> 
         )
     try:
         await asyncio.gather(*(pool.start(wait_s=engine_wait_s) for pool in pools.values()))
-        server = _native.ExtProcServer(gateway, settings.listen, worker_threads=WORKER_THREADS)
+        server = _native.ExtProcServer(
+            gateway,
+            settings.listen,
+            worker_threads=WORKER_THREADS,
+            request_workers=settings.request_workers,
+        )
         try:
             address = server.start()
         except OSError as e:

@@ -69,6 +69,10 @@ def parse_count(raw: Any) -> int:
     return _int(raw, 0, 1024, "expected an integer 0-1024")
 
 
+def parse_token_count(raw: Any) -> int:
+    return _int(raw, 1, 1 << 40, "expected a positive number of tokens")
+
+
 def parse_fallbacks(raw: Any) -> int:
     return _int(raw, 0, 16, "expected an integer 0-16")
 

@@ -217,6 +217,27 @@ class Settings:
         doc="largest request body (413 above it); accepts `8MiB`, `512KiB`, `1GiB`; also sizes Envoy's "
         "per-connection buffers",
     )
+    max_buffered_output_tokens: int = setting(
+        1 << 18,
+        p.parse_token_count,
+        _GATEWAY,
+        "largest non-streamed answer a request may ask for: prompts x n x max_tokens x (top_logprobs + 1)",
+        "TOKENS",
+        doc="a non-streamed answer is held whole in extproc's memory: a request that could make it larger "
+        "than this many tokens (prompts, `n`, `max_tokens` and `top_logprobs` + 1 multiplied; without "
+        "`max_tokens`, the context length) is refused with a 400 naming `max_tokens` and the limit before "
+        "any engine call; see [reliability.md](reliability.md)",
+    )
+    request_workers: int = setting(
+        0,
+        p.parse_count,
+        _GATEWAY,
+        "threads that parse, template and tokenize large request bodies; 0 for one per CPU",
+        "N",
+        doc="threads that parse, template and tokenize request bodies of 32 KiB and more, off the threads "
+        "serving Envoy's connection, so a huge prompt never stalls other requests; 0: one per CPU; see "
+        "[reliability.md](reliability.md)",
+    )
     routing_policy: str = setting(
         p.DEFAULT_ROUTING_POLICY,
         p.choice(p.ROUTING_POLICIES),

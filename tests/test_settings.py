@@ -36,6 +36,8 @@ def samples(model_dir: Path) -> dict[str, tuple[str, Any]]:
         "model_dir": (str(model_dir), model_dir.resolve()),
         "model_name": ("served", "served"),
         "max_body_bytes": ("1MiB", 1024 * 1024),
+        "max_buffered_output_tokens": ("65536", 65536),
+        "request_workers": ("3", 3),
         "routing_policy": ("least_load", "least_load"),
         "engine_protocol": ("SGLANG", "sglang"),
         "kv_events": ("off", "off"),

@@ -23,6 +23,9 @@ pub struct ServedModel {
     pub name: String,
     pub files: ModelFiles,
     max_context: AtomicU32,
+    /// The longest token of the vocabulary, in bytes: a text of more than `max_context` times this
+    /// many bytes has more tokens than the context holds, whatever it says.
+    pub max_token_bytes: usize,
     pub created: u64,
     /// The model's engines (set by the control plane) and the policy that picks among them: one
     /// endpoint per engine, or per data-parallel rank (`"{address}#{rank}"`) of an engine with several.
@@ -105,7 +108,15 @@ pub struct Limits {
     /// Fallback engines listed after the primary in the destination (0: the primary only, which an
     /// ORIGINAL_DST cluster requires; Envoy's override_host policy follows a longer list).
     pub destination_fallbacks: usize,
+    /// A non-streamed answer is held whole until it is sent: refuse requests that could make it
+    /// larger than this many output tokens, counting each of a token's top logprobs as one more
+    /// (prompts × n × max_tokens × (top_logprobs + 1)).
+    pub max_buffered_output_tokens: u64,
 }
+
+/// About 3 KB of extproc memory per buffered token with its logprobs (issue 15 measured 3.9 GB for
+/// 64 × 1,000 × 21; 8 × 1,000 × 21 takes about 490 MB): 256 Ki tokens keep one answer under 1 GB.
+pub const DEFAULT_MAX_BUFFERED_OUTPUT_TOKENS: u64 = 1 << 18;
 
 pub struct Gateway {
     models: RwLock<HashMap<String, Arc<ServedModel>>>,
@@ -145,10 +156,12 @@ impl Gateway {
         let router = Router::new(policy, routing).map_err(|e| format!("routing: {e}"))?;
         let files = ModelFiles::load(dir)?;
         let max_context = max_context.or(files.max_context).unwrap_or(8192);
+        let max_token_bytes = files.tokenizer.longest_token_bytes();
         let model = Arc::new(ServedModel {
             name: name.to_string(),
             files,
             max_context: AtomicU32::new(max_context),
+            max_token_bytes,
             created: unix_now(),
             router,
             protocols: RwLock::new(HashMap::new()),

@@ -263,6 +263,17 @@ impl TextTokenizer {
         self.vocab_size
     }
 
+    /// The longest vocabulary piece, in bytes of its written form (at least the bytes of text it
+    /// stands for: "Ġ" is 2 bytes for 1, "<0x0A>" 6 for 1); 1 for an empty vocabulary.
+    pub fn longest_token_bytes(&self) -> usize {
+        (0..self.vocab_size as u32)
+            .filter_map(|id| self.id_to_token(id))
+            .map(|piece| piece.len())
+            .max()
+            .unwrap_or(1)
+            .max(1)
+    }
+
     pub fn cache_stats(&self) -> CacheStats {
         self.cache.stats()
     }

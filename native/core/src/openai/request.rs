@@ -33,6 +33,12 @@ pub struct Sampling {
 pub const MAX_TOP_LOGPROBS: i64 = 20;
 /// The most choices per request (OpenAI's limit).
 pub const MAX_N: i64 = 128;
+/// Stop strings are matched against every output delta: caps on how many and how long keep that cheap
+/// (a 4 MB stop string made each delta a 4 MB scan; OpenAI itself takes at most 4).
+pub const MAX_STOP_STRINGS: usize = 64;
+pub const MAX_STOP_STRING_BYTES: usize = 1024;
+/// Each sampled token is looked up in the request's stop token ids.
+pub const MAX_STOP_TOKEN_IDS: usize = 1024;
 /// vLLM's threshold below which a temperature means greedy sampling.
 const GREEDY_TEMPERATURE: f32 = 1e-5;
 
@@ -296,6 +302,17 @@ fn parse_sampling(obj: &Object) -> Result<Sampling, ApiError> {
     if stop.iter().any(String::is_empty) {
         return Err(ApiError::invalid_param("stop", "stop strings must not be empty"));
     }
+    check_stop_caps(&stop)?;
+    let stop_token_ids = opt_u32_list(obj, "stop_token_ids")?;
+    if stop_token_ids.len() > MAX_STOP_TOKEN_IDS {
+        return Err(ApiError::invalid_param(
+            "stop_token_ids",
+            format!(
+                "at most {MAX_STOP_TOKEN_IDS} stop token ids, got {}",
+                stop_token_ids.len()
+            ),
+        ));
+    }
     Ok(Sampling {
         max_tokens: max_tokens.map(|n| n as u32),
         min_tokens,
@@ -308,13 +325,30 @@ fn parse_sampling(obj: &Object) -> Result<Sampling, ApiError> {
         repetition_penalty: opt_f32(obj, "repetition_penalty", f64::MIN_POSITIVE, 2.0)?,
         seed: opt_int(obj, "seed", i32::MIN as i64, i32::MAX as i64)?.map(|s| s as i32),
         stop,
-        stop_token_ids: opt_u32_list(obj, "stop_token_ids")?,
+        stop_token_ids,
         ignore_eos: opt_bool(obj, "ignore_eos")?.unwrap_or(false),
         skip_special_tokens: opt_bool(obj, "skip_special_tokens")?.unwrap_or(true),
         logit_bias: parse_logit_bias(obj)?,
         n: 1,
         logprobs: None,
     })
+}
+
+/// At most `MAX_STOP_STRINGS` stop strings of at most `MAX_STOP_STRING_BYTES` bytes each.
+fn check_stop_caps(stop: &[String]) -> Result<(), ApiError> {
+    if stop.len() > MAX_STOP_STRINGS {
+        return Err(ApiError::invalid_param(
+            "stop",
+            format!("at most {MAX_STOP_STRINGS} stop strings, got {}", stop.len()),
+        ));
+    }
+    match stop.iter().map(String::len).max() {
+        Some(longest) if longest > MAX_STOP_STRING_BYTES => Err(ApiError::invalid_param(
+            "stop",
+            format!("stop strings must be at most {MAX_STOP_STRING_BYTES} bytes long, got one of {longest} bytes"),
+        )),
+        _ => Ok(()),
+    }
 }
 
 /// `{"token id": bias}` with biases in [-100, 100], as OpenAI defines it.
@@ -557,5 +591,33 @@ mod tests {
         assert!(
             parse_chat_request(br#"{"model":"m","messages":[{"role":"user","content":"x"}],"foo":{"bar":1}}"#).is_ok()
         );
+    }
+
+    #[test]
+    fn stop_strings_and_stop_token_ids_are_capped_naming_the_field_and_the_limit() {
+        let chat = |extra: String| {
+            parse_chat_request(
+                format!(r#"{{"model":"m","messages":[{{"role":"user","content":"x"}}]{extra}}}"#).as_bytes(),
+            )
+        };
+        let list = |items: Vec<String>| serde_json::to_string(&items).unwrap();
+        let at_most = list((0..MAX_STOP_STRINGS).map(|i| format!("s{i}")).collect());
+        assert_eq!(
+            chat(format!(r#","stop":{at_most}"#)).unwrap().sampling.stop.len(),
+            MAX_STOP_STRINGS
+        );
+        let longest = "x".repeat(MAX_STOP_STRING_BYTES);
+        assert!(chat(format!(r#","stop":"{longest}""#)).is_ok());
+        let too_many = list((0..=MAX_STOP_STRINGS).map(|i| format!("s{i}")).collect());
+        let e = chat(format!(r#","stop":{too_many}"#)).unwrap_err();
+        assert_eq!((e.status, e.param.as_deref()), (400, Some("stop")));
+        assert!(e.message.contains(&MAX_STOP_STRINGS.to_string()), "{}", e.message);
+        let e = chat(format!(r#","stop":["ok","{longest}x"]"#)).unwrap_err();
+        assert_eq!((e.status, e.param.as_deref()), (400, Some("stop")));
+        assert!(e.message.contains(&MAX_STOP_STRING_BYTES.to_string()), "{}", e.message);
+        let ids = |n: usize| serde_json::to_string(&(0..n as u32).collect::<Vec<_>>()).unwrap();
+        assert!(chat(format!(r#","stop_token_ids":{}"#, ids(MAX_STOP_TOKEN_IDS))).is_ok());
+        let e = chat(format!(r#","stop_token_ids":{}"#, ids(MAX_STOP_TOKEN_IDS + 1))).unwrap_err();
+        assert_eq!((e.status, e.param.as_deref()), (400, Some("stop_token_ids")));
     }
 }

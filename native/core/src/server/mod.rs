@@ -8,6 +8,7 @@ mod fanout;
 mod listen;
 mod service;
 mod stats;
+mod workers;
 
 use std::future::Future;
 use std::io;
@@ -25,10 +26,12 @@ pub use abort::ABORT_TIMEOUT;
 pub use listen::ListenAddr;
 pub use service::MAX_MESSAGE_BYTES;
 pub use stats::{Counters, Finished, Telemetry};
+pub use workers::pool_size;
 
 use abort::Aborter;
 use listen::Listener;
 use service::Shared;
+use workers::Workers;
 
 use crate::gateway::Gateway;
 
@@ -48,6 +51,9 @@ pub struct ServerConfig {
     pub listen: String,
     /// Runtime threads serving streams; 1 runs everything on the server's one thread.
     pub worker_threads: usize,
+    /// Threads that process large request bodies (parse, template, tokenize) off the runtime's
+    /// threads; 0: one per CPU.
+    pub request_workers: usize,
 }
 
 /// A running server; `stop` (or dropping it) shuts it down.
@@ -72,6 +78,7 @@ impl ExtProcServer {
             aborter: Aborter::new(runtime.handle().clone(), telemetry.clone()),
             telemetry,
             cancel: cancel_rx,
+            workers: Workers::new(pool_size(config.request_workers)),
         });
         let (stop_tx, stop_rx) = oneshot::channel();
         let thread = std::thread::Builder::new().name("extproc-grpc".into()).spawn(move || {
@@ -214,6 +221,7 @@ mod tests {
             max_body_bytes: 1 << 20,
             max_engine_message: 1 << 20,
             destination_fallbacks: 0,
+            max_buffered_output_tokens: crate::gateway::DEFAULT_MAX_BUFFERED_OUTPUT_TOKENS,
         }))
     }
 
@@ -230,6 +238,7 @@ mod tests {
         let config = ServerConfig {
             listen: listen.into(),
             worker_threads: 1,
+            request_workers: 1,
         };
         (
             ExtProcServer::start(gateway(), telemetry.clone(), &config).unwrap(),
@@ -309,7 +318,7 @@ mod tests {
         Result<Streaming<ProcessingResponse>, Status>,
     ) {
         let (tx, rx) = mpsc::channel(8);
-        let mut client = tonic::client::Grpc::new(channel);
+        let mut client = tonic::client::Grpc::new(channel).max_decoding_message_size(MAX_MESSAGE_BYTES);
         client.ready().await.unwrap();
         let replies = client
             .streaming(
@@ -425,6 +434,7 @@ mod tests {
             let config = ServerConfig {
                 listen: listen.into(),
                 worker_threads: 1,
+                request_workers: 1,
             };
             // Port 1 needs privileges the tests do not run with; if they do, it binds, and that is fine.
             if listen == "127.0.0.1:1" && std::net::TcpListener::bind(listen).is_ok() {
@@ -542,6 +552,74 @@ mod tests {
             panic!("expected an immediate response");
         };
         assert_eq!(answer.status.unwrap().code, 413);
+    }
+
+    /// A body being tokenized for long (7 MB for /v1/tokenize) holds up neither the runtime's one
+    /// thread nor the other streams on the connection: a stream opened after it is answered first.
+    #[test]
+    fn a_large_body_is_processed_off_the_thread_serving_the_streams() {
+        let dir = crate::test_assets::llama3_model_dir("server-busy");
+        let limits = Limits {
+            max_body_bytes: 16 << 20,
+            ..gateway().limits
+        };
+        let gateway = Arc::new(Gateway::new(limits));
+        gateway
+            .add_model("m", &dir, None, "round_robin", crate::routing::RouterConfig::default())
+            .unwrap();
+        let telemetry = Arc::new(Telemetry::new(16));
+        let config = ServerConfig {
+            listen: "127.0.0.1:0".into(),
+            worker_threads: 1,
+            request_workers: 1,
+        };
+        let _server = ExtProcServer::start(gateway, telemetry, &config).unwrap();
+        let address = _server.address().to_string();
+        let words: String = (0..1_000_000).map(|i| format!("w{} ", i * 7919 % 1_000_003)).collect();
+        let body = serde_json::json!({"model": "m", "prompt": words})
+            .to_string()
+            .into_bytes();
+        let rt = client_runtime();
+        let (tokenized_after, models_after) = rt.block_on(async move {
+            let channel = connect(&address).await;
+            let began = Instant::now();
+            let (heavy_tx, heavy) = open(channel.clone()).await;
+            heavy_tx
+                .send(request_headers("POST", "/v1/tokenize", false))
+                .await
+                .unwrap();
+            heavy_tx
+                .send(ProcessingRequest {
+                    request: Some(Request::RequestBody(HttpBody {
+                        body,
+                        end_of_stream: true,
+                    })),
+                    ..Default::default()
+                })
+                .await
+                .unwrap();
+            let heavy = tokio::spawn(async move {
+                let answer = heavy.unwrap().message().await.unwrap().unwrap();
+                (answer, began.elapsed())
+            });
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            let (light_tx, light) = open(channel).await;
+            light_tx.send(request_headers("GET", "/v1/models", true)).await.unwrap();
+            let light = light.unwrap().message().await.unwrap().unwrap();
+            let models_after = began.elapsed();
+            assert!(matches!(light.response, Some(Response::ImmediateResponse(_))));
+            let (answer, tokenized_after) = heavy.await.unwrap();
+            let Some(Response::ImmediateResponse(answer)) = answer.response else {
+                panic!("expected the tokenize answer");
+            };
+            assert_eq!(answer.status.unwrap().code, 200);
+            drop((heavy_tx, light_tx));
+            (tokenized_after, models_after)
+        });
+        assert!(
+            models_after < tokenized_after,
+            "/v1/models took {models_after:?}, the 7 MB tokenize {tokenized_after:?}"
+        );
     }
 
     #[test]

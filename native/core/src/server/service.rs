@@ -1,6 +1,8 @@
 //! The one gRPC method served, `ExternalProcessor/Process`, through the server trait tonic generates
 //! from `protos/`: every ext_proc message goes through the request's `RequestStream` and its replies
-//! go straight back, on the runtime that polls the stream. Any other method is tonic's UNIMPLEMENTED.
+//! go straight back, on the runtime that polls the stream, except the message completing a large
+//! request body, which is processed on the worker pool (`workers`) while the runtime serves the rest.
+//! Any other method is tonic's UNIMPLEMENTED.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -15,6 +17,7 @@ use tonic::{Request, Response, Status, Streaming};
 use super::abort::Aborter;
 use super::fanout;
 use super::stats::{Counters, Finished, Telemetry};
+use super::workers::Workers;
 use crate::engine::Protocol;
 use crate::gateway::Gateway;
 use crate::pb::ext_proc::external_processor_server::{ExternalProcessor, ExternalProcessorServer};
@@ -33,7 +36,12 @@ pub struct Shared {
     pub aborter: Arc<Aborter>,
     /// Turns true when the grace period of a stop ran out: open streams end at once.
     pub cancel: watch::Receiver<bool>,
+    /// Where large request bodies are parsed, templated and tokenized.
+    pub workers: Workers,
 }
+
+/// The state machine back from the worker pool with its replies; `None` if the work panicked.
+type Work = BoxFuture<Option<(RequestStream, Vec<ProcessingResponse>)>>;
 
 /// The `ExternalProcessor` service: one `ProcessStream` per call of its one method.
 pub struct ExtProcessor {
@@ -69,6 +77,8 @@ pub struct ProcessStream {
     replies: std::vec::IntoIter<ProcessingResponse>,
     /// A batched request's engine calls, while they run.
     fanout: Option<BoxFuture<Vec<CallOutcome>>>,
+    /// The state machine, away on the worker pool (`machine` holds a stand-in meanwhile).
+    working: Option<Work>,
     cancelled: BoxFuture<()>,
     ended: bool,
     /// The engine call a stop cut (endpoint, protocol, engine request id): the machine has ended the
@@ -93,6 +103,7 @@ impl ProcessStream {
             inbound,
             replies: Vec::new().into_iter(),
             fanout: None,
+            working: None,
             ended: false,
             cut_abort: None,
             unavailable_owed: false,
@@ -128,6 +139,18 @@ impl Stream for ProcessStream {
                 this.unavailable_owed = this.replies.len() == 0;
                 continue;
             }
+            if let Some(work) = this.working.as_mut() {
+                let done = ready!(work.as_mut().poll(cx));
+                this.working = None;
+                let Some((machine, replies)) = done else {
+                    this.ended = true;
+                    return Poll::Ready(Some(Err(Status::internal("processing the request failed"))));
+                };
+                this.machine = machine;
+                this.replies = replies.into_iter();
+                this.start_fanout();
+                continue;
+            }
             if let Some(fanout) = this.fanout.as_mut() {
                 let outcomes = ready!(fanout.as_mut().poll(cx));
                 this.fanout = None;
@@ -135,12 +158,17 @@ impl Stream for ProcessStream {
                 continue;
             }
             match ready!(Pin::new(&mut this.inbound).poll_next(cx)) {
+                Some(Ok(message)) if this.machine.is_heavy(&message) => {
+                    let stand_in = RequestStream::new(this.shared.gateway.clone());
+                    let mut machine = std::mem::replace(&mut this.machine, stand_in);
+                    this.working = Some(this.shared.workers.run(move || {
+                        let replies = machine.process(message);
+                        (machine, replies)
+                    }));
+                }
                 Some(Ok(message)) => {
                     this.replies = this.machine.process(message).into_iter();
-                    if let Some(calls) = this.machine.take_fanout() {
-                        let limit = this.shared.gateway.limits.max_engine_message;
-                        this.fanout = Some(Box::pin(fanout::run(this.shared.aborter.clone(), calls, limit)));
-                    }
+                    this.start_fanout();
                 }
                 // A message that does not decode, or a reset stream (the client went away; nobody
                 // hears the status then): the stream ends.
@@ -155,20 +183,53 @@ impl Stream for ProcessStream {
     }
 }
 
+impl ProcessStream {
+    /// A batched request's engine calls, if the last message made some.
+    fn start_fanout(&mut self) {
+        if let Some(calls) = self.machine.take_fanout() {
+            let limit = self.shared.gateway.limits.max_engine_message;
+            self.fanout = Some(Box::pin(fanout::run(self.shared.aborter.clone(), calls, limit)));
+        }
+    }
+}
+
 impl Drop for ProcessStream {
     fn drop(&mut self) {
-        let pending = self.machine.pending_abort();
-        if let Some(p) = pending {
-            self.shared.aborter.abort(p.endpoint, p.protocol, p.request_id);
+        let Some(work) = self.working.take() else {
+            let pending = self.machine.pending_abort();
+            if let Some(p) = pending {
+                self.shared.aborter.abort(p.endpoint, p.protocol, p.request_id);
+            }
+            // A stop's cut: the machine ended the exchange, so it no longer lists the call as pending.
+            let cut = self.cut_abort.take();
+            if let Some((endpoint, protocol, request_id)) = &cut {
+                self.shared.aborter.abort(endpoint, *protocol, request_id);
+            }
+            record(
+                &self.shared,
+                &self.machine,
+                pending.is_some() || cut.is_some(),
+                self.started,
+            );
+            return;
+        };
+        // The machine is still on the worker pool: its summary is recorded when it is back. Nothing
+        // reached an engine (its replies were never sent), so there is nothing to abort.
+        let (shared, started) = (self.shared.clone(), self.started);
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                if let Some((machine, _)) = work.await {
+                    record(&shared, &machine, false, started);
+                }
+            });
         }
-        let cut = self.cut_abort.take();
-        if let Some((endpoint, protocol, request_id)) = &cut {
-            self.shared.aborter.abort(endpoint, *protocol, request_id);
-        }
-        self.shared.telemetry.record(|| Finished {
-            summary: self.machine.summary(),
-            aborted: pending.is_some() || cut.is_some(),
-            duration: self.started.elapsed(),
-        });
     }
+}
+
+fn record(shared: &Shared, machine: &RequestStream, aborted: bool, started: Instant) {
+    shared.telemetry.record(|| Finished {
+        summary: machine.summary(),
+        aborted,
+        duration: started.elapsed(),
+    });
 }

@@ -43,6 +43,10 @@ use target::Target;
 pub use batch::{CallOutcome, FanoutCall};
 pub use replies::MAX_BODY_CHUNK;
 
+/// Request bodies smaller than this are processed where their stream is served: tokenizing 32 KiB
+/// takes a few milliseconds, about what handing it to a worker and back costs.
+pub const INLINE_BODY_BYTES: usize = 32 * 1024;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Phase {
     RequestHeaders,
@@ -251,6 +255,19 @@ impl RequestStream {
         self.phase == Phase::Done
     }
 
+    /// Whether `request` completes a request body large enough that processing it (parse, template,
+    /// tokenize) belongs on the server's worker pool rather than the thread serving the connection.
+    pub fn is_heavy(&self, request: &ProcessingRequest) -> bool {
+        if self.phase != Phase::RequestBody {
+            return false;
+        }
+        match &request.request {
+            Some(Request::RequestBody(b)) => b.end_of_stream && self.body.len() + b.body.len() >= INLINE_BODY_BYTES,
+            Some(Request::RequestTrailers(_)) => self.body.len() >= INLINE_BODY_BYTES,
+            _ => false,
+        }
+    }
+
     /// Answer the client directly with `error`; nothing reaches an engine.
     fn fail(&mut self, error: ApiError) -> Vec<ProcessingResponse> {
         self.phase = Phase::Done;
@@ -388,6 +405,15 @@ impl RequestStream {
         };
         let engine_request_id = engine_id::next();
         self.summary.engine_request_id = engine_request_id.clone();
+        // A batch's answer is always sent whole.
+        let prompts = match &req.input {
+            PromptInput::Batch(prompts) => Some(prompts.len()),
+            _ => (!req.stream).then_some(1),
+        };
+        if let Some(prompts) = prompts {
+            let budget = self.gateway.limits.max_buffered_output_tokens;
+            request::check_output_budget(&model, &req, prompts, budget)?;
+        }
         if let PromptInput::Batch(prompts) = &req.input {
             let limit = self.gateway.limits.max_engine_message;
             let batch = batch::Batch::new(&model, &req, prompts, &engine_request_id, routing, limit)?;
@@ -670,6 +696,7 @@ mod tests {
             max_body_bytes: 1 << 20,
             max_engine_message: 1 << 20,
             destination_fallbacks: 4,
+            max_buffered_output_tokens: crate::gateway::DEFAULT_MAX_BUFFERED_OUTPUT_TOKENS,
         }));
         gateway
             .add_model("m", &dir, Some(4096), "round_robin", RouterConfig::default())

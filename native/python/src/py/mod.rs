@@ -17,7 +17,7 @@ use pyo3::types::{PyBytes, PyDict, PyList};
 use extproc_core::auth::{ApiKeys, KeyEntry};
 use extproc_core::engine::Protocol;
 use extproc_core::error::ApiError;
-use extproc_core::gateway::{Gateway, Limits, ServedModel};
+use extproc_core::gateway::{Gateway, Limits, ServedModel, DEFAULT_MAX_BUFFERED_OUTPUT_TOKENS};
 use extproc_core::pb::ext_proc::ProcessingRequest;
 use extproc_core::routing::policy::registry::DEFAULT_POLICY;
 use extproc_core::routing::RouterConfig;
@@ -44,13 +44,25 @@ impl PyGateway {
 #[pymethods]
 impl PyGateway {
     #[new]
-    #[pyo3(signature = (*, max_body_bytes, max_engine_message = 64 * 1024 * 1024, destination_fallbacks = 0))]
-    fn new(max_body_bytes: usize, max_engine_message: usize, destination_fallbacks: usize) -> Self {
+    #[pyo3(signature = (
+        *,
+        max_body_bytes,
+        max_engine_message = 64 * 1024 * 1024,
+        destination_fallbacks = 0,
+        max_buffered_output_tokens = DEFAULT_MAX_BUFFERED_OUTPUT_TOKENS,
+    ))]
+    fn new(
+        max_body_bytes: usize,
+        max_engine_message: usize,
+        destination_fallbacks: usize,
+        max_buffered_output_tokens: u64,
+    ) -> Self {
         PyGateway {
             inner: Arc::new(Gateway::new(Limits {
                 max_body_bytes,
                 max_engine_message,
                 destination_fallbacks,
+                max_buffered_output_tokens,
             })),
         }
     }

@@ -23,11 +23,13 @@ pub struct PyExtProcServer {
 #[pymethods]
 impl PyExtProcServer {
     #[new]
-    #[pyo3(signature = (gateway, listen, *, worker_threads = 1, summary_capacity = 4096))]
+    /// `request_workers`: threads processing large request bodies (0: one per CPU).
+    #[pyo3(signature = (gateway, listen, *, worker_threads = 1, request_workers = 0, summary_capacity = 4096))]
     fn new(
         gateway: &Bound<'_, PyGateway>,
         listen: String,
         worker_threads: usize,
+        request_workers: usize,
         summary_capacity: usize,
     ) -> PyResult<Self> {
         if worker_threads == 0 {
@@ -35,7 +37,11 @@ impl PyExtProcServer {
         }
         Ok(PyExtProcServer {
             gateway: gateway.get().inner.clone(),
-            config: ServerConfig { listen, worker_threads },
+            config: ServerConfig {
+                listen,
+                worker_threads,
+                request_workers,
+            },
             telemetry: Arc::new(Telemetry::new(summary_capacity)),
             running: Mutex::new(None),
         })
