@@ -48,7 +48,13 @@ class Gateway:
     """Served models and their endpoints, shared by every request stream."""
 
     def __init__(
-        self, *, max_body_bytes: int, max_engine_message: int = ..., destination_fallbacks: int = ...
+        self,
+        *,
+        max_body_bytes: int,
+        max_engine_message: int = ...,
+        destination_fallbacks: int = ...,
+        first_token_timeout: float = ...,
+        inter_token_timeout: float = ...,
     ) -> None: ...
     def add_model(
         self,

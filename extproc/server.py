@@ -95,7 +95,10 @@ async def start(settings: Settings, *, engine_wait_s: float = ENGINE_WAIT_S) -> 
 
     Waits up to `engine_wait_s` for every model to have at least one healthy engine."""
     gateway = _native.Gateway(
-        max_body_bytes=settings.max_body_bytes, destination_fallbacks=settings.destination_fallbacks
+        max_body_bytes=settings.max_body_bytes,
+        destination_fallbacks=settings.destination_fallbacks,
+        first_token_timeout=settings.first_token_timeout,
+        inter_token_timeout=settings.inter_token_timeout,
     )
     pools: dict[str, EnginePool] = {}
     for model in served_models(settings):

@@ -243,12 +243,13 @@ def local_stack(
     fallbacks: int = 0,
     routing_config: str | None = None,
     filters_before: Callable[[list[str]], Sequence[dict[str, Any]]] | None = None,
+    settings: Mapping[str, Any] | None = None,
 ) -> Iterator[Stack]:
     """`engines`, `protocol` and `sim` describe the single default model; `models` several instead.
     `fallbacks` > 0: Envoy knows every model's engines (one cluster) and follows up to that many
     fallbacks, as under `extproc up`; 0 leaves Envoy one address per request (ORIGINAL_DST).
     `filters_before`: given the first model's engine addresses, Envoy HTTP filters to run before ext_proc
-    (as a gateway in front of extproc would)."""
+    (as a gateway in front of extproc would). `settings`: further extproc settings by name."""
     loop = LoopThread()
     single = models is None
     if models is None:
@@ -261,6 +262,7 @@ def local_stack(
         extra["load_interval"] = load_interval
     if routing_config is not None:
         extra["routing_config"] = routing_config
+    extra.update(settings or {})
     known: tuple[str, ...] = ()
     if fallbacks:
         known = tuple(a for cluster in clusters.values() for a in cluster.addresses)

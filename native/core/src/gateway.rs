@@ -10,6 +10,7 @@ use crate::engine::Protocol;
 use crate::model::ModelFiles;
 use crate::routing::endpoint::{engine_endpoint_names, split_name};
 use crate::routing::{Router, RouterConfig, RoutingError};
+use crate::stream::Deadlines;
 
 pub fn unix_now() -> u64 {
     SystemTime::now()
@@ -104,6 +105,19 @@ pub struct Limits {
     /// Fallback engines listed after the primary in the destination (0: the primary only, which an
     /// ORIGINAL_DST cluster requires; Envoy's override_host policy follows a longer list).
     pub destination_fallbacks: usize,
+    /// First-token and inter-token deadlines of every engine call (`stream/deadline.rs`).
+    pub deadlines: Deadlines,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_body_bytes: 8 << 20,
+            max_engine_message: 64 << 20,
+            destination_fallbacks: 0,
+            deadlines: Deadlines::default(),
+        }
+    }
 }
 
 pub struct Gateway {

@@ -214,6 +214,7 @@ mod tests {
             max_body_bytes: 1 << 20,
             max_engine_message: 1 << 20,
             destination_fallbacks: 0,
+            ..Limits::default()
         }))
     }
 

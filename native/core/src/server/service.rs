@@ -10,11 +10,13 @@ use std::time::Instant;
 
 use futures_core::Stream;
 use tokio::sync::watch;
+use tokio::time::Sleep;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::abort::Aborter;
 use super::fanout;
 use super::stats::{Counters, Finished, Telemetry};
+use crate::engine::Protocol;
 use crate::gateway::Gateway;
 use crate::pb::ext_proc::external_processor_server::{ExternalProcessor, ExternalProcessorServer};
 use crate::pb::ext_proc::{ProcessingRequest, ProcessingResponse};
@@ -71,6 +73,11 @@ pub struct ProcessStream {
     cancelled: BoxFuture<()>,
     ended: bool,
     started: Instant,
+    /// Fires at (or after) the engine call's deadline (`RequestStream::deadline`); moved only when the
+    /// deadline comes sooner, so a token costs no timer update.
+    timer: Option<Pin<Box<Sleep>>>,
+    /// The engine call a missed deadline cut (the machine has ended the exchange): aborted on drop.
+    cut_abort: Option<(String, Protocol, String)>,
 }
 
 impl ProcessStream {
@@ -89,6 +96,8 @@ impl ProcessStream {
             fanout: None,
             ended: false,
             started: Instant::now(),
+            timer: None,
+            cut_abort: None,
         }
     }
 }
@@ -108,6 +117,15 @@ impl Stream for ProcessStream {
             if this.cancelled.as_mut().poll(cx).is_ready() {
                 this.ended = true;
                 return Poll::Ready(Some(Err(Status::unavailable("extproc is shutting down"))));
+            }
+            if this.deadline_passed(cx) {
+                let now = Instant::now();
+                this.cut_abort = this
+                    .machine
+                    .pending_abort()
+                    .map(|p| (p.endpoint.to_string(), p.protocol, p.request_id.to_string()));
+                this.replies = this.machine.time_out(now).into_iter();
+                continue;
             }
             if let Some(fanout) = this.fanout.as_mut() {
                 let outcomes = ready!(fanout.as_mut().poll(cx));
@@ -136,11 +154,48 @@ impl Stream for ProcessStream {
     }
 }
 
+impl ProcessStream {
+    /// Whether the engine call's deadline passed; else the timer is armed to wake the stream at it.
+    fn deadline_passed(&mut self, cx: &mut Context<'_>) -> bool {
+        let Some(deadline) = self.machine.deadline() else {
+            self.timer = None;
+            return false;
+        };
+        let at = tokio::time::Instant::from_std(deadline);
+        match self.timer.as_mut() {
+            Some(timer) if timer.deadline() <= at => {}
+            Some(timer) => timer.as_mut().reset(at),
+            None => self.timer = Some(Box::pin(tokio::time::sleep_until(at))),
+        }
+        let timer = self.timer.as_mut().expect("armed above");
+        while timer.as_mut().poll(cx).is_ready() {
+            if Instant::now() >= deadline {
+                self.timer = None;
+                return true;
+            }
+            // The engine sent something since the timer was set: wait for the later deadline.
+            let later = self.machine.deadline().map(tokio::time::Instant::from_std);
+            match later {
+                Some(later) => timer.as_mut().reset(later),
+                None => {
+                    self.timer = None;
+                    return false;
+                }
+            }
+        }
+        false
+    }
+}
+
 impl Drop for ProcessStream {
     fn drop(&mut self) {
-        let pending = self.machine.pending_abort();
-        if let Some(p) = pending {
-            self.shared.aborter.abort(p.endpoint, p.protocol, p.request_id);
+        let cut = self.cut_abort.take();
+        let pending = cut
+            .as_ref()
+            .map(|(e, p, r)| (e.as_str(), *p, r.as_str()))
+            .or_else(|| self.machine.pending_abort().map(|p| (p.endpoint, p.protocol, p.request_id)));
+        if let Some((endpoint, protocol, request_id)) = pending {
+            self.shared.aborter.abort(endpoint, protocol, request_id);
         }
         self.shared.telemetry.record(|| Finished {
             summary: self.machine.summary(),

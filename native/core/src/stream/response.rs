@@ -333,6 +333,7 @@ mod tests {
             max_body_bytes: 1 << 20,
             max_engine_message: 1 << 20,
             destination_fallbacks: 0,
+            ..Limits::default()
         });
         gateway
             .add_model("m", &dir, Some(4096), "round_robin", RouterConfig::default())
