@@ -308,7 +308,7 @@ class Settings:
         "SECONDS",
         doc="how long a streamed request's engine may go silent between tokens; past it the stream ends "
         "with an SSE error event and `data: [DONE]` (504 if nothing was sent yet). A non-streamed request "
-        "gets `first_token_timeout + inter_token_timeout × max_tokens` for its whole answer; `0`: no limit",
+        "gets `first_token_timeout + inter_token_timeout * max_tokens` for its whole answer; `0`: no limit",
     )
     # Several served models (config file `[[models]]` tables); empty means the single model above.
     models: tuple[ModelConfig, ...] = setting(

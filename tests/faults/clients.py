@@ -34,7 +34,9 @@ class Outcome:
         return str(self.status)
 
 
-def chat(stack: Stack, *, stream: bool, text: str = "hello", max_tokens: int = 8, timeout: float = 60) -> Outcome:
+def chat(
+    stack: Stack, *, stream: bool, text: str = "hello", max_tokens: int = 8, timeout: float = 60
+) -> Outcome:
     """One chat completion through Envoy, read to its end."""
     body = {"model": stack.model, "messages": [{"role": "user", "content": text}], "stream": stream}
     body |= {"max_tokens": max_tokens}

@@ -32,8 +32,8 @@ def stack(tmp_path: Path) -> Iterator[Stack]:
 
 
 @pytest.mark.parametrize("stream", [True, False])
-def test_requests_on_a_stalled_engine_end_with_504_and_later_ones_avoid_it(stack: Stack, stream: bool) -> None:
-    stalled, healthy = stack.engines.engines
+def test_stalled_engine_requests_end_with_504_and_later_ones_avoid_it(stack: Stack, stream: bool) -> None:
+    stalled, _healthy = stack.engines.engines
     stalled.faults.set(stall=True)
     # Non-streamed: the engine answers once at the end, so the deadline covers the whole generation.
     max_tokens = 4
