@@ -197,7 +197,11 @@ mod tests {
         assert!(!p.standing(t1).admits(), "one probe at a time");
         assert_eq!(p.picked(t1), None);
         p.probe_ended(probe);
-        assert_eq!(p.standing(t1), Standing::HalfOpen { probe_free: true }, "a lost probe frees the slot");
+        assert_eq!(
+            p.standing(t1),
+            Standing::HalfOpen { probe_free: true },
+            "a lost probe frees the slot"
+        );
     }
 
     #[test]
@@ -217,7 +221,11 @@ mod tests {
         p.succeeded();
         assert_eq!((p.standing(t2), p.failures()), (Standing::Closed, 0));
         p.failed(Failure::Down, t2);
-        assert_eq!(p.standing(t2 + 999 * MS), Standing::Ejected, "counting starts over after a success");
+        assert_eq!(
+            p.standing(t2 + 999 * MS),
+            Standing::Ejected,
+            "counting starts over after a success"
+        );
         assert_eq!(p.standing(t2 + 1000 * MS), Standing::HalfOpen { probe_free: true });
     }
 

@@ -6,9 +6,9 @@ use std::sync::Arc;
 use prost::Message;
 
 use super::*;
-use crate::routing::penalty::Backoff;
 use crate::pb::kv_events as pb;
 use crate::pb::kv_events::kv_cache_event::Data;
+use crate::routing::penalty::Backoff;
 
 const B: u32 = 4;
 
@@ -796,7 +796,10 @@ fn a_failing_endpoint_is_not_picked_while_another_is_not_ejected() {
     // addr(0) holds no requests and would win every least-load pick; ejected, it wins none.
     let picks: Vec<Pick> = (0..20).map(|_| r.pick(&[1, 2, 3], None).unwrap()).collect();
     assert!(picks.iter().all(|p| *p.primary == *addr(1)));
-    assert!(picks.iter().all(|p| p.fallbacks.is_empty()), "an ejected engine is no fallback either");
+    assert!(
+        picks.iter().all(|p| p.fallbacks.is_empty()),
+        "an ejected engine is no fallback either"
+    );
     assert_eq!(endpoint(&r, &addr(0)).standing, Standing::Ejected);
     assert!(!r.report("10.9.9.9:1", None, Err(Failure::Down)), "unknown endpoint");
 }
@@ -806,7 +809,9 @@ fn with_every_endpoint_ejected_picks_still_go_somewhere() {
     let r = router("least_load", 2);
     r.report(&addr(0), None, Err(Failure::Down));
     r.report(&addr(1), None, Err(Failure::Busy));
-    let pick = r.pick(&[1, 2, 3], None).expect("a failing engine is better than a certain 503");
+    let pick = r
+        .pick(&[1, 2, 3], None)
+        .expect("a failing engine is better than a certain 503");
     assert_eq!(pick.fallbacks.len(), 1);
 }
 
@@ -814,12 +819,23 @@ fn with_every_endpoint_ejected_picks_still_go_somewhere() {
 fn a_busy_endpoint_gets_one_probe_after_its_backoff_and_a_success_closes_it() {
     let r = router("least_load", 2);
     let _busy_elsewhere = r.pick(&[1], None).unwrap(); // one request on either endpoint
-    let other = r.endpoints().into_iter().find(|e| e.load.in_flight_requests == 0).unwrap().address;
+    let other = r
+        .endpoints()
+        .into_iter()
+        .find(|e| e.load.in_flight_requests == 0)
+        .unwrap()
+        .address;
     r.report(&other, None, Err(Failure::Busy));
-    assert!(r.pick(&[1], None).is_some_and(|p| p.primary != other), "ejected for 250 ms");
+    assert!(
+        r.pick(&[1], None).is_some_and(|p| p.primary != other),
+        "ejected for 250 ms"
+    );
     std::thread::sleep(Backoff::BUSY.after(1) + std::time::Duration::from_millis(20));
     let probe = r.pick(&[1], None).unwrap();
-    assert_eq!(probe.primary, other, "the half-open endpoint is the least loaded: it is probed");
+    assert_eq!(
+        probe.primary, other,
+        "the half-open endpoint is the least loaded: it is probed"
+    );
     let while_probing = r.pick(&[1], None).unwrap();
     assert_ne!(while_probing.primary, other, "one probe at a time");
     drop(while_probing);
@@ -828,7 +844,11 @@ fn a_busy_endpoint_gets_one_probe_after_its_backoff_and_a_success_closes_it() {
     assert_eq!(probe.primary, other);
     r.report(&other, None, Ok(()));
     assert_eq!(endpoint(&r, &other).standing, Standing::Closed);
-    assert_eq!(r.pick(&[1], None).unwrap().primary, other, "closed again: picked by load alone");
+    assert_eq!(
+        r.pick(&[1], None).unwrap().primary,
+        other,
+        "closed again: picked by load alone"
+    );
 }
 
 #[test]

@@ -190,10 +190,11 @@ impl ProcessStream {
 impl Drop for ProcessStream {
     fn drop(&mut self) {
         let cut = self.cut_abort.take();
-        let pending = cut
-            .as_ref()
-            .map(|(e, p, r)| (e.as_str(), *p, r.as_str()))
-            .or_else(|| self.machine.pending_abort().map(|p| (p.endpoint, p.protocol, p.request_id)));
+        let pending = cut.as_ref().map(|(e, p, r)| (e.as_str(), *p, r.as_str())).or_else(|| {
+            self.machine
+                .pending_abort()
+                .map(|p| (p.endpoint, p.protocol, p.request_id))
+        });
         if let Some((endpoint, protocol, request_id)) = pending {
             self.shared.aborter.abort(endpoint, protocol, request_id);
         }

@@ -33,7 +33,10 @@ impl Deadlines {
         if self.first_token.is_zero() || self.inter_token.is_zero() {
             return None;
         }
-        Some(self.first_token.saturating_add(self.inter_token.saturating_mul(max_tokens)))
+        Some(
+            self.first_token
+                .saturating_add(self.inter_token.saturating_mul(max_tokens)),
+        )
     }
 }
 
@@ -161,7 +164,11 @@ mod tests {
         assert_eq!(clock.missed(t0 + 9 * S), None);
         assert_eq!(clock.missed(t0 + 10 * S), Some(Missed::FirstToken(10 * S)));
         clock.progress(t0 + 2 * S);
-        assert_eq!(clock.deadline(), Some(t0 + 5 * S), "the next token is due sooner than the first was");
+        assert_eq!(
+            clock.deadline(),
+            Some(t0 + 5 * S),
+            "the next token is due sooner than the first was"
+        );
         assert_eq!(clock.missed(t0 + 5 * S), Some(Missed::NextToken(3 * S)));
         clock.progress(t0 + 4 * S);
         assert_eq!(clock.missed(t0 + 6 * S), None);
@@ -185,7 +192,11 @@ mod tests {
         clock.progress(t0);
         assert_eq!(clock.deadline(), Some(t0 + 3 * S));
         assert_eq!(CallClock::whole(deadlines(5, 0), 10, t0).deadline(), None);
-        assert_eq!(deadlines(60, 30).whole_call(u32::MAX).map(|d| d > 60 * S), Some(true), "no overflow");
+        assert_eq!(
+            deadlines(60, 30).whole_call(u32::MAX).map(|d| d > 60 * S),
+            Some(true),
+            "no overflow"
+        );
     }
 
     #[test]

@@ -32,7 +32,13 @@ fn gateway() -> Arc<Gateway> {
         ..Limits::default()
     }));
     let model = gateway
-        .add_model("m", &llama3_model_dir("failover"), Some(4096), "least_load", RouterConfig::default())
+        .add_model(
+            "m",
+            &llama3_model_dir("failover"),
+            Some(4096),
+            "least_load",
+            RouterConfig::default(),
+        )
         .unwrap();
     model
         .set_endpoints(vec![(A.into(), 0, Protocol::Vllm, 1), (B.into(), 0, Protocol::Vllm, 1)])
@@ -75,7 +81,10 @@ fn routed(gateway: &Arc<Gateway>, stream: bool) -> (RequestStream, String) {
         body: body.into_bytes(),
         end_of_stream: true,
     })));
-    assert!(matches!(replies[0].response, Some(Response::RequestHeaders(_))), "{replies:?}");
+    assert!(
+        matches!(replies[0].response, Some(Response::RequestHeaders(_))),
+        "{replies:?}"
+    );
     let engine = s.summary().endpoint;
     (s, engine)
 }
@@ -103,14 +112,23 @@ fn token_chunk(token: u32) -> Vec<u8> {
 
 fn standing(gateway: &Gateway, engine: &str) -> Standing {
     let model = gateway.model("m").unwrap();
-    model.router.endpoints().into_iter().find(|e| &*e.address == engine).unwrap().standing
+    model
+        .router
+        .endpoints()
+        .into_iter()
+        .find(|e| &*e.address == engine)
+        .unwrap()
+        .standing
 }
 
 fn immediate_status(replies: &[ProcessingResponse]) -> (i32, serde_json::Value) {
     let Some(Response::ImmediateResponse(r)) = &replies[0].response else {
         panic!("expected an immediate response, got {replies:?}");
     };
-    (r.status.as_ref().unwrap().code, serde_json::from_slice(&r.body).unwrap())
+    (
+        r.status.as_ref().unwrap().code,
+        serde_json::from_slice(&r.body).unwrap(),
+    )
 }
 
 fn body_text(replies: &[ProcessingResponse]) -> (String, bool) {
@@ -141,7 +159,10 @@ fn an_engine_silent_past_the_first_token_deadline_gets_a_504_and_is_penalised() 
     let (status, body) = immediate_status(&replies);
     assert_eq!(status, 504);
     assert_eq!(body["error"]["type"], "timeout");
-    assert!(body["error"]["message"].as_str().unwrap().contains("first_token_timeout"));
+    assert!(body["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("first_token_timeout"));
     assert_eq!(s.deadline(), None, "the exchange is over");
     assert_eq!(s.summary().status, 504);
     assert_eq!(standing(&gateway, &engine), Standing::Ejected);
@@ -170,9 +191,14 @@ fn a_stream_silent_between_tokens_ends_with_an_error_event_and_done() {
     assert_eq!(events.last(), Some(&"data: [DONE]"));
     let error: serde_json::Value = serde_json::from_str(events[events.len() - 2].trim_start_matches("data: ")).unwrap();
     assert_eq!(error["error"]["code"], 504);
-    assert!(error["error"]["message"].as_str().unwrap().contains("inter_token_timeout"));
+    assert!(error["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("inter_token_timeout"));
     assert!(
-        !replies.iter().any(|r| matches!(r.response, Some(Response::ResponseTrailers(_)))),
+        !replies
+            .iter()
+            .any(|r| matches!(r.response, Some(Response::ResponseTrailers(_)))),
         "no unprompted trailers reply"
     );
     assert_eq!(standing(&gateway, &engine), Standing::Ejected);

@@ -41,8 +41,8 @@ use target::Target;
 
 pub use batch::{CallOutcome, FanoutCall};
 pub use deadline::{Deadlines, Missed};
-pub use target::grpc_outcome;
 pub use replies::MAX_BODY_CHUNK;
+pub use target::grpc_outcome;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Phase {

@@ -49,9 +49,9 @@ impl Target {
 /// of the request itself), else how it failed.
 pub fn grpc_outcome(code: u32) -> Option<Result<(), Failure>> {
     match code {
-        1 => None,                    // CANCELLED: the client or the gateway gave up
+        1 => None,                                   // CANCELLED: the client or the gateway gave up
         2 | 4 | 13 | 14 => Some(Err(Failure::Down)), // UNKNOWN, DEADLINE_EXCEEDED, INTERNAL, UNAVAILABLE
-        8 => Some(Err(Failure::Busy)), // RESOURCE_EXHAUSTED
+        8 => Some(Err(Failure::Busy)),               // RESOURCE_EXHAUSTED
         _ => Some(Ok(())),
     }
 }
