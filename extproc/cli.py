@@ -1,4 +1,5 @@
-"""The `extproc` command: `up` (the local stack), `serve` (the ext_proc server alone), `envoy-config`.
+"""The `extproc` command: `up` (the local stack), `serve` (the ext_proc server alone), `envoy-config`,
+`keys hash` (a line of the API keys file, extproc.api_keys).
 
 Each command's flags are derived from the settings it takes (extproc.settings); they are parsed as strings
 and validated by extproc.config, so a bad value reads the same whether it came from a flag, the environment
@@ -11,6 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from extproc import __version__
@@ -81,6 +83,15 @@ def build_parser() -> argparse.ArgumentParser:
     _add_settings(envoy, ENVOY_CONFIG)
     envoy.add_argument("-o", "--output", metavar="FILE", help="write to FILE instead of stdout")
 
+    keys = commands.add_parser(
+        "keys",
+        help="API keys: `extproc keys hash` prints the api_keys_file line for a key",
+        description="Manage API keys for the api_keys_file setting.",
+    )
+    from extproc import api_keys
+
+    api_keys.build_parser(keys)
+
     # The simulator owns its flags; `extproc sim ARGS` hands ARGS to it unchanged.
     commands.add_parser(
         "sim",
@@ -137,7 +148,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _cmd_envoy_config(args: argparse.Namespace) -> int:
-    from extproc.envoy_bootstrap import render_bootstrap
+    from extproc.envoy_bootstrap import DEFAULT_CLIENT_CONNECTIONS, render_bootstrap
     from extproc.stack import envoy_options
 
     settings = _settings(args, ENVOY_CONFIG)
@@ -149,7 +160,12 @@ def _cmd_envoy_config(args: argparse.Namespace) -> int:
             "--destination-fallbacks needs the engines (--engine): Envoy must know them to follow it"
         )
     retries = settings.destination_fallbacks or None
-    text = render_bootstrap(envoy_options(settings, engines, retries))
+    # The config is for an Envoy elsewhere: its connection cap is not derived from this machine's
+    # open-file limit (see docs/reliability.md).
+    cap = settings.max_client_connections or DEFAULT_CLIENT_CONNECTIONS
+    options = envoy_options(replace(settings, max_client_connections=None), engines, retries)
+    options = replace(options, max_downstream_connections=cap)
+    text = render_bootstrap(options)
     if args.output:
         with open(args.output, "w") as file:
             file.write(text)
@@ -158,7 +174,13 @@ def _cmd_envoy_config(args: argparse.Namespace) -> int:
     return 0
 
 
-_COMMANDS = {UP: _cmd_up, SERVE: _cmd_serve, ENVOY_CONFIG: _cmd_envoy_config}
+def _cmd_keys(args: argparse.Namespace) -> int:
+    from extproc import api_keys
+
+    return api_keys.run(args)
+
+
+_COMMANDS = {UP: _cmd_up, SERVE: _cmd_serve, ENVOY_CONFIG: _cmd_envoy_config, "keys": _cmd_keys}
 
 
 def _cmd_sim(argv: Sequence[str]) -> int:

@@ -29,12 +29,23 @@ MAX_RETRIES_HEADER = "x-envoy-max-retries"
 OBJECTIVE_HEADER = "x-gateway-inference-objective"
 SESSION_HEADER = "x-session-id"
 REQUEST_ID_HEADER = "x-request-id"
+AUTHORIZATION_HEADER = "authorization"
 DEFAULT_ROUTING_POLICY = "kv_events"
 CLIENT_HEADERS_REMOVED: tuple[str, ...] = (
     "x-gateway-destination-endpoint",
     "x-envoy-max-retries",
     "x-envoy-retry-on",
     "x-envoy-retry-grpc-on",
+)
+ENGINE_REQUEST_HEADERS: tuple[str, ...] = (
+    "content-type",
+    "te",
+    "x-gateway-destination-endpoint",
+    "x-envoy-max-retries",
+    "x-forwarded-proto",
+    "x-request-id",
+    "traceparent",
+    "tracestate",
 )
 ROUTING_POLICIES: tuple[str, ...] = (
     "kv_events",

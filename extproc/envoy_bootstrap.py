@@ -10,6 +10,12 @@ The `engines` cluster takes one of two shapes:
   connection or an UNAVAILABLE engine on the next address.
 A request extproc never routed falls through to a direct 503: without the header an ORIGINAL_DST cluster
 would connect back to the listener's own address.
+
+At the edge (docs/reliability.md, "At the edge"): request-header, upload, stream-idle and connection-idle
+timeouts on the listener, a global client connection cap (overload manager), optional TLS for clients, and
+optional TLS from Envoy to extproc and to the engines. The engines cluster's circuit breakers and retry
+budget never refuse a fallback retry a request is entitled to, and passive outlier detection marks engines
+that fail at once or cannot be reached.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ import subprocess
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 # The header and metadata names extproc reads and writes, declared once in native/core/src/contracts.rs.
 from extproc.contracts import (
@@ -34,6 +40,9 @@ from extproc.contracts import (
     UPSTREAM_ADDRESS_ATTRIBUTE,
 )
 from extproc.setting_parsers import MiB, parse_host_port
+
+if TYPE_CHECKING:
+    from extproc.settings import Settings
 
 EXTPROC_CLUSTER = "extproc"
 ENGINES_CLUSTER = "engines"
@@ -51,9 +60,54 @@ _DOWNSTREAM_CONNECTIONS = (
     "envoy.extensions.resource_monitors.downstream_connections.v3.DownstreamConnectionsConfig"
 )
 _H2_OPTIONS_KEY = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
-# Envoy's default circuit breakers cap a cluster at 1024 concurrent requests; every client request holds one
-# ext_proc stream and one engine stream for its whole (possibly long) life, so lift them well above that.
+_TLS_SOCKET = "envoy.transport_sockets.tls"
+_TLS_TYPES = "envoy.extensions.transport_sockets.tls.v3."
+# Circuit breakers, sized for an LLM gateway (Envoy's defaults are 1024 connections, 1024 pending, 1024
+# requests and 3 concurrent retries per cluster). Every client request holds one ext_proc stream and one
+# engine stream for its whole, possibly minutes-long, life, so request and pending caps sit above anything
+# the client connection cap lets in: Envoy is not where engine concurrency is bounded (extproc's router
+# and the engines' own queues are), and a tripped breaker would be a 503 the router never sees.
 _MAX_CONCURRENT = 100_000
+# HTTP/2 multiplexes streams; more connections to one engine open only past its stream limit.
+_MAX_CONNECTIONS = 10_000
+# Retries: a request is retried only on a refusal before its engine answered, at most once per fallback
+# extproc listed (x-envoy-max-retries), one retry at a time. So retries in flight can never exceed the
+# requests in flight, and a budget of 100% of active requests never refuses a retry a request is entitled
+# to: with one of two engines refusing, half the requests retry at once (Envoy's default of 3 concurrent
+# retries turned the rest into 503s). The per-request cap is what bounds amplification: (1 + fallbacks)x.
+_RETRY_BUDGET_PERCENT = 100.0
+_MIN_RETRY_CONCURRENCY = 64
+# Concurrent requests one HTTP/2 client connection may carry.
+_CLIENT_H2_STREAMS = 128
+# The client connection cap by default, and the open files kept for everything else (engine and extproc
+# connections of each worker, listeners, logs, the admin interface) when it is derived from the limit.
+DEFAULT_CLIENT_CONNECTIONS = 50_000
+_MIN_RESERVED_DESCRIPTORS = 256
+
+
+@dataclass(frozen=True)
+class ServerTls:
+    """TLS on the client listener (PEM files, read by Envoy at startup)."""
+
+    cert: str
+    key: str
+    # Require and verify client certificates signed by this CA bundle.
+    client_ca: str | None = None
+
+
+@dataclass(frozen=True)
+class UpstreamTls:
+    """TLS from Envoy to a cluster: verify the server against `ca`; present `cert`/`key` for mTLS."""
+
+    ca: str
+    cert: str | None = None
+    key: str | None = None
+    # SNI, and the name the server certificate must carry (a DNS SAN); None: any name the CA signed.
+    server_name: str | None = None
+
+    def __post_init__(self) -> None:
+        if (self.cert is None) != (self.key is None):
+            raise ValueError("a TLS client certificate needs both the certificate and its key")
 
 
 @dataclass(frozen=True)
@@ -66,11 +120,19 @@ class EnvoyOptions:
     extproc_target: str = "127.0.0.1:50051"
     # Largest client body; sizes the per-connection buffers so a whole request fits while it is processed.
     max_request_bytes: int = 8 * MiB
-    # Streams (generations) can be long and quiet while an engine queues; Envoy's default is 5 minutes.
-    stream_idle_timeout_s: int = 3600
+    # Streams (generations) can be quiet while an engine queues; Envoy's default is 5 minutes. A backstop:
+    # extproc's own first-token and inter-token deadlines answer a stalled engine sooner.
+    stream_idle_timeout_s: float = 600.0
+    # A client must send its whole request head within this (slowloris), its whole body within
+    # request_timeout_s (slow uploads: 408); 0 turns either off.
+    request_headers_timeout_s: float = 10.0
+    request_timeout_s: float = 60.0
+    # A client connection with no request open is closed after this.
+    client_idle_timeout_s: float = 300.0
     engine_connect_timeout_s: float = 5.0
     extproc_connect_timeout_s: float = 2.0
-    max_downstream_connections: int = 50_000
+    # Client connections past this are closed at once (see client_connection_limit for `up`'s value).
+    max_downstream_connections: int = DEFAULT_CLIENT_CONNECTIONS
     # Log every request to stdout (Envoy's default access-log format).
     access_log: bool = False
     # The engines as "ip:port": when given, Envoy knows them (STATIC cluster, override_host policy) and
@@ -78,6 +140,12 @@ class EnvoyOptions:
     engines: tuple[str, ...] = ()
     # Attempts after the first, each on the next address of the list (engines mode only).
     engine_retries: int = 0
+    # Clients over TLS: certificate chain and key (PEM files) for the listener; with client_ca, clients
+    # must also present a certificate it signed.
+    tls: ServerTls | None = None
+    # Envoy -> extproc and Envoy -> engines over TLS (mTLS with a client certificate).
+    extproc_tls: UpstreamTls | None = None
+    engine_tls: UpstreamTls | None = None
 
 
 # --- addresses -------------------------------------------------------------------------------------------
@@ -152,12 +220,84 @@ def _circuit_breakers() -> dict[str, Any]:
         "thresholds": [
             {
                 "priority": "DEFAULT",
-                "max_connections": limit,
+                "max_connections": _MAX_CONNECTIONS,
                 "max_pending_requests": limit,
                 "max_requests": limit,
+                # Replaces max_retries (default 3 at once for the whole cluster).
+                "retry_budget": {
+                    "budget_percent": {"value": _RETRY_BUDGET_PERCENT},
+                    "min_retry_concurrency": _MIN_RETRY_CONCURRENCY,
+                },
             }
         ]
     }
+
+
+def _engine_outlier_detection() -> dict[str, Any]:
+    """Passive health checking of engines from the router's results. For a gRPC engine the router
+    counts a grpc-status sent in the response headers (an error before any message: the engine refused
+    at once) as its HTTP mapping: UNAVAILABLE 503 and DEADLINE_EXCEEDED 504 are gateway failures; INTERNAL,
+    UNKNOWN, DATA_LOSS (500) and UNIMPLEMENTED (501) other 5xx; RESOURCE_EXHAUSTED is 429, not a failure.
+    An error in the trailers after tokens streamed is not counted (Envoy reads no trailers for this), nor is
+    a stall. Connection failures, resets and connect timeouts count as local-origin failures. An ejected
+    engine is only left out of Envoy's own picks (the round robin after extproc's list is spent); the
+    engines extproc lists are used as listed (see docs/reliability.md)."""
+    return {
+        "split_external_local_origin_errors": True,
+        "consecutive_local_origin_failure": 3,
+        "enforcing_consecutive_local_origin_failure": 100,
+        "consecutive_gateway_failure": 3,
+        "enforcing_consecutive_gateway_failure": 100,
+        "consecutive_5xx": 5,
+        "enforcing_consecutive_5xx": 100,
+        # Success-rate ejection needs volume and 5+ engines; a few engines are the common case.
+        "enforcing_success_rate": 0,
+        "interval": "2s",
+        "base_ejection_time": "10s",
+        "max_ejection_time": "120s",
+        # Never eject more than half the engines on Envoy's say-so.
+        "max_ejection_percent": 50,
+    }
+
+
+def _data_source(path: str) -> dict[str, str]:
+    return {"filename": path}
+
+
+def _certificate(cert: str, key: str) -> dict[str, Any]:
+    return {"certificate_chain": _data_source(cert), "private_key": _data_source(key)}
+
+
+def _upstream_tls_socket(tls: UpstreamTls, alpn: list[str]) -> dict[str, Any]:
+    validation: dict[str, Any] = {"trusted_ca": _data_source(tls.ca)}
+    if tls.server_name:
+        validation["match_typed_subject_alt_names"] = [
+            {"san_type": "DNS", "matcher": {"exact": tls.server_name}}
+        ]
+    common: dict[str, Any] = {"alpn_protocols": alpn, "validation_context": validation}
+    if tls.cert and tls.key:
+        common["tls_certificates"] = [_certificate(tls.cert, tls.key)]
+    context: dict[str, Any] = {
+        "@type": _TYPE + _TLS_TYPES + "UpstreamTlsContext",
+        "common_tls_context": common,
+    }
+    if tls.server_name:
+        context["sni"] = tls.server_name
+    return {"name": _TLS_SOCKET, "typed_config": context}
+
+
+def _downstream_tls_socket(tls: ServerTls) -> dict[str, Any]:
+    common: dict[str, Any] = {
+        "tls_certificates": [_certificate(tls.cert, tls.key)],
+        # Clients negotiate HTTP/2 or HTTP/1.1 by ALPN.
+        "alpn_protocols": ["h2", "http/1.1"],
+    }
+    context: dict[str, Any] = {"@type": _TYPE + _TLS_TYPES + "DownstreamTlsContext"}
+    if tls.client_ca:
+        common["validation_context"] = {"trusted_ca": _data_source(tls.client_ca)}
+        context["require_client_certificate"] = True
+    context["common_tls_context"] = common
+    return {"name": _TLS_SOCKET, "typed_config": context}
 
 
 def _extproc_cluster(opts: EnvoyOptions) -> dict[str, Any]:
@@ -168,6 +308,10 @@ def _extproc_cluster(opts: EnvoyOptions) -> dict[str, Any]:
         "typed_extension_protocol_options": _h2_protocol_options(keepalive=True),
         "circuit_breakers": _circuit_breakers(),
     }
+    if opts.extproc_tls is not None:
+        if path is not None:
+            raise ValueError("TLS to extproc needs a host:port target, not a Unix socket")
+        cluster["transport_socket"] = _upstream_tls_socket(opts.extproc_tls, ["h2"])
     if path is not None:
         cluster["type"] = "STATIC"
         address: dict[str, Any] = {"pipe": {"path": path}}
@@ -194,7 +338,11 @@ def _engines_cluster(opts: EnvoyOptions) -> dict[str, Any]:
         # Engines speak gRPC: HTTP/2 over cleartext.
         "typed_extension_protocol_options": _h2_protocol_options(keepalive=False),
         "circuit_breakers": _circuit_breakers(),
+        "outlier_detection": _engine_outlier_detection(),
     }
+    if opts.engine_tls is not None:
+        # gRPC over TLS negotiates HTTP/2 by ALPN.
+        cluster["transport_socket"] = _upstream_tls_socket(opts.engine_tls, ["h2"])
     if not opts.engines:
         cluster["type"] = "ORIGINAL_DST"
         cluster["lb_policy"] = "CLUSTER_PROVIDED"
@@ -322,6 +470,13 @@ _LOCAL_REPLIES: list[tuple[dict[str, Any], int, str, str]] = [
         "the gateway's request processor failed",
     ),
     (
+        # A client too slow to send its request head or body (request_headers_timeout, request_timeout).
+        {"cel": "response.code == 408"},
+        408,
+        "request_timeout",
+        "the request was not received in time",
+    ),
+    (
         # UF connect failure, UH no healthy host, URX retry limit, UC/UR connection reset, UO overflow.
         {"flags": ["UF", "UH", "URX", "UC", "UR", "UO"]},
         503,
@@ -429,7 +584,15 @@ def _http_connection_manager(opts: EnvoyOptions) -> dict[str, Any]:
         "codec_type": "AUTO",
         "generate_request_id": True,
         "always_set_request_id_in_response": True,
+        # Timeouts at the edge: 0s turns one off. request_timeout covers receiving the whole request (the
+        # upload), not the streamed response; a client too slow with either gets a 408.
+        "request_headers_timeout": _duration(opts.request_headers_timeout_s),
+        "request_timeout": _duration(opts.request_timeout_s),
         "stream_idle_timeout": _duration(opts.stream_idle_timeout_s),
+        "common_http_protocol_options": {"idle_timeout": _duration(opts.client_idle_timeout_s)},
+        # An HTTP/2 client gets this many concurrent streams per connection (Envoy's default is 2^31 - 1),
+        # so the connection cap also bounds concurrent requests.
+        "http2_protocol_options": {"max_concurrent_streams": _CLIENT_H2_STREAMS},
         "early_header_mutation_extensions": [_strip_client_routing_headers()],
         "route_config": _route_config(opts),
         "local_reply_config": _local_reply_config(),
@@ -453,7 +616,47 @@ def _http_connection_manager(opts: EnvoyOptions) -> dict[str, Any]:
     return hcm
 
 
+def _filter_chain(opts: EnvoyOptions) -> dict[str, Any]:
+    chain: dict[str, Any] = {
+        "filters": [
+            {
+                "name": "envoy.filters.network.http_connection_manager",
+                "typed_config": _http_connection_manager(opts),
+            }
+        ]
+    }
+    if opts.tls is not None:
+        chain["transport_socket"] = _downstream_tls_socket(opts.tls)
+    return chain
+
+
 # --- public API ------------------------------------------------------------------------------------------
+
+
+def descriptor_limit() -> int:
+    """This process's open-file limit (soft), which an Envoy it starts inherits."""
+    import resource
+
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return soft if soft != resource.RLIM_INFINITY else 1 << 20
+
+
+def client_connection_limit(configured: int | None, descriptors: int | None = None) -> int:
+    """The client connection cap for an Envoy with `descriptors` open files (default: ours): `configured`,
+    or the largest that leaves a tenth of them (at least 256) for everything else, at most 50,000. A
+    configured cap that leaves less is refused: Envoy would fail to accept, or to reach an engine, first."""
+    limit = descriptor_limit() if descriptors is None else descriptors
+    usable = limit - max(_MIN_RESERVED_DESCRIPTORS, limit // 10)
+    if usable < 1:
+        raise ValueError(f"the open-file limit ({limit}) is too low for Envoy: raise it (ulimit -n)")
+    if configured is None:
+        return min(DEFAULT_CLIENT_CONNECTIONS, usable)
+    if configured > usable:
+        raise ValueError(
+            f"max_client_connections {configured} leaves too few of the {limit} open files "
+            f"(ulimit -n) for Envoy's other connections: at most {usable}, or raise the limit"
+        )
+    return configured
 
 
 def build_bootstrap(opts: EnvoyOptions) -> dict[str, Any]:
@@ -472,16 +675,7 @@ def build_bootstrap(opts: EnvoyOptions) -> dict[str, Any]:
                     "name": "gateway",
                     "address": listener_address,
                     "per_connection_buffer_limit_bytes": opts.max_request_bytes,
-                    "filter_chains": [
-                        {
-                            "filters": [
-                                {
-                                    "name": "envoy.filters.network.http_connection_manager",
-                                    "typed_config": _http_connection_manager(opts),
-                                }
-                            ]
-                        }
-                    ],
+                    "filter_chains": [_filter_chain(opts)],
                 }
             ],
             "clusters": [_extproc_cluster(opts), _engines_cluster(opts)],
@@ -489,7 +683,9 @@ def build_bootstrap(opts: EnvoyOptions) -> dict[str, Any]:
         "overload_manager": {
             "resource_monitors": [
                 {
-                    # Without a global connection cap Envoy warns at every start.
+                    # Client connections past the cap are closed as soon as accepted (and counted in
+                    # the listener's downstream_global_cx_overflow); set below the descriptor limit so
+                    # that Envoy never fails to accept or to reach an engine for lack of descriptors.
                     "name": "envoy.resource_monitors.global_downstream_max_connections",
                     "typed_config": {
                         "@type": _TYPE + _DOWNSTREAM_CONNECTIONS,
@@ -498,6 +694,33 @@ def build_bootstrap(opts: EnvoyOptions) -> dict[str, Any]:
                 }
             ]
         },
+    }
+
+
+def edge_options(settings: Settings) -> dict[str, Any]:
+    """The EnvoyOptions fields the edge settings (timeouts, connection cap, TLS) give, by name."""
+    tls = None
+    if settings.tls_cert or settings.tls_key:
+        if not (settings.tls_cert and settings.tls_key):
+            raise ValueError("TLS to clients needs both tls_cert and tls_key")
+        tls = ServerTls(settings.tls_cert, settings.tls_key, settings.tls_client_ca)
+    elif settings.tls_client_ca:
+        raise ValueError("tls_client_ca needs TLS to clients: set tls_cert and tls_key")
+    extproc_tls = None
+    if settings.extproc_tls_ca:
+        extproc_tls = UpstreamTls(
+            settings.extproc_tls_ca, settings.extproc_tls_cert, settings.extproc_tls_key
+        )
+    elif settings.extproc_tls_cert or settings.extproc_tls_key:
+        raise ValueError("a client certificate for extproc needs extproc_tls_ca (TLS to extproc)")
+    return {
+        "request_headers_timeout_s": settings.request_headers_timeout,
+        "request_timeout_s": settings.request_timeout,
+        "stream_idle_timeout_s": settings.stream_idle_timeout,
+        "client_idle_timeout_s": settings.client_idle_timeout,
+        "max_downstream_connections": client_connection_limit(settings.max_client_connections),
+        "tls": tls,
+        "extproc_tls": extproc_tls,
     }
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import structlog
 
-from extproc import _native
+from extproc import _native, api_keys
 from extproc.config import ConfigError, Settings, served_models
 from extproc.pool import EnginePool
 
@@ -100,6 +100,13 @@ async def start(settings: Settings, *, engine_wait_s: float = ENGINE_WAIT_S) -> 
         first_token_timeout=settings.first_token_timeout,
         inter_token_timeout=settings.inter_token_timeout,
     )
+    if settings.api_keys_file is not None:
+        try:
+            keys = api_keys.load_keys(settings.api_keys_file)
+        except api_keys.KeysFileError as e:
+            raise ConfigError(f"api_keys_file: {e}") from None
+        gateway.set_api_keys([k.as_native() for k in keys])
+        log.info("API keys required", keys=len(keys), file=str(settings.api_keys_file))
     pools: dict[str, EnginePool] = {}
     for model in served_models(settings):
         try:

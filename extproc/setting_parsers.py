@@ -133,6 +133,24 @@ def parse_grace(raw: Any) -> float:
     return value
 
 
+def parse_timeout(raw: Any) -> float:
+    value = _float(raw)
+    if value is None or not 0 <= value <= 86400:
+        raise BadValue("expected seconds between 0 (off) and 86400, e.g. 10")
+    return value
+
+
+def parse_connections(raw: Any) -> int:
+    return _int(raw, 1, 10_000_000, "expected a positive number of connections")
+
+
+def parse_file(raw: Any) -> str:
+    """A file path, made absolute here (it need not exist yet: Envoy, which reads it, reports that)."""
+    if not isinstance(raw, (str, os.PathLike)) or not str(raw).strip():
+        raise BadValue("expected a file path")
+    return str(Path(raw).expanduser().resolve())
+
+
 def parse_bool(raw: Any) -> bool:
     if isinstance(raw, bool):
         return raw
@@ -234,6 +252,22 @@ def parse_host(raw: Any) -> str:
         return str(ipaddress.ip_address(value.strip("[]")))
     except ValueError:
         raise BadValue("expected an IP address to listen on (e.g. 127.0.0.1 or 0.0.0.0)") from None
+
+
+def parse_api_keys_file(raw: Any) -> Path:
+    """An existing keys file whose every line is a valid key entry (extproc.api_keys)."""
+    from extproc.api_keys import KeysFileError, parse_keys
+
+    if not isinstance(raw, (str, os.PathLike)) or not str(raw).strip():
+        raise BadValue("expected the path of an API keys file")
+    path = Path(raw).expanduser().resolve()
+    try:
+        parse_keys(path.read_text(), "keys file")
+    except OSError as e:
+        raise BadValue(f"cannot read it ({e.strerror or e})") from None
+    except KeysFileError as e:
+        raise BadValue(str(e)) from None
+    return path
 
 
 def parse_model_dir(raw: Any) -> Path:

@@ -319,6 +319,18 @@ class Settings:
         doc="several served models: `[[models]]` tables in the config file only, see [Several "
         "models](#several-models)",
     )
+    api_keys_file: Path | None = setting(  # noqa: RUF009
+        None,
+        p.parse_api_keys_file,
+        _GATEWAY,
+        "file of API keys (JSON lines from `extproc keys hash`); unset: no key required",
+        "FILE",
+        doc="API keys required of every request (`Authorization: Bearer <key>`): one JSON line per key "
+        "with its SHA-256 (never the key), a name, the models it may use and a requests-per-minute "
+        "limit, as `extproc keys hash` prints it; read at startup. See [Headers and "
+        "authentication](reliability.md#headers-and-authentication)",
+        default_doc="none: no key required",
+    )
     log_level: str = setting(
         "info",
         p.choice(p.LOG_LEVELS),
@@ -384,6 +396,107 @@ class Settings:
         "Envoy logs each request to stdout",
         "BOOL",
         doc="Envoy writes one access-log line per request to its stdout",
+    )
+    request_headers_timeout: float = setting(
+        10.0,
+        p.parse_timeout,
+        _ENVOY,
+        "seconds a client has to send its request headers; 0 for no limit",
+        "SECONDS",
+        doc="a client must send its whole request head within this, or its connection is closed "
+        "(slowloris); `0` for no limit. See [reliability.md](reliability.md#at-the-edge-timeouts-limits-"
+        "retries-tls)",
+    )
+    request_timeout: float = setting(
+        60.0,
+        p.parse_timeout,
+        _ENVOY,
+        "seconds a client has to send its whole request (the upload); 408 after; 0 for no limit",
+        "SECONDS",
+        doc="a client must send its whole request, body included, within this, or gets a 408; the "
+        "streamed response is not bounded by it; `0` for no limit",
+    )
+    stream_idle_timeout: float = setting(
+        600.0,
+        p.parse_timeout,
+        _ENVOY,
+        "seconds a request may pass with no bytes either way before Envoy ends it; 0 for no limit",
+        "SECONDS",
+        doc="a request with no bytes either way for this long is ended by Envoy (408 before the response "
+        "started, else the stream is cut): a backstop for an engine that stalls; keep it above the "
+        "longest wait for a first token you accept and your longest batched completion (answered at its "
+        "end); `0` for no limit",
+    )
+    client_idle_timeout: float = setting(
+        300.0,
+        p.parse_timeout,
+        _ENVOY,
+        "seconds a client connection with no open request stays open; 0 for no limit",
+        "SECONDS",
+        doc="a client connection with no request open is closed after this; `0` for no limit",
+    )
+    max_client_connections: int | None = setting(
+        None,
+        p.parse_connections,
+        _ENVOY,
+        "client connections Envoy keeps open at most; more are closed as accepted",
+        "N",
+        doc="client connections Envoy keeps open at most (each HTTP/2 connection carries up to 128 "
+        "requests); more are closed as soon as accepted. Must leave a tenth of the open-file limit "
+        "(`ulimit -n`, at least 256) to Envoy's other connections",
+        default_doc="50,000, or less where the open-file limit needs it",
+    )
+    tls_cert: str | None = setting(
+        None,
+        p.parse_file,
+        _ENVOY,
+        "PEM certificate chain for TLS to clients (with --tls-key)",
+        "FILE",
+        doc="serve clients over TLS (HTTP/2 or HTTP/1.1 by ALPN) with this PEM certificate chain; needs "
+        "`tls_key`",
+        default_doc="none (plain HTTP)",
+    )
+    tls_key: str | None = setting(
+        None,
+        p.parse_file,
+        _ENVOY,
+        "PEM private key of --tls-cert",
+        "FILE",
+        doc="the private key of `tls_cert` (PEM)",
+    )
+    tls_client_ca: str | None = setting(
+        None,
+        p.parse_file,
+        _ENVOY,
+        "PEM CA bundle: clients must present a certificate it signed (mutual TLS)",
+        "FILE",
+        doc="require client certificates signed by this PEM CA bundle (mutual TLS); needs `tls_cert`",
+    )
+    extproc_tls_ca: str | None = setting(
+        None,
+        p.parse_file,
+        (ENVOY_CONFIG,),
+        "PEM CA bundle: Envoy reaches extproc over TLS and verifies it against this",
+        "FILE",
+        doc="Envoy reaches extproc over TLS (HTTP/2 by ALPN) and verifies its certificate against this "
+        "CA bundle: for extproc behind a TLS-terminating proxy (extproc itself serves plaintext, see "
+        "[Securing the ports](#securing-the-ports))",
+    )
+    extproc_tls_cert: str | None = setting(
+        None,
+        p.parse_file,
+        (ENVOY_CONFIG,),
+        "PEM client certificate Envoy presents to extproc (mutual TLS; with --extproc-tls-key)",
+        "FILE",
+        doc="with `extproc_tls_key`: the client certificate Envoy presents to extproc (mutual TLS)",
+    )
+    extproc_tls_key: str | None = setting(
+        None,
+        p.parse_file,
+        (ENVOY_CONFIG,),
+        "PEM private key of --extproc-tls-cert",
+        "FILE",
+        doc="the private key of `extproc_tls_cert`",
     )
     shutdown_grace: float = setting(
         20.0,

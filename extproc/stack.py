@@ -184,6 +184,7 @@ def stack_specs(
         specs.append(_sim_spec(plan, "sim" if len(sims) == 1 else _child_name(plan.model.name), env))
 
     common = ("listen", "max_body_bytes", "log_level", "load_interval", "kv_events", "shutdown_grace")
+    common = (*common, "api_keys_file")
     if settings.models:
         # Tables have no flag form: the server reads the resolved models from a file of their own.
         models_file = run_dir / "models.toml"
@@ -313,6 +314,7 @@ def envoy_options(
         access_log=settings.envoy_access_log,
         engines=engines,
         engine_retries=retries if engines else 0,
+        **envoy_bootstrap.edge_options(settings),
     )
 
 

@@ -445,7 +445,11 @@ class Supervisor:
             if child.state is not State.RUNNING or proc.poll() is not None:
                 failed = 0
                 continue
-            if liveness.probe(liveness.interval_s):
+            try:
+                answered = liveness.probe(liveness.interval_s)
+            except Exception:  # a probe that breaks counts as unanswered; the thread must go on
+                answered = False
+            if answered:
                 failed = 0
                 continue
             failed += 1

@@ -24,6 +24,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
 from extproc import envoy_bootstrap as eb
 from extproc.config import Settings, served_models
 from extproc.stack import envoy_options, known_engines, plan_sims
+from tests.tls_files import make_tls_files
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -169,6 +170,98 @@ def test_listen_host_must_be_an_ip() -> None:
     assert eb.build_bootstrap(eb.EnvoyOptions(listen_host="localhost"))  # means 127.0.0.1
 
 
+# --- at the edge: timeouts, limits, retries, TLS -----------------------------------------------------------
+
+
+def test_engines_cluster_retries_with_a_budget_and_ejects_failing_engines() -> None:
+    for opts in (eb.EnvoyOptions(), eb.EnvoyOptions(engines=("10.0.0.1:1", "10.0.0.2:1"), engine_retries=1)):
+        engines = _cluster(eb.build_bootstrap(opts), "engines")
+        (thresholds,) = engines["circuit_breakers"]["thresholds"]
+        # Not Envoy's 3 concurrent retries per cluster: a retry every request may make at once.
+        assert "max_retries" not in thresholds
+        assert thresholds["retry_budget"]["budget_percent"] == {"value": 100.0}
+        assert thresholds["max_requests"] >= 100_000 and thresholds["max_pending_requests"] >= 100_000
+        outlier = engines["outlier_detection"]
+        assert outlier["split_external_local_origin_errors"] is True
+        assert outlier["consecutive_gateway_failure"] == 3
+        assert outlier["enforcing_consecutive_gateway_failure"] == 100
+        assert outlier["consecutive_local_origin_failure"] == 3
+        assert outlier["max_ejection_percent"] == 50
+    # The fallback route retries only refusals before the engine answered.
+    hcm = _hcm(eb.build_bootstrap(eb.EnvoyOptions(engines=("10.0.0.1:1",), engine_retries=1)))
+    policy = hcm["route_config"]["virtual_hosts"][0]["routes"][0]["route"]["retry_policy"]
+    assert policy["retry_on"] == "connect-failure,refused-stream,reset-before-request,unavailable"
+
+
+def test_edge_settings_reach_the_listener() -> None:
+    settings = Settings(
+        request_headers_timeout=5,
+        request_timeout=0,
+        stream_idle_timeout=900,
+        client_idle_timeout=30,
+        max_client_connections=1000,
+    )
+    config = eb.build_bootstrap(envoy_options(settings))
+    hcm = _hcm(config)
+    assert hcm["request_headers_timeout"] == "5s"
+    assert hcm["request_timeout"] == "0s"  # off
+    assert hcm["stream_idle_timeout"] == "900s"
+    assert hcm["common_http_protocol_options"] == {"idle_timeout": "30s"}
+    assert hcm["http2_protocol_options"]["max_concurrent_streams"] == 128
+    (monitor,) = config["overload_manager"]["resource_monitors"]
+    assert monitor["typed_config"]["max_active_downstream_connections"] == 1000
+    defaults = _hcm(eb.build_bootstrap(envoy_options(Settings())))
+    assert (defaults["request_headers_timeout"], defaults["request_timeout"]) == ("10s", "60s")
+
+
+def test_the_connection_cap_stays_below_the_open_file_limit() -> None:
+    assert eb.client_connection_limit(None, descriptors=1 << 20) == 50_000
+    assert eb.client_connection_limit(None, descriptors=20_000) == 18_000
+    assert eb.client_connection_limit(None, descriptors=1024) == 768
+    assert eb.client_connection_limit(700, descriptors=1024) == 700
+    with pytest.raises(ValueError, match="ulimit -n"):
+        eb.client_connection_limit(1000, descriptors=1024)
+    with pytest.raises(ValueError, match="too low"):
+        eb.client_connection_limit(None, descriptors=200)
+
+
+def test_tls_settings_must_come_in_pairs() -> None:
+    with pytest.raises(ValueError, match="both tls_cert and tls_key"):
+        envoy_options(Settings(tls_cert="/tls/c.pem"))
+    with pytest.raises(ValueError, match="tls_client_ca needs"):
+        envoy_options(Settings(tls_client_ca="/tls/ca.pem"))
+    with pytest.raises(ValueError, match="needs extproc_tls_ca"):
+        envoy_options(Settings(extproc_tls_cert="/tls/c.pem", extproc_tls_key="/tls/k.pem"))
+    with pytest.raises(ValueError, match="both the certificate and its key"):
+        eb.UpstreamTls("/tls/ca.pem", cert="/tls/c.pem")
+    with pytest.raises(ValueError, match="Unix socket"):
+        eb.build_bootstrap(eb.EnvoyOptions(extproc_target="unix:/x.sock", extproc_tls=eb.UpstreamTls("/ca")))
+
+
+def test_tls_everywhere_passes_envoy_validate(tmp_path: Path) -> None:
+    """Client TLS with client certificates, mTLS to extproc and to the engines: Envoy loads the files."""
+    files = make_tls_files(tmp_path / "tls")
+    client_side = eb.UpstreamTls(str(files.ca), str(files.client_cert), str(files.client_key), "localhost")
+    opts = eb.EnvoyOptions(
+        tls=eb.ServerTls(str(files.server_cert), str(files.server_key), client_ca=str(files.ca)),
+        extproc_tls=client_side,
+        engine_tls=client_side,
+        engines=("10.0.0.1:50051",),
+        engine_retries=0,
+    )
+    config = eb.build_bootstrap(opts)
+    _validate(tmp_path, opts)
+    listener_tls = config["static_resources"]["listeners"][0]["filter_chains"][0]["transport_socket"]
+    assert listener_tls["typed_config"]["require_client_certificate"] is True
+    assert listener_tls["typed_config"]["common_tls_context"]["alpn_protocols"] == ["h2", "http/1.1"]
+    for name in ("extproc", "engines"):
+        upstream = _cluster(config, name)["transport_socket"]["typed_config"]
+        assert upstream["sni"] == "localhost"
+        assert upstream["common_tls_context"]["alpn_protocols"] == ["h2"]
+        validation = upstream["common_tls_context"]["validation_context"]
+        assert validation["trusted_ca"] == {"filename": str(files.ca)}
+
+
 # --- the checked-in configs --------------------------------------------------------------------------------
 
 
@@ -179,8 +272,11 @@ def test_local_reference_is_what_up_runs_by_default() -> None:
     )
     engines, fallbacks = known_engines(served)
     assert (engines, fallbacks) == (("127.0.0.1:50100", "127.0.0.1:50101"), 1)
-    assert eb.REFERENCE_CONFIGS["local.json"] == envoy_options(settings, engines)
-    assert eb.REFERENCE_CONFIGS["original-dst.json"] == envoy_options(settings)
+    # The references show the connection cap of a machine whose open-file limit does not lower it.
+    cap = {"max_downstream_connections": eb.client_connection_limit(None)}
+    assert replace(eb.REFERENCE_CONFIGS["local.json"], **cap) == envoy_options(settings, engines)
+    assert replace(eb.REFERENCE_CONFIGS["original-dst.json"], **cap) == envoy_options(settings)
+    assert eb.REFERENCE_CONFIGS["local.json"].max_downstream_connections == eb.DEFAULT_CLIENT_CONNECTIONS
 
 
 @pytest.mark.parametrize("name", sorted(eb.REFERENCE_CONFIGS))

@@ -159,7 +159,9 @@ async def test_a_chat_request_is_routed_to_the_engine_and_its_answer_translated(
         endpoint, framed = await envoy.routed()
         assert endpoint == engines.addresses[0]
         generate = vllm.GenerateRequest.FromString(framed[5:])
-        assert generate.request_id == "c-1" and generate.sampling_params.max_tokens == 4
+        # The engine's id is extproc's own, never the client's x-request-id (engines abort by id).
+        assert generate.request_id.startswith("extproc-") and generate.request_id != "c-1"
+        assert generate.sampling_params.max_tokens == 4
         assert len(generate.tokenized.input_ids) > 0
 
         # Envoy forwards the rewritten request and streams the engine's answer back through ext_proc.

@@ -12,6 +12,7 @@ import pytest
 
 from extproc import cli, settings, stack
 from extproc.config import ConfigError, load_settings
+from extproc.setting_parsers import parse_file
 from extproc.settings import COMMANDS, SETTINGS, SETTINGS_BY_NAME, Setting
 
 OPERATING_MD = Path(__file__).resolve().parents[1] / "docs" / "operating.md"
@@ -22,6 +23,8 @@ def model_dir(tmp_path: Path) -> Path:
     path = tmp_path / "my-model"
     path.mkdir()
     (path / "tokenizer.json").write_text("{}")
+    # The api_keys_file sample, beside the model directory.
+    (tmp_path / "keys.jsonl").write_text(f'{{"sha256": "{"ab" * 32}", "name": "k", "models": ["*"]}}\n')
     return path
 
 
@@ -52,6 +55,18 @@ def samples(model_dir: Path) -> dict[str, tuple[str, Any]]:
         "envoy_access_log": ("true", True),
         "shutdown_grace": ("0", 0.0),
         "liveness_interval": ("1.5", 1.5),
+        "request_headers_timeout": ("0", 0.0),
+        "request_timeout": ("120", 120.0),
+        "stream_idle_timeout": ("30.5", 30.5),
+        "client_idle_timeout": ("0", 0.0),
+        "max_client_connections": ("500", 500),
+        "tls_cert": ("/etc/tls/gateway.pem", "/etc/tls/gateway.pem"),
+        "tls_key": ("/etc/tls/gateway.key", "/etc/tls/gateway.key"),
+        "tls_client_ca": ("/etc/tls/clients.pem", "/etc/tls/clients.pem"),
+        "extproc_tls_ca": ("/etc/tls/extproc-ca.pem", "/etc/tls/extproc-ca.pem"),
+        "extproc_tls_cert": ("/etc/tls/envoy.pem", "/etc/tls/envoy.pem"),
+        "extproc_tls_key": ("/etc/tls/envoy.key", "/etc/tls/envoy.key"),
+        "api_keys_file": (str(model_dir.parent / "keys.jsonl"), (model_dir.parent / "keys.jsonl").resolve()),
     }
 
 
@@ -136,6 +151,8 @@ def test_models_tables_have_no_flag_or_environment_form() -> None:
 def test_bad_values_name_the_layer_they_came_from() -> None:
     for setting in WITH_FLAGS:
         if setting.name == "model_name":  # any non-empty name is valid
+            continue
+        if setting.parse is parse_file:  # any path is: Envoy, which reads the file, says if it is missing
             continue
         with pytest.raises(ConfigError, match=rf"^invalid {setting.flag} '\?\?': \S"):
             load_settings({setting.name: "??"}, env={})

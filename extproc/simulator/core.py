@@ -15,7 +15,7 @@ import hashlib
 import io
 import time
 import zipfile
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -47,6 +47,20 @@ TOKENIZER_FILES = (
 )
 TOKENIZER_PATTERNS = ("*.tiktoken", "*.jinja", "*.model")
 TOKENIZER_CHUNK = 64 * 1024
+
+
+@dataclass(frozen=True)
+class RecordedCall:
+    """A Generate call as the engine received it (`SimOptions.record_calls`)."""
+
+    request_id: str
+    # The call's gRPC metadata (lower-case keys; `-bin` values are bytes), as the server saw it.
+    metadata: tuple[tuple[str, str | bytes], ...]
+    # Seconds left before the call's deadline when it arrived (a caller's `grpc-timeout`); None: none.
+    deadline_s: float | None
+
+    def header(self, name: str) -> str | bytes | None:
+        return next((v for k, v in self.metadata if k == name), None)
 
 
 @dataclass
@@ -99,6 +113,8 @@ class EngineCore:
         ]
         self.started = time.time()
         self.last_receive = 0.0
+        # The last Generate calls (SimOptions.record_calls), oldest first; stays empty when that is 0.
+        self.recorded: deque[RecordedCall] = deque(maxlen=max(options.record_calls, 1))
         self.finished: Counter[str] = Counter()  # requests by finish reason (per choice)
         # vLLM lets several requests share an external id; Abort ends them all.
         self._requests: dict[str, list[Request]] = {}

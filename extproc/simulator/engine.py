@@ -19,7 +19,7 @@ import grpc
 from smg_grpc_proto.generated import common_pb2, vllm_engine_pb2, vllm_engine_pb2_grpc
 
 from extproc.simulator import responses
-from extproc.simulator.core import EngineCore, EngineStats
+from extproc.simulator.core import EngineCore, EngineStats, RecordedCall
 from extproc.simulator.generate import serve
 from extproc.simulator.model import ModelSpec
 from extproc.simulator.options import DEFAULT_OPTIONS, SimOptions
@@ -74,6 +74,9 @@ async def admit(
     pinned rank."""
     core.stats.generate_requests += 1
     core.last_receive = time.time()
+    if core.options.record_calls:
+        metadata = tuple((k, v) for k, v in context.invocation_metadata() or ())
+        core.recorded.append(RecordedCall(request.request_id, metadata, context.time_remaining()))
     failure = core.faults.take_failure()
     if failure is not None:
         core.stats.faults += 1

@@ -48,11 +48,16 @@ class SimOptions:
     kv_events_zmq: str | None = None
     kv_events_zmq_replay: str | None = None
     kv_events_zmq_topic: str = ""
+    # Tests' engine spy: keep the request id and gRPC metadata of the last this-many Generate calls
+    # (`EngineCore.recorded`); 0 records nothing.
+    record_calls: int = 0
 
     def __post_init__(self) -> None:
         for name in ("ttft_ms", "itl_ms", "prefill_ms_per_token", "decode_ms_per_seq", "time_scale"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must not be negative")
+        if self.record_calls < 0:
+            raise ValueError("record_calls must not be negative")
         for name in ("block_size", "num_blocks", "max_num_seqs", "max_num_batched_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1")

@@ -26,7 +26,7 @@ MARGIN_S = 3.0
 def stack(tmp_path: Path) -> Iterator[Stack]:
     settings = {"first_token_timeout": FIRST_TOKEN_S, "inter_token_timeout": INTER_TOKEN_S}
     with local_stack(
-        FreePorts(), tmp_path, engines=2, fallbacks=1, routing_policy="kv_events", settings=settings
+        FreePorts(), tmp_path, engines=2, fallbacks=1, routing_policy="kv_events", extproc_settings=settings
     ) as s:
         yield s
 
@@ -58,7 +58,7 @@ def test_stalled_engine_requests_end_with_504_and_later_ones_avoid_it(stack: Sta
 def test_a_stream_stalling_between_tokens_ends_with_an_error_event(tmp_path: Path) -> None:
     settings = {"first_token_timeout": FIRST_TOKEN_S, "inter_token_timeout": INTER_TOKEN_S}
     slow = SimOptions(itl_ms=50.0)
-    with local_stack(FreePorts(), tmp_path, engines=1, sim=slow, settings=settings) as stack:
+    with local_stack(FreePorts(), tmp_path, engines=1, sim=slow, extproc_settings=settings) as stack:
         (engine,) = stack.engines.engines
         body = {"model": stack.model, "messages": [{"role": "user", "content": "x"}], "stream": True}
         body |= {"max_tokens": 200, "ignore_eos": True}

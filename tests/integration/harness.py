@@ -17,7 +17,7 @@ import threading
 import time
 import urllib.request
 from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -243,13 +243,16 @@ def local_stack(
     fallbacks: int = 0,
     routing_config: str | None = None,
     filters_before: Callable[[list[str]], Sequence[dict[str, Any]]] | None = None,
-    settings: Mapping[str, Any] | None = None,
+    envoy_overrides: Mapping[str, Any] | None = None,
+    api_keys_file: Path | None = None,
+    extproc_settings: Mapping[str, Any] | None = None,
 ) -> Iterator[Stack]:
     """`engines`, `protocol` and `sim` describe the single default model; `models` several instead.
     `fallbacks` > 0: Envoy knows every model's engines (one cluster) and follows up to that many
     fallbacks, as under `extproc up`; 0 leaves Envoy one address per request (ORIGINAL_DST).
     `filters_before`: given the first model's engine addresses, Envoy HTTP filters to run before ext_proc
-    (as a gateway in front of extproc would). `settings`: further extproc settings by name."""
+    (as a gateway in front of extproc would). `envoy_overrides`: EnvoyOptions fields to set (timeouts,
+    connection cap, TLS). `extproc_settings`: further extproc settings by name."""
     loop = LoopThread()
     single = models is None
     if models is None:
@@ -262,7 +265,9 @@ def local_stack(
         extra["load_interval"] = load_interval
     if routing_config is not None:
         extra["routing_config"] = routing_config
-    extra.update(settings or {})
+    if api_keys_file is not None:
+        extra["api_keys_file"] = api_keys_file
+    extra.update(extproc_settings or {})
     known: tuple[str, ...] = ()
     if fallbacks:
         known = tuple(a for cluster in clusters.values() for a in cluster.addresses)
@@ -299,6 +304,7 @@ def local_stack(
         engines=known,
         engine_retries=fallbacks if known else 0,
     )
+    options = replace(options, **(envoy_overrides or {}))
     config = tmp / "envoy.json"
     bootstrap = build_bootstrap(options)
     hcm = bootstrap["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]

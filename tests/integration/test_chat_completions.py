@@ -121,7 +121,9 @@ def test_response_headers_fit_the_client(stack: Stack) -> None:
         request_id = r.headers["x-request-id"]
         assert request_id
         assert not [h for h in r.headers if h.lower().startswith("grpc-")]
-        assert json.load(r)["id"] == f"chatcmpl-{request_id}"
+        # The response id is the engine request's, unique per request: never the client's x-request-id.
+        response_id = json.load(r)["id"]
+        assert response_id.startswith("chatcmpl-extproc-") and request_id not in response_id
 
 
 def test_client_cannot_choose_the_engine(stack: Stack) -> None:

@@ -54,8 +54,30 @@ pub const OBJECTIVE_HEADER: &str = "x-gateway-inference-objective";
 pub const SESSION_HEADER: &str = "x-session-id";
 
 /// The request id Envoy generates (the bootstrap's `generate_request_id`); extproc reads it for its
-/// summaries and logs and echoes it on the replies it writes itself.
+/// summaries and logs and echoes it on the replies it writes itself. It is never the engine's request
+/// id: clients may reuse it, and engines abort by id (extproc gives every engine request its own).
 pub const REQUEST_ID_HEADER: &str = "x-request-id";
+
+/// Client request header carrying an API key (`Bearer <key>`), checked by extproc when keys are
+/// configured; never forwarded to an engine.
+pub const AUTHORIZATION_HEADER: &str = "authorization";
+
+/// The only non-pseudo request headers that reach an engine as gRPC metadata: the ones extproc sets on
+/// the engine call (content type, `te`, the destination and retry limit Envoy routes by), the one Envoy
+/// needs to match any route (it matches none without `x-forwarded-proto`, which it sets itself) and the
+/// ids a trace is followed by. extproc's request-headers reply removes every other client header
+/// (credentials, cookies, `grpc-timeout`, oversized custom headers); pseudo-headers and `host` stay
+/// (Envoy routes by them and never lets a filter remove them).
+pub const ENGINE_REQUEST_HEADERS: &[&str] = &[
+    "content-type",
+    "te",
+    DESTINATION_HEADER,
+    MAX_RETRIES_HEADER,
+    "x-forwarded-proto",
+    REQUEST_ID_HEADER,
+    "traceparent",
+    "tracestate",
+];
 
 #[cfg(test)]
 mod tests {
@@ -70,8 +92,13 @@ mod tests {
             OBJECTIVE_HEADER,
             SESSION_HEADER,
             REQUEST_ID_HEADER,
+            AUTHORIZATION_HEADER,
         ];
-        for name in headers.iter().chain(CLIENT_HEADERS_REMOVED) {
+        for name in headers
+            .iter()
+            .chain(CLIENT_HEADERS_REMOVED)
+            .chain(ENGINE_REQUEST_HEADERS)
+        {
             assert_eq!(*name, name.to_ascii_lowercase());
         }
     }

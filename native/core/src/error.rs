@@ -10,6 +10,10 @@ pub struct ApiError {
     pub message: String,
     pub kind: &'static str,
     pub param: Option<String>,
+    /// OpenAI's string `code` (e.g. `invalid_api_key`) where one applies; else `code` is the status.
+    pub code: Option<&'static str>,
+    /// Seconds the client should wait before retrying: a `retry-after` header on the answer.
+    pub retry_after_s: Option<u64>,
 }
 
 impl ApiError {
@@ -19,6 +23,8 @@ impl ApiError {
             message: message.into(),
             kind,
             param: None,
+            code: None,
+            retry_after_s: None,
         }
     }
     /// 400 invalid_request_error.
@@ -42,13 +48,25 @@ impl ApiError {
         Self::new(500, "internal_error", message)
     }
 
+    /// The same error with OpenAI's string `code`.
+    pub fn with_code(self, code: &'static str) -> Self {
+        ApiError {
+            code: Some(code),
+            ..self
+        }
+    }
+
     pub fn to_value(&self) -> serde_json::Value {
+        let code = match self.code {
+            Some(code) => json!(code),
+            None => json!(self.status),
+        };
         json!({
             "error": {
                 "message": self.message,
                 "type": self.kind,
                 "param": self.param,
-                "code": self.status,
+                "code": code,
             }
         })
     }
@@ -90,6 +108,8 @@ mod tests {
         assert_eq!(v["error"]["type"], "invalid_request_error");
         assert_eq!(v["error"]["code"], 400);
         assert!(ApiError::invalid("x").to_value()["error"]["param"].is_null());
+        let named = ApiError::new(401, "invalid_request_error", "no key").with_code("invalid_api_key");
+        assert_eq!(named.to_value()["error"]["code"], "invalid_api_key");
     }
 
     #[test]

@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use crate::auth::ApiKeys;
 use crate::engine::Protocol;
 use crate::model::ModelFiles;
 use crate::routing::endpoint::{engine_endpoint_names, split_name};
@@ -123,6 +124,8 @@ impl Default for Limits {
 pub struct Gateway {
     models: RwLock<HashMap<String, Arc<ServedModel>>>,
     pub limits: Limits,
+    /// None: no keys configured, every request is let in.
+    api_keys: RwLock<Option<Arc<ApiKeys>>>,
 }
 
 impl Gateway {
@@ -130,7 +133,17 @@ impl Gateway {
         Gateway {
             models: RwLock::new(HashMap::new()),
             limits,
+            api_keys: RwLock::new(None),
         }
+    }
+
+    /// Require an API key on every request from now on (None: none required).
+    pub fn set_api_keys(&self, keys: Option<ApiKeys>) {
+        *self.api_keys.write().expect("api keys lock") = keys.map(Arc::new);
+    }
+
+    pub fn api_keys(&self) -> Option<Arc<ApiKeys>> {
+        self.api_keys.read().expect("api keys lock").clone()
     }
 
     /// Load a model directory and serve it as `name` (replacing any model of that name), its engines

@@ -171,6 +171,21 @@ pub fn parse_chat_request(body: &[u8]) -> Result<GenerationRequest, ApiError> {
 pub fn parse_completion_request(body: &[u8]) -> Result<GenerationRequest, ApiError> {
     let obj = parse_object(body)?;
     let mut prompts = parse_prompts(&obj)?;
+    // An empty text prompt would reach the engine, which has nothing to generate from.
+    if let Some(i) = prompts
+        .iter()
+        .position(|p| matches!(p, PromptInput::Text(t) if t.is_empty()))
+    {
+        let which = if prompts.len() == 1 {
+            String::new()
+        } else {
+            format!(" (prompt {i})")
+        };
+        return Err(ApiError::invalid_param(
+            "prompt",
+            format!("'prompt' must not be empty{which}"),
+        ));
+    }
     let input = if prompts.len() == 1 {
         prompts.remove(0)
     } else {
@@ -483,6 +498,9 @@ mod tests {
             "[-1]",
             r#"["a", 5]"#,
             r#"["a", []]"#,
+            r#""""#,
+            r#"[""]"#,
+            r#"["a", ""]"#,
             "null",
             "{}",
             &too_many,

@@ -295,7 +295,7 @@ impl Router {
         let mut states: Vec<&Arc<EndpointState>> = Vec::with_capacity(table.by_address.len());
         for st in table.slots.iter().flatten() {
             let admitted = |s: &[&str]| s.iter().any(|a| *a == &*st.engine || *a == &*st.address);
-            if st.healthy() && req.subset.is_none_or(|s| admitted(s)) {
+            if st.healthy() && req.subset.is_none_or(admitted) {
                 states.push(st);
             }
         }

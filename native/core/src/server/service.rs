@@ -72,12 +72,15 @@ pub struct ProcessStream {
     fanout: Option<BoxFuture<Vec<CallOutcome>>>,
     cancelled: BoxFuture<()>,
     ended: bool,
+    /// The engine call a stop or a missed deadline cut (endpoint, protocol, engine request id): the
+    /// machine has ended the exchange by then, so Drop aborts this one.
+    cut_abort: Option<(String, Protocol, String)>,
+    /// A cut with nothing to tell the client ends the ext_proc stream with UNAVAILABLE (Envoy's 503).
+    unavailable_owed: bool,
     started: Instant,
     /// Fires at (or after) the engine call's deadline (`RequestStream::deadline`); moved only when the
     /// deadline comes sooner, so a token costs no timer update.
     timer: Option<Pin<Box<Sleep>>>,
-    /// The engine call a missed deadline cut (the machine has ended the exchange): aborted on drop.
-    cut_abort: Option<(String, Protocol, String)>,
 }
 
 impl ProcessStream {
@@ -95,9 +98,10 @@ impl ProcessStream {
             replies: Vec::new().into_iter(),
             fanout: None,
             ended: false,
+            cut_abort: None,
+            unavailable_owed: false,
             started: Instant::now(),
             timer: None,
-            cut_abort: None,
         }
     }
 }
@@ -112,11 +116,22 @@ impl Stream for ProcessStream {
                 return Poll::Ready(Some(Ok(reply)));
             }
             if this.ended {
+                if std::mem::take(&mut this.unavailable_owed) {
+                    return Poll::Ready(Some(Err(Status::unavailable("extproc is shutting down"))));
+                }
                 return Poll::Ready(None);
             }
             if this.cancelled.as_mut().poll(cx).is_ready() {
+                // The grace ran out: the client hears why (an SSE error event and [DONE], or a 503) and
+                // its response ends cleanly; Envoy then resets the engine call, and Drop aborts it.
                 this.ended = true;
-                return Poll::Ready(Some(Err(Status::unavailable("extproc is shutting down"))));
+                this.cut_abort = this
+                    .machine
+                    .pending_abort()
+                    .map(|p| (p.endpoint.to_string(), p.protocol, p.request_id.to_string()));
+                this.replies = this.machine.shutdown().into_iter();
+                this.unavailable_owed = this.replies.len() == 0;
+                continue;
             }
             if this.deadline_passed(cx) {
                 let now = Instant::now();
@@ -189,18 +204,17 @@ impl ProcessStream {
 
 impl Drop for ProcessStream {
     fn drop(&mut self) {
+        let pending = self.machine.pending_abort();
+        if let Some(p) = pending {
+            self.shared.aborter.abort(p.endpoint, p.protocol, p.request_id);
+        }
         let cut = self.cut_abort.take();
-        let pending = cut.as_ref().map(|(e, p, r)| (e.as_str(), *p, r.as_str())).or_else(|| {
-            self.machine
-                .pending_abort()
-                .map(|p| (p.endpoint, p.protocol, p.request_id))
-        });
-        if let Some((endpoint, protocol, request_id)) = pending {
-            self.shared.aborter.abort(endpoint, protocol, request_id);
+        if let Some((endpoint, protocol, request_id)) = &cut {
+            self.shared.aborter.abort(endpoint, *protocol, request_id);
         }
         self.shared.telemetry.record(|| Finished {
             summary: self.machine.summary(),
-            aborted: pending.is_some(),
+            aborted: pending.is_some() || cut.is_some(),
             duration: self.started.elapsed(),
         });
     }

@@ -4,17 +4,19 @@
 use serde_json::json;
 
 use super::request;
+use crate::auth::Grant;
 use crate::error::ApiError;
 use crate::gateway::{Gateway, ServedModel};
 use crate::openai::tokenize::{
     detokenize_response, tokenize_response, DetokenizeRequest, TokenizeInput, TokenizeRequest,
 };
 
-/// `GET /v1/models`: every served model, sorted by name.
-pub fn models(gateway: &Gateway) -> Vec<u8> {
+/// `GET /v1/models`: every served model the API key may use (all without keys), sorted by name.
+pub fn models(gateway: &Gateway, grant: Option<&Grant>) -> Vec<u8> {
     let data: Vec<_> = gateway
         .models()
         .iter()
+        .filter(|m| grant.is_none_or(|g| g.allows(&m.name)))
         .map(|m| {
             json!({
                 "id": m.name,

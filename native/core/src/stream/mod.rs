@@ -9,8 +9,10 @@
 mod answers;
 mod batch;
 mod deadline;
+mod engine_id;
 mod epp;
 mod http_api;
+mod local_reply;
 mod replies;
 mod request;
 mod response;
@@ -18,11 +20,14 @@ mod target;
 
 #[cfg(test)]
 mod failover_tests;
+#[cfg(test)]
+mod shutdown_tests;
 
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::contracts::{OBJECTIVE_HEADER, REQUEST_ID_HEADER, SESSION_HEADER};
+use crate::auth::{model_not_allowed, Grant};
+use crate::contracts::{AUTHORIZATION_HEADER, OBJECTIVE_HEADER, REQUEST_ID_HEADER, SESSION_HEADER};
 use crate::engine::{GenerateCall, Protocol};
 use crate::error::ApiError;
 use crate::gateway::{unix_now, Gateway, ServedModel};
@@ -50,6 +55,8 @@ enum Phase {
     RequestBody,
     ResponseHeaders,
     ResponseBody,
+    /// Envoy's own reply to a request that was never routed, passed through (`local_reply`).
+    LocalReply,
     /// A batch's engine calls are made by the server (`take_fanout`, then `fanout_done`).
     Fanout,
     Done,
@@ -58,7 +65,11 @@ enum Phase {
 /// What the request became, for logs and metrics once the stream ends.
 #[derive(Debug, Clone, Default)]
 pub struct Summary {
+    /// The client's `x-request-id` (Envoy's or the client's own), as the client sees it echoed.
     pub request_id: String,
+    /// The id the engine knows the request by (a batch's: the prefix of its prompts' `<id>-<i>`); empty
+    /// until the request is routed.
+    pub engine_request_id: String,
     pub path: String,
     pub model: String,
     /// The engine address the request went to (a batch's: each prompt's, comma-separated).
@@ -75,6 +86,8 @@ pub struct Summary {
     pub objective: String,
     /// The priority the objective has under the model's router settings (0 until the model is known).
     pub priority: i32,
+    /// The name of the API key the request came with (empty without keys configured).
+    pub api_key: String,
 }
 
 /// An engine request to abort: the engine's address, its protocol and the request's id there.
@@ -107,6 +120,10 @@ pub struct RequestStream {
     objective: Option<String>,
     /// Envoy's subset hint: the engines this request may go to (`None`: any).
     subset: Option<Vec<String>>,
+    /// The client's request headers the engine call must not carry (credentials, cookies, deadlines...).
+    headers_removed: Vec<String>,
+    /// The API key's grant, when keys are configured.
+    grant: Option<Arc<Grant>>,
     body: Vec<u8>,
     exchange: Option<Exchange>,
     batch: Option<batch::Batch>,
@@ -122,6 +139,8 @@ impl RequestStream {
             session: None,
             objective: None,
             subset: None,
+            headers_removed: Vec::new(),
+            grant: None,
             body: Vec::new(),
             exchange: None,
             batch: None,
@@ -146,6 +165,16 @@ impl RequestStream {
             (Phase::ResponseBody, Some(Request::ResponseBody(b))) => self.on_response_body(b),
             (Phase::ResponseBody, Some(Request::ResponseTrailers(t))) => {
                 self.on_response_trailers(t.trailers.unwrap_or_default())
+            }
+            // Envoy's own reply (a timeout, a codec error) before the request was routed.
+            (Phase::RequestHeaders | Phase::RequestBody | Phase::LocalReply, Some(request)) => {
+                match local_reply::pass_through(&request) {
+                    Some((out, ended)) => {
+                        self.phase = if ended { Phase::Done } else { Phase::LocalReply };
+                        out
+                    }
+                    None => Vec::new(),
+                }
             }
             // Envoy may repeat an end-of-stream body chunk on large bodies; anything after the end
             // of a phase is dropped, never processed twice.
@@ -202,17 +231,21 @@ impl RequestStream {
         }
     }
 
-    pub fn is_done(&self) -> bool {
-        self.phase == Phase::Done
+    /// The replies that end the exchange when the server stops before it is over (its grace ran out):
+    /// a stream whose 200 already went out gets an error event and `data: [DONE]` as the end of its
+    /// body, a request whose answer has not started gets a 503 (an immediate response: Envoy refuses an
+    /// unprompted response-headers reply), a request not yet routed nothing (the caller ends the
+    /// ext_proc stream with an error, which Envoy answers with its 503). The machine is done after it:
+    /// take `pending_abort` first.
+    pub fn shutdown(&mut self) -> Vec<ProcessingResponse> {
+        if self.exchange.is_none() || !matches!(self.phase, Phase::ResponseHeaders | Phase::ResponseBody) {
+            return Vec::new();
+        }
+        self.end_early(ApiError::unavailable("the gateway is shutting down"))
     }
 
-    /// The id the engine knows the request by: the client's request id when Envoy gave one.
-    fn engine_request_id(&self) -> String {
-        if self.summary.request_id.is_empty() {
-            format!("extproc-{}", unix_now())
-        } else {
-            self.summary.request_id.clone()
-        }
+    pub fn is_done(&self) -> bool {
+        self.phase == Phase::Done
     }
 
     /// Answer the client directly with `error`; nothing reaches an engine.
@@ -236,6 +269,17 @@ impl RequestStream {
         let full_path = headers.get(":path").unwrap_or_default();
         let path = full_path.split('?').next().unwrap_or_default().to_string();
         self.summary.path = path.clone();
+        // Keys are checked before anything else is looked at, let alone an engine called.
+        if let Some(keys) = self.gateway.api_keys() {
+            match keys.authorize(headers.get(AUTHORIZATION_HEADER), Instant::now()) {
+                Ok(grant) => {
+                    self.summary.api_key = grant.name.clone();
+                    self.grant = Some(grant);
+                }
+                Err(error) => return self.fail(error),
+            }
+        }
+        self.headers_removed = replies::headers_not_for_engine(headers.headers.iter().map(|h| h.key.as_str()));
         let Some(api) = HttpApi::from_path(&path) else {
             return self.fail(ApiError::not_found(format!("no route for {path}")));
         };
@@ -245,7 +289,7 @@ impl RequestStream {
         }
         match api {
             HttpApi::Models => {
-                let body = answers::models(&self.gateway);
+                let body = answers::models(&self.gateway, self.grant.as_deref());
                 self.answer(body, "extproc_models")
             }
             _ if h.end_of_stream => self.fail(ApiError::invalid("a JSON request body is required")),
@@ -296,6 +340,12 @@ impl RequestStream {
 
     fn model(&mut self, name: &str) -> Result<Arc<ServedModel>, ApiError> {
         self.summary.model = name.to_string();
+        if let Some(grant) = &self.grant {
+            // A key learns nothing of the models it may not use: they answer as unknown ones do.
+            if !grant.allows(name) || self.gateway.model(name).is_none() {
+                return Err(model_not_allowed(name));
+            }
+        }
         self.gateway.model(name).ok_or_else(|| {
             let mut e = ApiError::not_found(format!("The model '{name}' does not exist."));
             e.param = Some("model".into());
@@ -333,7 +383,8 @@ impl RequestStream {
             objective,
             ..PickRequest::default()
         };
-        let engine_request_id = self.engine_request_id();
+        let engine_request_id = engine_id::next();
+        self.summary.engine_request_id = engine_request_id.clone();
         if let PromptInput::Batch(prompts) = &req.input {
             let limit = self.gateway.limits.max_engine_message;
             let deadlines = self.gateway.limits.deadlines;
@@ -385,7 +436,11 @@ impl RequestStream {
         let translator = ResponseTranslator::new(model.clone(), shape, self.gateway.limits.max_engine_message);
         // Envoy connects to the engine's address; the rank travels in the request.
         let destination = target.destination(self.gateway.limits.destination_fallbacks);
-        let mut out = vec![replies::route_to_engine(&destination, target.protocol.generate_path())];
+        let mut out = vec![replies::route_to_engine(
+            &destination,
+            target.protocol.generate_path(),
+            &self.headers_removed,
+        )];
         out.extend(replies::body_chunks(&grpc_frame::encode(&generate), true, true));
         let deadlines = self.gateway.limits.deadlines;
         let clock = if req.stream {
@@ -817,5 +872,191 @@ mod tests {
             }
             assert_eq!(seen.len(), 5, "every rank and C were picked: {seen:?}");
         }
+    }
+
+    // Request identity, headers and API keys through the stream.
+
+    /// One request through a fresh stream: its headers, then `body` (if any); every reply.
+    fn exchange(
+        gateway: &Arc<Gateway>,
+        headers: &[(&str, &str)],
+        body: Option<&[u8]>,
+    ) -> (RequestStream, Vec<ProcessingResponse>) {
+        let mut stream = RequestStream::new(gateway.clone());
+        let headers = headers
+            .iter()
+            .map(|(k, v)| HeaderValue {
+                key: k.to_string(),
+                value: String::new(),
+                raw_value: v.as_bytes().to_vec(),
+            })
+            .collect();
+        let mut replies = stream.process(ProcessingRequest {
+            request: Some(Request::RequestHeaders(HttpHeaders {
+                headers: Some(HeaderMap { headers }),
+                end_of_stream: body.is_none(),
+            })),
+            ..Default::default()
+        });
+        if let (Some(body), true) = (body, replies.is_empty()) {
+            replies = stream.process(ProcessingRequest {
+                request: Some(Request::RequestBody(HttpBody {
+                    body: body.to_vec(),
+                    end_of_stream: true,
+                })),
+                ..Default::default()
+            });
+        }
+        (stream, replies)
+    }
+
+    const COMPLETION: &[u8] = br#"{"model": "m", "prompt": "Hello there", "max_tokens": 4}"#;
+
+    fn post(extra: &[(&'static str, &'static str)]) -> Vec<(&'static str, &'static str)> {
+        let mut headers = vec![(":method", "POST"), (":path", "/v1/completions")];
+        headers.extend_from_slice(extra);
+        headers
+    }
+
+    fn engine_request_id(replies: &[ProcessingResponse]) -> String {
+        let mut framed = Vec::new();
+        for r in replies {
+            if let Some(Response::RequestBody(b)) = &r.response {
+                let mutation = b.response.as_ref().unwrap().body_mutation.as_ref().unwrap();
+                if let Some(Mutation::StreamedResponse(s)) = &mutation.mutation {
+                    framed.extend_from_slice(&s.body);
+                }
+            }
+        }
+        vllm::GenerateRequest::decode(&framed[5..]).unwrap().request_id
+    }
+
+    /// The immediate response's status and JSON body.
+    fn immediate(replies: &[ProcessingResponse]) -> (i32, serde_json::Value) {
+        let Some(Response::ImmediateResponse(r)) = &replies[0].response else {
+            panic!("expected an immediate response, got {:?}", replies[0]);
+        };
+        (
+            r.status.as_ref().unwrap().code,
+            serde_json::from_slice(&r.body).unwrap(),
+        )
+    }
+
+    fn routed_gateway() -> Arc<Gateway> {
+        let gateway = gateway();
+        let model = gateway.model("m").unwrap();
+        model.set_endpoints(vec![(A.into(), 0, Protocol::Vllm, 1)]).unwrap();
+        gateway
+    }
+
+    #[test]
+    fn engine_request_ids_are_unique_whatever_the_client_sends() {
+        let gateway = routed_gateway();
+        let mut ids = HashSet::new();
+        for extra in [
+            &[("x-request-id", "same")][..],
+            &[("x-request-id", "same")][..],
+            &[][..],
+            &[][..],
+        ] {
+            let (stream, replies) = exchange(&gateway, &post(extra), Some(COMPLETION));
+            let id = engine_request_id(&replies);
+            assert_ne!(id, "same");
+            let summary = stream.summary();
+            assert_eq!(summary.engine_request_id, id);
+            // The client's id stays the request's id for the client, logs and summaries.
+            assert_eq!(summary.request_id, extra.first().map_or("", |h| h.1));
+            assert!(ids.insert(id), "an engine request id was reused");
+        }
+    }
+
+    #[test]
+    fn client_headers_other_than_the_engines_are_removed_from_the_engine_call() {
+        let gateway = routed_gateway();
+        let extra = [
+            ("authorization", "Bearer secret"),
+            ("cookie", "session=1"),
+            ("grpc-timeout", "1S"),
+            ("x-request-id", "r-1"),
+        ];
+        let (_, replies) = exchange(&gateway, &post(&extra), Some(COMPLETION));
+        let Some(Response::RequestHeaders(h)) = &replies[0].response else {
+            panic!("not routed")
+        };
+        let removed = &h
+            .response
+            .as_ref()
+            .unwrap()
+            .header_mutation
+            .as_ref()
+            .unwrap()
+            .remove_headers;
+        for name in ["authorization", "cookie", "grpc-timeout"] {
+            assert!(removed.iter().any(|r| r == name), "{name} reaches the engine");
+        }
+        assert!(!removed.iter().any(|r| r == "x-request-id" || r.starts_with(':')));
+    }
+
+    #[test]
+    fn empty_completion_prompts_never_reach_an_engine() {
+        let gateway = routed_gateway();
+        for body in [
+            &br#"{"model": "m", "prompt": ""}"#[..],
+            br#"{"model": "m", "prompt": ["a", ""]}"#,
+        ] {
+            let (_, replies) = exchange(&gateway, &post(&[]), Some(body));
+            let (status, body) = immediate(&replies);
+            assert_eq!((status, body["error"]["param"].as_str()), (400, Some("prompt")));
+        }
+    }
+
+    #[test]
+    fn api_keys_are_checked_before_the_body() {
+        use crate::auth::{key_digest_hex, ApiKeys, KeyEntry};
+        let gateway = routed_gateway();
+        let entry = |key: &str, name: &str, models: &[&str], rpm| KeyEntry {
+            sha256: key_digest_hex(key),
+            name: name.into(),
+            models: models.iter().map(|m| m.to_string()).collect(),
+            requests_per_minute: rpm,
+        };
+        gateway.set_api_keys(Some(
+            ApiKeys::new(vec![entry("sk-a", "a", &["m"], 0), entry("sk-b", "b", &["other"], 1)]).unwrap(),
+        ));
+        // No key, a wrong one: 401 at the headers, the body never read.
+        for extra in [&[][..], &[("authorization", "Bearer sk-x")][..]] {
+            let (_, replies) = exchange(&gateway, &post(extra), None);
+            let (status, body) = immediate(&replies);
+            assert_eq!((status, body["error"]["code"].as_str()), (401, Some("invalid_api_key")));
+        }
+        let (stream, replies) = exchange(&gateway, &post(&[("authorization", "Bearer sk-a")]), Some(COMPLETION));
+        assert!(matches!(replies[0].response, Some(Response::RequestHeaders(_))));
+        assert_eq!(stream.summary().api_key, "a");
+        // b may not use "m": it looks like a model that does not exist, and /v1/models hides it.
+        let (_, replies) = exchange(&gateway, &post(&[("authorization", "Bearer sk-b")]), Some(COMPLETION));
+        let (status, body) = immediate(&replies);
+        assert_eq!((status, body["error"]["code"].as_str()), (404, Some("model_not_found")));
+        let models = [
+            (":method", "GET"),
+            (":path", "/v1/models"),
+            ("authorization", "Bearer sk-a"),
+        ];
+        let (_, replies) = exchange(&gateway, &models, None);
+        assert_eq!(immediate(&replies).1["data"].as_array().unwrap().len(), 1);
+        // b's one request a minute is spent: 429 with retry-after.
+        let (_, replies) = exchange(&gateway, &post(&[("authorization", "Bearer sk-b")]), None);
+        let Some(Response::ImmediateResponse(r)) = &replies[0].response else {
+            panic!("not refused")
+        };
+        assert_eq!(r.status.as_ref().unwrap().code, 429);
+        let retry_after = r
+            .headers
+            .as_ref()
+            .unwrap()
+            .set_headers
+            .iter()
+            .filter_map(|o| o.header.as_ref());
+        let retry_after: Vec<_> = retry_after.filter(|h| h.key == "retry-after").collect();
+        assert_eq!(retry_after.len(), 1);
     }
 }

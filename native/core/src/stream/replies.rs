@@ -1,6 +1,8 @@
 //! Builders for the `ProcessingResponse` messages Envoy accepts, in the shapes it requires.
 
-use crate::contracts::{DESTINATION_HEADER, LB_METADATA_NAMESPACE, MAX_RETRIES_HEADER, REQUEST_ID_HEADER};
+use crate::contracts::{
+    DESTINATION_HEADER, ENGINE_REQUEST_HEADERS, LB_METADATA_NAMESPACE, MAX_RETRIES_HEADER, REQUEST_ID_HEADER,
+};
 use crate::error::ApiError;
 use crate::pb::ext_proc::{
     body_mutation, processing_response::Response, BodyMutation, BodyResponse, CommonResponse, HeaderMutation,
@@ -35,13 +37,19 @@ pub fn immediate(
 }
 
 pub fn immediate_error(error: &ApiError, request_id: &str) -> ProcessingResponse {
-    immediate(
+    let mut reply = immediate(
         error.status,
         "application/json",
         error.to_json(),
         request_id,
         "extproc_error",
-    )
+    );
+    if let (Some(seconds), Some(Response::ImmediateResponse(r))) = (error.retry_after_s, reply.response.as_mut()) {
+        r.headers
+            .get_or_insert_with(HeaderMutation::default)
+            .set("retry-after", &seconds.to_string());
+    }
+    reply
 }
 
 fn common(mutation: HeaderMutation, clear_route_cache: bool) -> Option<CommonResponse> {
@@ -53,9 +61,24 @@ fn common(mutation: HeaderMutation, clear_route_cache: bool) -> Option<CommonRes
     })
 }
 
+/// The client's request headers that must not reach the engine, each name once: every one but the
+/// pseudo-headers, `host` (Envoy routes by them and refuses their removal) and `ENGINE_REQUEST_HEADERS`.
+pub fn headers_not_for_engine<'a>(client_headers: impl IntoIterator<Item = &'a str>) -> Vec<String> {
+    let mut removed: Vec<String> = Vec::new();
+    for name in client_headers {
+        let name = name.to_ascii_lowercase();
+        let kept = name.starts_with(':') || name == "host" || ENGINE_REQUEST_HEADERS.contains(&name.as_str());
+        if !kept && !removed.contains(&name) {
+            removed.push(name);
+        }
+    }
+    removed
+}
+
 /// The request-headers reply that sends the request to `destination`'s gRPC `path`: `destination` is
-/// the primary engine's address, then its fallbacks, comma-separated.
-pub fn route_to_engine(destination: &str, path: &str) -> ProcessingResponse {
+/// the primary engine's address, then its fallbacks, comma-separated. `removed`: the client headers
+/// the engine must not see (`headers_not_for_engine`).
+pub fn route_to_engine(destination: &str, path: &str, removed: &[String]) -> ProcessingResponse {
     // Envoy retries at most once per listed fallback: past the list its override_host policy would
     // pick any engine of the cluster, which may serve another model. (Envoy drops the client's own
     // retry headers before any filter runs.)
@@ -67,6 +90,9 @@ pub fn route_to_engine(destination: &str, path: &str) -> ProcessingResponse {
         .set(DESTINATION_HEADER, destination)
         .set(MAX_RETRIES_HEADER, &fallbacks.to_string())
         .remove("content-length");
+    for name in removed.iter().filter(|n| *n != "content-length") {
+        m.remove(name);
+    }
     let mut lb = Struct::default();
     lb.fields
         .insert(DESTINATION_HEADER.to_string(), Value::string(destination));
@@ -159,6 +185,60 @@ pub fn strip_grpc_trailers() -> ProcessingResponse {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_the_headers_the_engine_needs_survive_the_routing_reply() {
+        let client = [
+            ":method",
+            ":path",
+            ":authority",
+            "host",
+            "content-type",
+            "content-length",
+            "Authorization",
+            "cookie",
+            "grpc-timeout",
+            "x-custom",
+            "x-custom",
+            "x-request-id",
+            "x-forwarded-proto",
+            "traceparent",
+            "x-envoy-upstream-rq-timeout-ms",
+        ];
+        let removed = headers_not_for_engine(client);
+        assert_eq!(
+            removed,
+            [
+                "content-length",
+                "authorization",
+                "cookie",
+                "grpc-timeout",
+                "x-custom",
+                "x-envoy-upstream-rq-timeout-ms"
+            ]
+        );
+        let reply = route_to_engine("10.0.0.1:5", "/p", &removed);
+        let Some(Response::RequestHeaders(h)) = reply.response else {
+            panic!("not a headers reply")
+        };
+        let m = h.response.unwrap().header_mutation.unwrap();
+        // Removed once each (Envoy refuses more removals than the request has headers).
+        let mut names = m.remove_headers.clone();
+        names.sort();
+        names.dedup();
+        assert_eq!(names.len(), m.remove_headers.len());
+        for name in ["authorization", "cookie", "grpc-timeout", "x-custom", "content-length"] {
+            assert!(m.remove_headers.iter().any(|r| r == name), "{name} kept");
+        }
+        let set: Vec<&str> = m
+            .set_headers
+            .iter()
+            .map(|h| h.header.as_ref().unwrap().key.as_str())
+            .collect();
+        assert!(set
+            .iter()
+            .all(|name| ENGINE_REQUEST_HEADERS.contains(name) || name.starts_with(':')));
+    }
 
     #[test]
     fn bodies_are_split_under_envoys_limit_and_only_the_last_chunk_ends_the_stream() {

@@ -20,6 +20,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
         ("OBJECTIVE_HEADER", contracts::OBJECTIVE_HEADER),
         ("SESSION_HEADER", contracts::SESSION_HEADER),
         ("REQUEST_ID_HEADER", contracts::REQUEST_ID_HEADER),
+        ("AUTHORIZATION_HEADER", contracts::AUTHORIZATION_HEADER),
         ("DEFAULT_ROUTING_POLICY", registry::DEFAULT_POLICY),
     ];
     for (name, value) in names {
@@ -29,6 +30,10 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add(
         "CLIENT_HEADERS_REMOVED",
         PyTuple::new(py, contracts::CLIENT_HEADERS_REMOVED)?,
+    )?;
+    m.add(
+        "ENGINE_REQUEST_HEADERS",
+        PyTuple::new(py, contracts::ENGINE_REQUEST_HEADERS)?,
     )?;
     m.add("ROUTING_POLICIES", PyTuple::new(py, registry::policy_names())?)?;
     Ok(())

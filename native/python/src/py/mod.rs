@@ -15,6 +15,7 @@ use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
 
+use extproc_core::auth::{ApiKeys, KeyEntry};
 use extproc_core::engine::Protocol;
 use extproc_core::error::ApiError;
 use extproc_core::gateway::{Gateway, Limits, ServedModel};
@@ -23,6 +24,9 @@ use extproc_core::routing::policy::registry::DEFAULT_POLICY;
 use extproc_core::routing::RouterConfig;
 use extproc_core::stream::{Deadlines, RequestStream, Summary};
 use load::PyEngineLoad;
+
+/// One API key as Python passes it: `(sha256 hex, name, models, requests_per_minute)`.
+type KeyTuple = (String, String, Vec<String>, u32);
 
 /// Served models and their endpoints, shared by every request stream.
 #[pyclass(name = "Gateway", module = "extproc._native", frozen)]
@@ -196,6 +200,28 @@ impl PyGateway {
         ))
     }
 
+    /// Require an API key of every request: `(sha256 hex, name, models, requests_per_minute)` per key
+    /// (models `["*"]`: all; 0: no rate limit), or None for none. Raises ValueError on a bad entry.
+    fn set_api_keys(&self, keys: Option<Vec<KeyTuple>>) -> PyResult<()> {
+        let keys = match keys {
+            None => None,
+            Some(entries) => {
+                let entries = entries
+                    .into_iter()
+                    .map(|(sha256, name, models, requests_per_minute)| KeyEntry {
+                        sha256,
+                        name,
+                        models,
+                        requests_per_minute,
+                    })
+                    .collect();
+                Some(ApiKeys::new(entries).map_err(PyValueError::new_err)?)
+            }
+        };
+        self.inner.set_api_keys(keys);
+        Ok(())
+    }
+
     fn model_names(&self) -> Vec<String> {
         self.inner.model_names()
     }
@@ -312,6 +338,7 @@ fn endpoint_item(item: &Bound<'_, PyAny>) -> PyResult<(String, u32, Protocol, u3
 pub(crate) fn summary_dict(py: Python<'_>, s: Summary) -> PyResult<Bound<'_, PyDict>> {
     let d = PyDict::new(py);
     d.set_item("request_id", s.request_id)?;
+    d.set_item("engine_request_id", s.engine_request_id)?;
     d.set_item("path", s.path)?;
     d.set_item("model", s.model)?;
     d.set_item("endpoint", s.endpoint)?;
@@ -327,6 +354,7 @@ pub(crate) fn summary_dict(py: Python<'_>, s: Summary) -> PyResult<Bound<'_, PyD
     d.set_item("error", s.error)?;
     d.set_item("objective", s.objective)?;
     d.set_item("priority", s.priority)?;
+    d.set_item("api_key", s.api_key)?;
     Ok(d)
 }
 
