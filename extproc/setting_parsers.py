@@ -119,13 +119,6 @@ def parse_interval(raw: Any) -> float:
     return value
 
 
-def parse_timeout(raw: Any) -> float:
-    value = _float(raw)
-    if value is None or not 0 <= value <= 86400:
-        raise BadValue("expected seconds between 0 (off) and 86400, e.g. 60")
-    return value
-
-
 def parse_grace(raw: Any) -> float:
     value = _float(raw)
     if value is None or not 0 <= value <= 3600:
