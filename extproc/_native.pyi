@@ -56,6 +56,8 @@ class Gateway:
         max_engine_message: int = ...,
         destination_fallbacks: int = ...,
         max_buffered_output_tokens: int = ...,
+        first_token_timeout: float = ...,
+        inter_token_timeout: float = ...,
     ) -> None: ...
     def add_model(
         self,

@@ -99,6 +99,8 @@ async def start(settings: Settings, *, engine_wait_s: float = ENGINE_WAIT_S) -> 
         max_body_bytes=settings.max_body_bytes,
         destination_fallbacks=settings.destination_fallbacks,
         max_buffered_output_tokens=settings.max_buffered_output_tokens,
+        first_token_timeout=settings.first_token_timeout,
+        inter_token_timeout=settings.inter_token_timeout,
     )
     if settings.api_keys_file is not None:
         try:

@@ -309,6 +309,28 @@ class Settings:
         "ORIGINAL_DST cluster takes one address. `up` sets it itself (see [The Envoy "
         "configuration](#the-envoy-configuration))",
     )
+    first_token_timeout: float = setting(
+        60.0,
+        p.parse_timeout,
+        _GATEWAY,
+        "seconds an engine may take to send a request's first token before the request ends with 504 "
+        "and the engine is penalised; 0 for no limit",
+        "SECONDS",
+        doc="how long an engine may take to send a streamed request's first token; past it the client gets "
+        "504 (type `timeout`), the engine call is aborted and the engine avoided for a while (see "
+        "[reliability.md](reliability.md#engine-deadlines)); `0`: no limit",
+    )
+    inter_token_timeout: float = setting(
+        30.0,
+        p.parse_timeout,
+        _GATEWAY,
+        "seconds an engine may go silent between two tokens of a streamed request before it is cut with "
+        "an error event; 0 for no limit",
+        "SECONDS",
+        doc="how long a streamed request's engine may go silent between tokens; past it the stream ends "
+        "with an SSE error event and `data: [DONE]` (504 if nothing was sent yet). A non-streamed request "
+        "gets `first_token_timeout + inter_token_timeout * max_tokens` for its whole answer; `0`: no limit",
+    )
     # Several served models (config file `[[models]]` tables); empty means the single model above.
     models: tuple[ModelConfig, ...] = setting(
         (),

@@ -42,6 +42,8 @@ def samples(model_dir: Path) -> dict[str, tuple[str, Any]]:
         "engine_protocol": ("SGLANG", "sglang"),
         "kv_events": ("off", "off"),
         "load_interval": ("2", 2.0),
+        "first_token_timeout": ("1.5", 1.5),
+        "inter_token_timeout": ("0", 0.0),
         "routing_config": ('{"spill_abs": 4}', '{"spill_abs": 4}'),
         "destination_fallbacks": ("3", 3),
         "log_level": ("debug", "debug"),

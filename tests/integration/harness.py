@@ -245,13 +245,14 @@ def local_stack(
     filters_before: Callable[[list[str]], Sequence[dict[str, Any]]] | None = None,
     envoy_overrides: Mapping[str, Any] | None = None,
     api_keys_file: Path | None = None,
+    extproc_settings: Mapping[str, Any] | None = None,
 ) -> Iterator[Stack]:
     """`engines`, `protocol` and `sim` describe the single default model; `models` several instead.
     `fallbacks` > 0: Envoy knows every model's engines (one cluster) and follows up to that many
     fallbacks, as under `extproc up`; 0 leaves Envoy one address per request (ORIGINAL_DST).
     `filters_before`: given the first model's engine addresses, Envoy HTTP filters to run before ext_proc
     (as a gateway in front of extproc would). `envoy_overrides`: EnvoyOptions fields to set (timeouts,
-    connection cap, TLS)."""
+    connection cap, TLS). `extproc_settings`: further extproc settings by name."""
     loop = LoopThread()
     single = models is None
     if models is None:
@@ -266,6 +267,7 @@ def local_stack(
         extra["routing_config"] = routing_config
     if api_keys_file is not None:
         extra["api_keys_file"] = api_keys_file
+    extra.update(extproc_settings or {})
     known: tuple[str, ...] = ()
     if fallbacks:
         known = tuple(a for cluster in clusters.values() for a in cluster.addresses)

@@ -11,6 +11,7 @@ use crate::engine::Protocol;
 use crate::model::ModelFiles;
 use crate::routing::endpoint::{engine_endpoint_names, split_name};
 use crate::routing::{Router, RouterConfig, RoutingError};
+use crate::stream::Deadlines;
 
 pub fn unix_now() -> u64 {
     SystemTime::now()
@@ -112,6 +113,20 @@ pub struct Limits {
     /// larger than this many output tokens, counting each of a token's top logprobs as one more
     /// (prompts × n × max_tokens × (top_logprobs + 1)).
     pub max_buffered_output_tokens: u64,
+    /// First-token and inter-token deadlines of every engine call (`stream/deadline.rs`).
+    pub deadlines: Deadlines,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_body_bytes: 8 << 20,
+            max_engine_message: 64 << 20,
+            destination_fallbacks: 0,
+            max_buffered_output_tokens: DEFAULT_MAX_BUFFERED_OUTPUT_TOKENS,
+            deadlines: Deadlines::default(),
+        }
+    }
 }
 
 /// About 3 KB of extproc memory per buffered token with its logprobs (issue 15 measured 3.9 GB for

@@ -9,6 +9,7 @@ use xxhash_rust::xxh3::xxh3_64;
 use super::endpoint_set::EndpointId;
 use super::events::EventState;
 use super::load::{EngineLoad, Load};
+use super::penalty::Penalty;
 
 /// An endpoint's name as the engine address and data-parallel rank it stands for: `"{address}#{rank}"` is
 /// one rank of an engine with DP size > 1; any other name (no `#`, or a suffix that is not a number) is
@@ -58,6 +59,8 @@ pub struct EndpointState {
     max_running: AtomicU32,
     waiting_uncached: AtomicU32,
     kv_usage_bits: AtomicU64,
+    /// Its recent failures as streams reported them (`penalty.rs`).
+    pub penalty: Penalty,
     events: Mutex<EventState>,
 }
 
@@ -80,6 +83,7 @@ impl EndpointState {
             max_running: AtomicU32::new(0),
             waiting_uncached: AtomicU32::new(0),
             kv_usage_bits: AtomicU64::new(0f64.to_bits()),
+            penalty: Penalty::default(),
             events: Mutex::new(EventState::new(max_engine_blocks)),
         }
     }
@@ -139,6 +143,8 @@ pub struct InFlight {
     endpoint: Arc<EndpointState>,
     tokens: u64,
     prefill: u64,
+    /// The request is the probe of a half-open endpoint: the slot frees when it ends.
+    probe: Option<u64>,
 }
 
 impl InFlight {
@@ -151,7 +157,14 @@ impl InFlight {
             endpoint,
             tokens,
             prefill,
+            probe: None,
         }
+    }
+
+    /// The request probes its half-open endpoint (`Penalty::picked`).
+    pub fn with_probe(mut self, probe: Option<u64>) -> Self {
+        self.probe = probe;
+        self
     }
 
     pub fn address(&self) -> &str {
@@ -172,6 +185,9 @@ impl Drop for InFlight {
         self.first_token();
         self.endpoint.in_flight_requests.fetch_sub(1, Ordering::Relaxed);
         self.endpoint.in_flight_tokens.fetch_sub(self.tokens, Ordering::Relaxed);
+        if let Some(probe) = self.probe {
+            self.endpoint.penalty.probe_ended(probe);
+        }
     }
 }
 

@@ -7,6 +7,7 @@
 //! - `events` (+ `cursor`, `engine_map`): KV-event batches applied to the precise index.
 //! - `zmq_events`: vLLM's ZMQ KV-event payloads (msgpack) as the batches `events` applies.
 //! - `policy/`: filters → weighted scorers → picker, policies registered by name.
+//! - `penalty`: failures streams report, which eject an endpoint for a growing backoff.
 //! - `router`: endpoints, health, loads, in-flight accounting, the pick.
 
 pub mod block_hash;
@@ -20,6 +21,7 @@ pub mod events;
 pub mod load;
 pub mod membership;
 pub mod mix_hash;
+pub mod penalty;
 pub mod policy;
 pub mod prefix_index;
 pub mod rng;
@@ -32,4 +34,5 @@ pub use endpoint::InFlight;
 pub use error::RoutingError;
 pub use events::{ApplyStats, BatchResult, EventOutcome, OnGap};
 pub use load::{EngineLoad, Load};
+pub use penalty::{Backoff, Failure, Standing};
 pub use router::{EndpointInfo, IndexStats, NoRoute, Pick, PickRequest, Router};

@@ -16,6 +16,7 @@ use super::error::RoutingError;
 use super::events::{BatchResult, EventOutcome, EventState, OnGap};
 use super::load::{EngineLoad, Load};
 use super::membership::Tick;
+use super::penalty::{Failure, Standing};
 use super::policy::{registry, Candidate, PickContext, Policy, PrefixSource};
 use super::prefix_index::{EventIndex, RoutedIndex};
 use super::rng::Rng;
@@ -96,6 +97,8 @@ pub struct EndpointInfo {
     pub publishes_events: bool,
     /// Engine block hashes mapped for the endpoint.
     pub engine_blocks: usize,
+    /// Where its failure record stands (`penalty.rs`).
+    pub standing: Standing,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -290,12 +293,20 @@ impl Router {
     pub fn route(&self, req: &PickRequest<'_>) -> Result<Pick, NoRoute> {
         let table = self.read_table();
         let mut states: Vec<&Arc<EndpointState>> = Vec::with_capacity(table.by_address.len());
-        let mut candidates: Vec<Candidate> = Vec::with_capacity(table.by_address.len());
         for st in table.slots.iter().flatten() {
             let admitted = |s: &[&str]| s.iter().any(|a| *a == &*st.engine || *a == &*st.address);
-            if !st.healthy() || req.subset.is_some_and(|s| !admitted(s)) {
-                continue;
+            if st.healthy() && req.subset.is_none_or(admitted) {
+                states.push(st);
             }
+        }
+        // An endpoint that just failed holds no requests and would look idle: skip the ejected ones
+        // (and half-open ones whose probe is out) while any other candidate is left.
+        let clock = Instant::now();
+        if states.iter().any(|st| st.penalty.standing(clock).admits()) {
+            states.retain(|st| st.penalty.standing(clock).admits());
+        }
+        let mut candidates: Vec<Candidate> = Vec::with_capacity(states.len());
+        for st in &states {
             candidates.push(Candidate {
                 id: st.id,
                 address_hash: st.address_hash,
@@ -304,7 +315,6 @@ impl Router {
                 block_size: st.block_size(),
                 ..Default::default()
             });
-            states.push(st);
         }
         if candidates.is_empty() {
             return Err(NoRoute::NoEndpoint);
@@ -337,8 +347,23 @@ impl Router {
                 states[p].clone(),
                 req.token_ids.len() as u64,
                 u64::from(candidates[p].uncached_tokens()),
-            ),
+            )
+            .with_probe(states[p].penalty.picked(clock)),
         })
+    }
+
+    /// How an engine call on rank `rank` of the engine at `address` ended (`Err`: how it failed), for
+    /// the endpoint's penalty (`penalty.rs`). False if unknown.
+    pub fn report(&self, address: &str, rank: Option<u32>, outcome: Result<(), Failure>) -> bool {
+        let table = self.read_table();
+        let Some(st) = table.resolve(address, rank).or_else(|| table.resolve(address, None)) else {
+            return false;
+        };
+        match outcome {
+            Ok(()) => st.penalty.succeeded(),
+            Err(failure) => st.penalty.failed(failure, Instant::now()),
+        }
+        true
     }
 
     /// The other engines after the primary, best first: each engine's address once (at its best
@@ -499,6 +524,7 @@ impl Router {
                     load: st.load(),
                     publishes_events: ev.publishing,
                     engine_blocks: ev.engine_map().len(),
+                    standing: st.penalty.standing(Instant::now()),
                 }
             })
             .collect()

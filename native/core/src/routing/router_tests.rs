@@ -8,6 +8,7 @@ use prost::Message;
 use super::*;
 use crate::pb::kv_events as pb;
 use crate::pb::kv_events::kv_cache_event::Data;
+use crate::routing::penalty::Backoff;
 
 const B: u32 = 4;
 
@@ -784,4 +785,80 @@ fn a_fallback_counts_the_request_on_its_pinned_rank_or_rank_0() {
     assert_eq!(in_flight(&addr(1)), 1, "a one-rank engine takes it whole");
     assert!(r.begin("10.9.9.9:1", None, 1).is_none());
     drop((a, b, c));
+}
+
+// The router's own view of failures (`penalty.rs`): what streams report steers the picks.
+
+#[test]
+fn a_failing_endpoint_is_not_picked_while_another_is_not_ejected() {
+    let r = router("least_load", 2);
+    assert!(r.report(&addr(0), None, Err(Failure::Down)));
+    // addr(0) holds no requests and would win every least-load pick; ejected, it wins none.
+    let picks: Vec<Pick> = (0..20).map(|_| r.pick(&[1, 2, 3], None).unwrap()).collect();
+    assert!(picks.iter().all(|p| *p.primary == *addr(1)));
+    assert!(
+        picks.iter().all(|p| p.fallbacks.is_empty()),
+        "an ejected engine is no fallback either"
+    );
+    assert_eq!(endpoint(&r, &addr(0)).standing, Standing::Ejected);
+    assert!(!r.report("10.9.9.9:1", None, Err(Failure::Down)), "unknown endpoint");
+}
+
+#[test]
+fn with_every_endpoint_ejected_picks_still_go_somewhere() {
+    let r = router("least_load", 2);
+    r.report(&addr(0), None, Err(Failure::Down));
+    r.report(&addr(1), None, Err(Failure::Busy));
+    let pick = r
+        .pick(&[1, 2, 3], None)
+        .expect("a failing engine is better than a certain 503");
+    assert_eq!(pick.fallbacks.len(), 1);
+}
+
+#[test]
+fn a_busy_endpoint_gets_one_probe_after_its_backoff_and_a_success_closes_it() {
+    let r = router("least_load", 2);
+    let _busy_elsewhere = r.pick(&[1], None).unwrap(); // one request on either endpoint
+    let other = r
+        .endpoints()
+        .into_iter()
+        .find(|e| e.load.in_flight_requests == 0)
+        .unwrap()
+        .address;
+    r.report(&other, None, Err(Failure::Busy));
+    assert!(
+        r.pick(&[1], None).is_some_and(|p| p.primary != other),
+        "ejected for 250 ms"
+    );
+    std::thread::sleep(Backoff::BUSY.after(1) + std::time::Duration::from_millis(20));
+    let probe = r.pick(&[1], None).unwrap();
+    assert_eq!(
+        probe.primary, other,
+        "the half-open endpoint is the least loaded: it is probed"
+    );
+    let while_probing = r.pick(&[1], None).unwrap();
+    assert_ne!(while_probing.primary, other, "one probe at a time");
+    drop(while_probing);
+    drop(probe); // the probe ended without an outcome (its client went away): the slot frees
+    let probe = r.pick(&[1], None).unwrap();
+    assert_eq!(probe.primary, other);
+    r.report(&other, None, Ok(()));
+    assert_eq!(endpoint(&r, &other).standing, Standing::Closed);
+    assert_eq!(
+        r.pick(&[1], None).unwrap().primary,
+        other,
+        "closed again: picked by load alone"
+    );
+}
+
+#[test]
+fn reports_reach_the_rank_of_a_data_parallel_engine() {
+    let r = dp_router("least_load", &[2, 1], 1);
+    assert!(r.report(&addr(0), Some(1), Err(Failure::Down)));
+    assert_eq!(endpoint(&r, &rank(0, 1)).standing, Standing::Ejected);
+    assert_eq!(endpoint(&r, &rank(0, 0)).standing, Standing::Closed);
+    for _ in 0..6 {
+        let pick = r.pick(&[1], None).unwrap();
+        assert_ne!(&*pick.primary, rank(0, 1));
+    }
 }

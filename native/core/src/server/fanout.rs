@@ -1,7 +1,12 @@
 //! The engine calls of a batched request, made by the server itself (see `stream/batch.rs`): every
-//! prompt's non-streamed `Generate` at once, over the cached channel of its engine. Dropping the future
-//! (the client went away, the server stops) cancels every call still running, which ends the engine's
-//! request as a cancelled RPC.
+//! prompt's non-streamed `Generate` at once, over the cached channel of its engine. Each call gets the
+//! same deadline and fallbacks a single request gets: an engine that fails before answering (down,
+//! busy, unreachable) is reported to the router and the next fallback is tried; one that does not
+//! answer in time is aborted, reported, and the prompt fails with 504. Dropping the future (the client
+//! went away, the server stops) cancels every call still running, which ends the engine's request as a
+//! cancelled RPC.
+
+use std::sync::Arc;
 
 use bytes::Bytes;
 use http::uri::PathAndQuery;
@@ -12,15 +17,16 @@ use tonic::Status;
 use super::abort::Aborter;
 use super::engine_codec::EngineCodec;
 use crate::error::ApiError;
-use crate::stream::{CallOutcome, FanoutCall};
+use crate::routing::Failure;
+use crate::stream::{grpc_outcome, CallOutcome, FanoutCall, Missed};
 
 /// Every call's outcome, in call order.
-pub async fn run(channels: std::sync::Arc<Aborter>, calls: Vec<FanoutCall>, max_message: usize) -> Vec<CallOutcome> {
+pub async fn run(channels: Arc<Aborter>, calls: Vec<FanoutCall>, max_message: usize) -> Vec<CallOutcome> {
     let mut set = JoinSet::new();
     let count = calls.len();
     for (i, call) in calls.into_iter().enumerate() {
-        let channel = channels.channel(&call.endpoint);
-        set.spawn(async move { (i, generate(channel, call, max_message).await) });
+        let aborter = channels.clone();
+        set.spawn(async move { (i, call_with_fallbacks(&aborter, call, max_message).await) });
     }
     let mut outcomes: Vec<Option<CallOutcome>> = (0..count).map(|_| None).collect();
     while let Some(joined) = set.join_next().await {
@@ -34,16 +40,66 @@ pub async fn run(channels: std::sync::Arc<Aborter>, calls: Vec<FanoutCall>, max_
         .collect()
 }
 
-async fn generate(channel: Result<Channel, Status>, call: FanoutCall, max_message: usize) -> CallOutcome {
-    let grpc_error = |s: Status| ApiError::from_grpc(s.code() as u32, s.message());
+/// The call on its engine, then on each fallback while the engine before failed without answering.
+async fn call_with_fallbacks(aborter: &Arc<Aborter>, call: FanoutCall, max_message: usize) -> CallOutcome {
+    let addresses: Vec<&str> = std::iter::once(call.endpoint.as_str())
+        .chain(call.fallbacks.iter().map(String::as_str))
+        .collect();
+    let report = |address: &str, outcome| call.model.router.report(address, call.dp_rank, outcome);
+    let mut last_error = ApiError::unavailable("no engine to call");
+    for (attempt, address) in addresses.iter().enumerate() {
+        let running = generate(aborter.channel(address), address, &call, max_message);
+        let result = match call.deadline {
+            Some(limit) => match tokio::time::timeout(limit, running).await {
+                Ok(result) => result,
+                Err(_) => {
+                    // A stalled engine: stop its work and keep new requests away from it.
+                    aborter.abort(address, call.protocol, &call.request_id);
+                    report(address, Err(Failure::Down));
+                    return Err(ApiError::new(504, "timeout", Missed::WholeCall(limit).message()));
+                }
+            },
+            None => running.await,
+        };
+        match result {
+            Ok(messages) => {
+                report(address, Ok(()));
+                return Ok(messages);
+            }
+            Err((error, outcome)) => {
+                if let Some(outcome) = outcome {
+                    report(address, outcome);
+                }
+                let retryable = matches!(outcome, Some(Err(_)));
+                last_error = error;
+                if !retryable || attempt + 1 == addresses.len() {
+                    break;
+                }
+            }
+        }
+    }
+    Err(last_error)
+}
+
+/// One attempt: the engine's messages, or the error with what it says about the engine.
+async fn generate(
+    channel: Result<Channel, Status>,
+    address: &str,
+    call: &FanoutCall,
+    max_message: usize,
+) -> Result<Vec<Bytes>, (ApiError, Option<Result<(), Failure>>)> {
+    let grpc_error = |s: Status| {
+        let code = s.code() as u32;
+        (ApiError::from_grpc(code, s.message()), grpc_outcome(code))
+    };
     let mut client = tonic::client::Grpc::new(channel.map_err(grpc_error)?).max_decoding_message_size(max_message);
-    client
-        .ready()
-        .await
-        .map_err(|e| ApiError::unavailable(format!("engine {} not reachable: {e}", call.endpoint)))?;
+    client.ready().await.map_err(|e| {
+        let error = ApiError::unavailable(format!("engine {address} not reachable: {e}"));
+        (error, Some(Err(Failure::Down)))
+    })?;
     let path = PathAndQuery::from_static(call.path);
     let mut stream = client
-        .server_streaming(tonic::Request::new(call.body), path, EngineCodec)
+        .server_streaming(tonic::Request::new(call.body.clone()), path, EngineCodec)
         .await
         .map_err(grpc_error)?
         .into_inner();

@@ -12,6 +12,7 @@ use std::time::Instant;
 
 use futures_core::Stream;
 use tokio::sync::watch;
+use tokio::time::Sleep;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::abort::Aborter;
@@ -81,12 +82,15 @@ pub struct ProcessStream {
     working: Option<Work>,
     cancelled: BoxFuture<()>,
     ended: bool,
-    /// The engine call a stop cut (endpoint, protocol, engine request id): the machine has ended the
-    /// exchange by then, so Drop aborts this one.
+    /// The engine call a stop or a missed deadline cut (endpoint, protocol, engine request id): the
+    /// machine has ended the exchange by then, so Drop aborts this one.
     cut_abort: Option<(String, Protocol, String)>,
     /// A cut with nothing to tell the client ends the ext_proc stream with UNAVAILABLE (Envoy's 503).
     unavailable_owed: bool,
     started: Instant,
+    /// Fires at (or after) the engine call's deadline (`RequestStream::deadline`); moved only when the
+    /// deadline comes sooner, so a token costs no timer update.
+    timer: Option<Pin<Box<Sleep>>>,
 }
 
 impl ProcessStream {
@@ -108,6 +112,7 @@ impl ProcessStream {
             cut_abort: None,
             unavailable_owed: false,
             started: Instant::now(),
+            timer: None,
         }
     }
 }
@@ -137,6 +142,15 @@ impl Stream for ProcessStream {
                     .map(|p| (p.endpoint.to_string(), p.protocol, p.request_id.to_string()));
                 this.replies = this.machine.shutdown().into_iter();
                 this.unavailable_owed = this.replies.len() == 0;
+                continue;
+            }
+            if this.deadline_passed(cx) {
+                let now = Instant::now();
+                this.cut_abort = this
+                    .machine
+                    .pending_abort()
+                    .map(|p| (p.endpoint.to_string(), p.protocol, p.request_id.to_string()));
+                this.replies = this.machine.time_out(now).into_iter();
                 continue;
             }
             if let Some(work) = this.working.as_mut() {
@@ -190,6 +204,37 @@ impl ProcessStream {
             let limit = self.shared.gateway.limits.max_engine_message;
             self.fanout = Some(Box::pin(fanout::run(self.shared.aborter.clone(), calls, limit)));
         }
+    }
+
+    /// Whether the engine call's deadline passed; else the timer is armed to wake the stream at it.
+    fn deadline_passed(&mut self, cx: &mut Context<'_>) -> bool {
+        let Some(deadline) = self.machine.deadline() else {
+            self.timer = None;
+            return false;
+        };
+        let at = tokio::time::Instant::from_std(deadline);
+        match self.timer.as_mut() {
+            Some(timer) if timer.deadline() <= at => {}
+            Some(timer) => timer.as_mut().reset(at),
+            None => self.timer = Some(Box::pin(tokio::time::sleep_until(at))),
+        }
+        let timer = self.timer.as_mut().expect("armed above");
+        while timer.as_mut().poll(cx).is_ready() {
+            if Instant::now() >= deadline {
+                self.timer = None;
+                return true;
+            }
+            // The engine sent something since the timer was set: wait for the later deadline.
+            let later = self.machine.deadline().map(tokio::time::Instant::from_std);
+            match later {
+                Some(later) => timer.as_mut().reset(later),
+                None => {
+                    self.timer = None;
+                    return false;
+                }
+            }
+        }
+        false
     }
 }
 

@@ -5,14 +5,16 @@
 //! as vLLM numbers them. Streamed batches are refused at parsing.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use serde_json::json;
 
+use super::deadline::Deadlines;
 use super::request;
 use super::response::{ResponseShape, ResponseTranslator};
 use super::target::{self, Target};
-use crate::engine::GenerateCall;
+use crate::engine::{GenerateCall, Protocol};
 use crate::error::ApiError;
 use crate::gateway::{unix_now, ServedModel};
 use crate::openai::request::{GenerationRequest, PromptInput};
@@ -20,13 +22,35 @@ use crate::openai::response::{completion_json, ResponseMeta, Usage};
 use crate::routing::PickRequest;
 
 /// One engine call the server must make for the batch: a non-streamed `Generate`.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct FanoutCall {
     /// The engine's address.
     pub endpoint: String,
+    /// The next engines to try, in order, when the call fails before any answer (same protocol, and
+    /// the same rank when pinned to one).
+    pub fallbacks: Vec<String>,
     pub path: &'static str,
     /// The serialized (unframed) `GenerateRequest`.
     pub body: Vec<u8>,
+    pub protocol: Protocol,
+    /// The engine request id (for the Abort of a call that missed its deadline).
+    pub request_id: String,
+    /// The pinned data-parallel rank, if any (for the failure reports).
+    pub dp_rank: Option<u32>,
+    /// How long the engine may take to answer (`None`: no limit; `stream/deadline.rs`).
+    pub deadline: Option<Duration>,
+    /// Whose router hears how each attempt ended.
+    pub model: Arc<ServedModel>,
+}
+
+impl std::fmt::Debug for FanoutCall {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FanoutCall")
+            .field("endpoint", &self.endpoint)
+            .field("fallbacks", &self.fallbacks)
+            .field("request_id", &self.request_id)
+            .finish()
+    }
 }
 
 /// What became of one call: the engine's messages, or the error it ended with.
@@ -35,11 +59,14 @@ pub type CallOutcome = Result<Vec<Bytes>, ApiError>;
 /// One prompt of the batch: where it goes, its request until the server takes it, its answer so far.
 struct Part {
     target: Target,
+    request_id: String,
+    deadline: Option<Duration>,
     generate: Option<Vec<u8>>,
     translator: ResponseTranslator,
 }
 
 pub struct Batch {
+    model: Arc<ServedModel>,
     meta: ResponseMeta,
     n: u32,
     parts: Vec<Part>,
@@ -54,6 +81,7 @@ impl Batch {
         request_id: &str,
         routing: PickRequest<'_>,
         max_message: usize,
+        deadlines: Deadlines,
     ) -> Result<Batch, ApiError> {
         let meta = ResponseMeta {
             api: req.api,
@@ -73,8 +101,11 @@ impl Batch {
                 },
             )?;
             let echo = req.echo.then(|| model.files.tokenizer.decode(&prompt.input_ids, false));
+            let part_id = format!("{request_id}-{i}");
+            let room = model.max_context().saturating_sub(prompt.input_ids.len() as u32);
+            let deadline = deadlines.whole_call(req.sampling.max_tokens.unwrap_or(room));
             let generate = target.protocol.encode_generate(GenerateCall {
-                request_id: &format!("{request_id}-{i}"),
+                request_id: &part_id,
                 input_ids: prompt.input_ids,
                 sampling: &req.sampling,
                 include_stop_str_in_output: req.include_stop_str_in_output,
@@ -96,11 +127,14 @@ impl Batch {
             };
             parts.push(Part {
                 target,
+                request_id: part_id,
+                deadline,
                 generate: Some(generate),
                 translator: ResponseTranslator::new(model.clone(), shape, max_message),
             });
         }
         Ok(Batch {
+            model: model.clone(),
             meta,
             n: req.sampling.n,
             parts,
@@ -114,8 +148,14 @@ impl Batch {
             .filter_map(|part| {
                 Some(FanoutCall {
                     endpoint: part.target.address.clone(),
+                    fallbacks: part.target.fallbacks().iter().map(|f| f.to_string()).collect(),
                     path: part.target.protocol.generate_path(),
                     body: part.generate.take()?,
+                    protocol: part.target.protocol,
+                    request_id: part.request_id.clone(),
+                    dp_rank: part.target.dp_rank,
+                    deadline: part.deadline,
+                    model: self.model.clone(),
                 })
             })
             .collect()

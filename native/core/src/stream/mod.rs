@@ -8,6 +8,7 @@
 
 mod answers;
 mod batch;
+mod deadline;
 mod engine_id;
 mod epp;
 mod http_api;
@@ -17,6 +18,8 @@ mod request;
 mod response;
 mod target;
 
+#[cfg(test)]
+mod failover_tests;
 #[cfg(test)]
 mod shutdown_tests;
 
@@ -35,13 +38,16 @@ use crate::openai::tokenize::{parse_detokenize_request, parse_tokenize_request};
 use crate::pb::ext_proc::{
     processing_request::Request, HeaderMap, HttpBody, HttpHeaders, ProcessingRequest, ProcessingResponse,
 };
-use crate::routing::PickRequest;
+use crate::routing::{Failure, PickRequest};
+use deadline::CallClock;
 use http_api::HttpApi;
 use response::{ResponseShape, ResponseTranslator};
 use target::Target;
 
 pub use batch::{CallOutcome, FanoutCall};
+pub use deadline::{Deadlines, Missed};
 pub use replies::MAX_BODY_CHUNK;
+pub use target::grpc_outcome;
 
 /// Request bodies smaller than this are processed where their stream is served: tokenizing 32 KiB
 /// takes a few milliseconds, about what handing it to a worker and back costs.
@@ -104,6 +110,8 @@ struct Exchange {
     engine_request_id: String,
     translator: ResponseTranslator,
     client_headers_sent: bool,
+    /// The call's first-token and inter-token deadlines.
+    clock: CallClock,
 }
 
 pub struct RequestStream {
@@ -234,21 +242,10 @@ impl RequestStream {
     /// ext_proc stream with an error, which Envoy answers with its 503). The machine is done after it:
     /// take `pending_abort` first.
     pub fn shutdown(&mut self) -> Vec<ProcessingResponse> {
-        let Some(exchange) = self.exchange.as_mut() else {
-            return Vec::new();
-        };
-        if !matches!(self.phase, Phase::ResponseHeaders | Phase::ResponseBody) {
+        if self.exchange.is_none() || !matches!(self.phase, Phase::ResponseHeaders | Phase::ResponseBody) {
             return Vec::new();
         }
-        let error = ApiError::unavailable("the gateway is shutting down");
-        if !exchange.client_headers_sent {
-            exchange.target.in_flight = None;
-            return self.fail(error);
-        }
-        let mut replies = self.finish(Some(error));
-        // The trailers reply answers Envoy's response trailers, which do not come before the end.
-        replies.pop();
-        replies
+        self.end_early(ApiError::unavailable("the gateway is shutting down"))
     }
 
     pub fn is_done(&self) -> bool {
@@ -416,7 +413,8 @@ impl RequestStream {
         }
         if let PromptInput::Batch(prompts) = &req.input {
             let limit = self.gateway.limits.max_engine_message;
-            let batch = batch::Batch::new(&model, &req, prompts, &engine_request_id, routing, limit)?;
+            let deadlines = self.gateway.limits.deadlines;
+            let batch = batch::Batch::new(&model, &req, prompts, &engine_request_id, routing, limit, deadlines)?;
             self.summary.endpoint = batch.endpoints();
             self.batch = Some(batch);
             self.phase = Phase::Fanout;
@@ -470,6 +468,13 @@ impl RequestStream {
             &self.headers_removed,
         )];
         out.extend(replies::body_chunks(&grpc_frame::encode(&generate), true, true));
+        let deadlines = self.gateway.limits.deadlines;
+        let clock = if req.stream {
+            CallClock::streamed(deadlines, Instant::now())
+        } else {
+            let room = (model.max_context() as u64).saturating_sub(prompt_tokens) as u32;
+            CallClock::whole(deadlines, req.sampling.max_tokens.unwrap_or(room), Instant::now())
+        };
         self.exchange = Some(Exchange {
             model,
             prompt_tokens,
@@ -477,6 +482,7 @@ impl RequestStream {
             engine_request_id,
             translator,
             client_headers_sent: false,
+            clock,
         });
         self.phase = Phase::ResponseHeaders;
         Ok(out)
@@ -489,6 +495,8 @@ impl RequestStream {
     fn follow_upstream(&mut self, upstream: Option<&str>) {
         let Some(exchange) = self.exchange.as_mut() else { return };
         if let Some(upstream) = upstream.filter(|u| *u != exchange.target.address) {
+            // Envoy retries only after a failed connection, a reset or UNAVAILABLE: the pick is down.
+            exchange.target.report(&exchange.model, Err(Failure::Down));
             exchange
                 .target
                 .follow(&exchange.model, upstream, exchange.prompt_tokens);
@@ -501,10 +509,13 @@ impl RequestStream {
         // A gRPC error before any message comes "trailers-only": grpc-status in the headers.
         if let Some(code) = headers.get("grpc-status") {
             if code != "0" {
+                self.report(target::grpc_outcome(code.parse().unwrap_or(2)));
                 return self.fail(grpc_error(&headers, code));
             }
         }
         if status != "200" {
+            // Envoy's own reply (a 503 after the connection failed or was reset): the engine is down.
+            self.report(Some(Err(Failure::Down)));
             return self.fail(ApiError::new(
                 502,
                 "bad_gateway",
@@ -529,6 +540,12 @@ impl RequestStream {
         // The engine's first bytes mean its prefill is done: the router stops counting it as backlog.
         if let Some(in_flight) = exchange.target.in_flight.as_mut() {
             in_flight.first_token();
+        }
+        if !b.body.is_empty() {
+            if exchange.clock.waiting_first() {
+                exchange.target.report(&exchange.model, Ok(())); // it is alive: any penalty ends
+            }
+            exchange.clock.progress(Instant::now());
         }
         let events = match exchange.translator.push(&b.body) {
             Ok(events) => events,
@@ -566,7 +583,57 @@ impl RequestStream {
             )),
             code => Some(grpc_error(&trailers, code)),
         };
+        if !code.is_empty() {
+            self.report(target::grpc_outcome(code.parse().unwrap_or(2)));
+        }
         self.finish(error)
+    }
+
+    /// Tell the router how the engine call ended (`None`: nothing to tell).
+    fn report(&self, outcome: Option<Result<(), Failure>>) {
+        if let (Some(x), Some(outcome)) = (&self.exchange, outcome) {
+            x.target.report(&x.model, outcome);
+        }
+    }
+
+    /// When the engine call times out unless the engine sends something (`None`: no call waiting).
+    pub fn deadline(&self) -> Option<Instant> {
+        match (&self.exchange, self.phase) {
+            (Some(x), Phase::ResponseHeaders | Phase::ResponseBody) => x.clock.deadline(),
+            _ => None,
+        }
+    }
+
+    /// The engine call missed its deadline at `now` (`deadline()` passed): the client hears it (a 504,
+    /// or an SSE error event and `data: [DONE]` once its 200 went out), the endpoint is penalised. Take
+    /// `pending_abort` first: the engine call must still be aborted. Nothing when no deadline was missed.
+    pub fn time_out(&mut self, now: Instant) -> Vec<ProcessingResponse> {
+        if self.deadline().is_none() {
+            return Vec::new();
+        }
+        let Some(missed) = self.exchange.as_ref().and_then(|x| x.clock.missed(now)) else {
+            return Vec::new();
+        };
+        self.report(Some(Err(Failure::Down)));
+        self.end_early(ApiError::new(504, "timeout", missed.message()))
+    }
+
+    /// End the exchange before the engine did: a stream whose 200 went out gets the error as an SSE
+    /// event and `data: [DONE]` (no trailers reply: Envoy sends no trailers before the end, and an
+    /// unprompted one is refused), any other request the error status as an immediate response (Envoy
+    /// refuses an unprompted response-headers reply).
+    fn end_early(&mut self, error: ApiError) -> Vec<ProcessingResponse> {
+        let headers_sent = self.exchange.as_ref().is_some_and(|x| x.client_headers_sent);
+        if headers_sent {
+            let mut replies = self.finish(Some(error));
+            replies.pop();
+            replies
+        } else {
+            if let Some(x) = self.exchange.as_mut() {
+                x.target.in_flight = None;
+            }
+            self.fail(error)
+        }
     }
 
     /// The last replies of an exchange: client headers if still owed, the final body, the trailers.
@@ -697,6 +764,7 @@ mod tests {
             max_engine_message: 1 << 20,
             destination_fallbacks: 4,
             max_buffered_output_tokens: crate::gateway::DEFAULT_MAX_BUFFERED_OUTPUT_TOKENS,
+            ..Limits::default()
         }));
         gateway
             .add_model("m", &dir, Some(4096), "round_robin", RouterConfig::default())

@@ -183,6 +183,7 @@ mod tests {
             max_engine_message: 1 << 20,
             destination_fallbacks: 0,
             max_buffered_output_tokens: DEFAULT_MAX_BUFFERED_OUTPUT_TOKENS,
+            ..Limits::default()
         }));
         let dir = llama3_model_dir("limits");
         let template = "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}";

@@ -334,6 +334,7 @@ mod tests {
             max_engine_message: 1 << 20,
             destination_fallbacks: 0,
             max_buffered_output_tokens: crate::gateway::DEFAULT_MAX_BUFFERED_OUTPUT_TOKENS,
+            ..Limits::default()
         });
         gateway
             .add_model("m", &dir, Some(4096), "round_robin", RouterConfig::default())

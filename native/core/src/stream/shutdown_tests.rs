@@ -25,6 +25,7 @@ fn gateway() -> Arc<Gateway> {
         max_engine_message: 1 << 20,
         destination_fallbacks: 0,
         max_buffered_output_tokens: crate::gateway::DEFAULT_MAX_BUFFERED_OUTPUT_TOKENS,
+        ..Limits::default()
     }));
     let dir = llama3_model_dir("shutdown");
     let model = gateway

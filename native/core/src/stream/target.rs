@@ -8,7 +8,7 @@ use super::epp;
 use crate::engine::Protocol;
 use crate::error::ApiError;
 use crate::gateway::ServedModel;
-use crate::routing::{InFlight, NoRoute, PickRequest};
+use crate::routing::{Failure, InFlight, NoRoute, PickRequest};
 
 pub struct Target {
     /// The engine's address (never an endpoint's `#rank` name): where Envoy connects.
@@ -24,6 +24,11 @@ pub struct Target {
 }
 
 impl Target {
+    /// The next best engines, in order.
+    pub fn fallbacks(&self) -> &[Arc<str>] {
+        &self.fallbacks
+    }
+
     /// The destination header and metadata value: the address, then at most `max_fallbacks` fallbacks.
     pub fn destination(&self, max_fallbacks: usize) -> String {
         epp::destination(&self.address, &self.fallbacks, max_fallbacks)
@@ -36,6 +41,25 @@ impl Target {
             self.in_flight = Some(in_flight);
             self.address = upstream.to_string();
         }
+    }
+}
+
+/// What an engine call's gRPC status says about its endpoint (`routing/penalty.rs`): `None` when
+/// nothing (the call was cancelled), `Ok` when the engine is alive (it answered, even with a refusal
+/// of the request itself), else how it failed.
+pub fn grpc_outcome(code: u32) -> Option<Result<(), Failure>> {
+    match code {
+        1 => None,                                   // CANCELLED: the client or the gateway gave up
+        2 | 4 | 13 | 14 => Some(Err(Failure::Down)), // UNKNOWN, DEADLINE_EXCEEDED, INTERNAL, UNAVAILABLE
+        8 => Some(Err(Failure::Busy)),               // RESOURCE_EXHAUSTED
+        _ => Some(Ok(())),
+    }
+}
+
+impl Target {
+    /// Tell the router how the call on this target ended.
+    pub fn report(&self, model: &ServedModel, outcome: Result<(), Failure>) {
+        model.router.report(&self.address, self.dp_rank, outcome);
     }
 }
 

@@ -8,6 +8,7 @@ mod tokenizer;
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use prost::Message;
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
@@ -21,7 +22,7 @@ use extproc_core::gateway::{Gateway, Limits, ServedModel, DEFAULT_MAX_BUFFERED_O
 use extproc_core::pb::ext_proc::ProcessingRequest;
 use extproc_core::routing::policy::registry::DEFAULT_POLICY;
 use extproc_core::routing::RouterConfig;
-use extproc_core::stream::{RequestStream, Summary};
+use extproc_core::stream::{Deadlines, RequestStream, Summary};
 use load::PyEngineLoad;
 
 /// One API key as Python passes it: `(sha256 hex, name, models, requests_per_minute)`.
@@ -44,27 +45,39 @@ impl PyGateway {
 #[pymethods]
 impl PyGateway {
     #[new]
+    /// `first_token_timeout` / `inter_token_timeout`: seconds, 0 for no limit (`stream/deadline.rs`).
     #[pyo3(signature = (
         *,
         max_body_bytes,
         max_engine_message = 64 * 1024 * 1024,
         destination_fallbacks = 0,
         max_buffered_output_tokens = DEFAULT_MAX_BUFFERED_OUTPUT_TOKENS,
+        first_token_timeout = 60.0,
+        inter_token_timeout = 30.0,
     ))]
     fn new(
         max_body_bytes: usize,
         max_engine_message: usize,
         destination_fallbacks: usize,
         max_buffered_output_tokens: u64,
-    ) -> Self {
-        PyGateway {
+        first_token_timeout: f64,
+        inter_token_timeout: f64,
+    ) -> PyResult<Self> {
+        let seconds = |name: &str, s: f64| {
+            Duration::try_from_secs_f64(s).map_err(|_| PyValueError::new_err(format!("{name} must be seconds >= 0")))
+        };
+        Ok(PyGateway {
             inner: Arc::new(Gateway::new(Limits {
                 max_body_bytes,
                 max_engine_message,
                 destination_fallbacks,
                 max_buffered_output_tokens,
+                deadlines: Deadlines {
+                    first_token: seconds("first_token_timeout", first_token_timeout)?,
+                    inter_token: seconds("inter_token_timeout", inter_token_timeout)?,
+                },
             })),
-        }
+        })
     }
 
     /// Load `model_dir` (tokenizer, chat template) and serve it as `name`, its engines picked by

@@ -1,0 +1,77 @@
+"""A stalled engine: its scheduler stops while its health check still answers, as vLLM's does (issue
+15: clients hung forever; 21 of 40 concurrent requests went to it). With `first_token_timeout` set short
+the requests it holds end with 504 within that deadline, its calls are aborted, and later requests avoid
+it; a stream that stalls between tokens ends with an SSE error event and [DONE]."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from extproc.simulator import SimOptions
+from tests.conftest import FreePorts
+from tests.faults.clients import chat, concurrently, tally
+from tests.integration.harness import Stack, local_stack, post_json, wait_for
+
+FIRST_TOKEN_S = 1.5
+INTER_TOKEN_S = 1.0
+# On a busy 2-core machine a 504 may come this much later than the deadline.
+MARGIN_S = 3.0
+
+
+@pytest.fixture
+def stack(tmp_path: Path) -> Iterator[Stack]:
+    settings = {"first_token_timeout": FIRST_TOKEN_S, "inter_token_timeout": INTER_TOKEN_S}
+    with local_stack(
+        FreePorts(), tmp_path, engines=2, fallbacks=1, routing_policy="kv_events", extproc_settings=settings
+    ) as s:
+        yield s
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_stalled_engine_requests_end_with_504_and_later_ones_avoid_it(stack: Stack, stream: bool) -> None:
+    stalled, _healthy = stack.engines.engines
+    stalled.faults.set(stall=True)
+    # Non-streamed: the engine answers once at the end, so the deadline covers the whole generation.
+    max_tokens = 4
+    limit = FIRST_TOKEN_S if stream else FIRST_TOKEN_S + INTER_TOKEN_S * max_tokens
+
+    first = concurrently(10, lambda i: chat(stack, stream=stream, text=f"first {i}", max_tokens=max_tokens))
+    timed_out = [o for o in first if o.status == 504]
+    assert {o.status for o in first} <= {200, 504}, tally(first)
+    assert timed_out, "some requests went to the stalled engine before it was known to stall"
+    for o in timed_out:
+        assert o.seconds < limit + MARGIN_S, (o.seconds, o.body)
+        assert '"type":"timeout"' in o.body.replace(" ", "")
+    assert wait_for(lambda: stalled.stats.abort_calls >= len(timed_out)), "the stalled calls were not aborted"
+
+    drawn = stalled.stats.generate_requests
+    second = concurrently(10, lambda i: chat(stack, stream=stream, text=f"second {i}", max_tokens=max_tokens))
+    assert tally(second) == {"200": 10}
+    assert stalled.stats.generate_requests - drawn <= 1, "only a probe may reach the stalled engine"
+    assert max(o.seconds for o in second) < limit + MARGIN_S
+
+
+def test_a_stream_stalling_between_tokens_ends_with_an_error_event(tmp_path: Path) -> None:
+    settings = {"first_token_timeout": FIRST_TOKEN_S, "inter_token_timeout": INTER_TOKEN_S}
+    slow = SimOptions(itl_ms=50.0)
+    with local_stack(FreePorts(), tmp_path, engines=1, sim=slow, extproc_settings=settings) as stack:
+        (engine,) = stack.engines.engines
+        body = {"model": stack.model, "messages": [{"role": "user", "content": "x"}], "stream": True}
+        body |= {"max_tokens": 200, "ignore_eos": True}
+        conn = post_json(stack.base_url, "/v1/chat/completions", body, timeout=30)
+        response = conn.getresponse()
+        assert response.status == 200
+        assert response.read(6) == b"data: "  # tokens flow
+        engine.faults.set(stall=True)
+        stalled_at = time.monotonic()
+        raw = response.read().decode()
+        conn.close()
+        assert time.monotonic() - stalled_at < INTER_TOKEN_S + MARGIN_S
+        events = [e for e in raw.split("\n\n") if e.strip()]
+        assert events[-1] == "data: [DONE]"
+        assert '"code":504' in events[-2].replace(" ", "") and "inter_token_timeout" in events[-2]
+        assert wait_for(lambda: engine.stats.abort_calls == 1), "the stalled call was not aborted"
