@@ -18,7 +18,11 @@ TOOLS = [
         "function": {
             "name": "get_weather",
             "description": "The weather in a city.",
-            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}},
+                "required": ["city"],
+            },
         },
     }
 ]
@@ -28,7 +32,11 @@ TOOL_TURNS = [
         "role": "assistant",
         "content": None,
         "tool_calls": [
-            {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+            {
+                "id": "call_1",
+                "type": "function",
+                "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+            }
         ],
     },
     {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
@@ -37,8 +45,20 @@ TOOL_TURNS = [
 REQUESTS: dict[str, object] = {
     "chat-minimal": {"model": "m", "messages": OK},
     "chat-brief-stream": {"model": "m", "messages": BRIEF, "stream": True, "max_tokens": 5},
-    "chat-usage": {"model": "m", "messages": BRIEF, "stream": True, "stream_options": {"include_usage": True}},
-    "chat-logprobs": {"model": "m", "messages": OK, "seed": 7, "logprobs": True, "top_logprobs": 3, "max_tokens": 10},
+    "chat-usage": {
+        "model": "m",
+        "messages": BRIEF,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    },
+    "chat-logprobs": {
+        "model": "m",
+        "messages": OK,
+        "seed": 7,
+        "logprobs": True,
+        "top_logprobs": 3,
+        "max_tokens": 10,
+    },
     "chat-choices": {"model": "m", "messages": OK, "n": 3, "temperature": 0.8, "max_completion_tokens": 8},
     "chat-sampling": {
         "model": "m",
@@ -60,7 +80,9 @@ REQUESTS: dict[str, object] = {
     },
     "chat-parts": {
         "model": "m",
-        "messages": [{"role": "user", "content": [{"type": "text", "text": "one"}, {"type": "text", "text": "two"}]}],
+        "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "one"}, {"type": "text", "text": "two"}]}
+        ],
     },
     "chat-tools": {"model": "m", "messages": TOOL_TURNS, "tools": TOOLS},
     "chat-reasoning": {
@@ -83,13 +105,22 @@ REQUESTS: dict[str, object] = {
         "messages": OK,
         "documents": [{"title": "Sea", "text": "The sea is blue."}],
     },
-    "chat-unicode": {"model": "m", "messages": [{"role": "user", "content": "é✓🙂 \u0000 <|eot_id|> {{ x }}"}]},
+    "chat-unicode": {
+        "model": "m",
+        "messages": [{"role": "user", "content": "é✓🙂 \u0000 <|eot_id|> {{ x }}"}],
+    },
     "completion-text": {"model": "m", "prompt": "Hello there", "max_tokens": 4},
     "completion-tokens": {"model": "m", "prompt": [9906, 1070], "max_tokens": 4},
     "completion-batch": {"model": "m", "prompt": ["one", "two", "three"], "max_tokens": 2},
     "completion-token-batch": {"model": "m", "prompt": [[1, 2], [3, 4]], "max_tokens": 2},
     "completion-echo": {"model": "m", "prompt": "Say", "echo": True, "max_tokens": 3, "stream": True},
-    "completion-logprobs": {"model": "m", "prompt": "Describe the sea.", "logprobs": 5, "min_tokens": 2, "max_tokens": 10},
+    "completion-logprobs": {
+        "model": "m",
+        "prompt": "Describe the sea.",
+        "logprobs": 5,
+        "min_tokens": 2,
+        "max_tokens": 10,
+    },
     "tokenize-chat": {"model": "m", "messages": BRIEF, "return_token_strs": True},
     "tokenize-prompt": {"model": "m", "prompt": "Hello", "add_special_tokens": False},
     "detokenize": {"model": "m", "tokens": [9906, 1070]},

@@ -105,6 +105,9 @@ pub fn field_tokens() -> Vec<&'static [u8]> {
         b"9007199254740993",
         b": ",
         b", ",
+        // Nesting: repeated by duplication, it reaches the parsers' and renderers' depth limits.
+        b"[[[[[[[[[[[[[[[[",
+        b"{\"a\": {\"a\": {\"a\": {\"a\": ",
     ];
     tokens.extend(CHAT_FIELDS.iter().chain(COMMON_FIELDS.iter()).map(|f| f.as_bytes()));
     tokens

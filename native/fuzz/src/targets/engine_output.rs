@@ -85,6 +85,8 @@ macro_rules! build {
 }
 
 /// One serialized `GenerateResponse` of `protocol`.
+// The macro's `..Default::default()` fills SGLang's extra fields; vLLM's message has none.
+#[allow(clippy::needless_update)]
 pub fn message(rng: &mut Rng, protocol: Protocol) -> Vec<u8> {
     match protocol {
         Protocol::Vllm => build!(vllm, rng),
@@ -93,6 +95,7 @@ pub fn message(rng: &mut Rng, protocol: Protocol) -> Vec<u8> {
 }
 
 /// A final `GenerateComplete` with the given finish reason and no logprobs.
+#[allow(clippy::needless_update)]
 pub fn complete(protocol: Protocol, tokens: Vec<u32>, finish_reason: &str) -> Vec<u8> {
     macro_rules! done {
         ($pb:ident) => {

@@ -43,8 +43,21 @@ pub fn fnv(bytes: &[u8]) -> u64 {
     })
 }
 
-/// A signature of a message with its numbers left out, so "got 129" and "got 130" count once.
+/// A signature of a message with its numbers and quoted values left out, so "got 129" and "got 130",
+/// or "model 'a' does not exist" and "model 'b' does not exist", count once.
 pub fn signature(text: &str) -> u64 {
-    let shape: Vec<u8> = text.bytes().filter(|b| !b.is_ascii_digit()).take(120).collect();
+    let mut shape = Vec::with_capacity(text.len().min(160));
+    let mut quoted = false;
+    for b in text.bytes() {
+        if b == b'\'' {
+            quoted = !quoted;
+            shape.push(b);
+        } else if !quoted && !b.is_ascii_digit() {
+            shape.push(b);
+        }
+        if shape.len() == 160 {
+            break;
+        }
+    }
     fnv(&shape)
 }

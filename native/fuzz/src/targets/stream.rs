@@ -195,7 +195,6 @@ fn message(kind: u8, payload: &[u8]) -> ProcessingRequest {
                     )]
                     .into_iter()
                     .collect(),
-                    ..Default::default()
                 });
             }
             if let Some(upstream) = h.upstream {
