@@ -266,7 +266,8 @@ fn run(data: &[u8]) -> u64 {
     signature(&format!(
         "{answered:?}:{}:{}:{}",
         summary.status,
-        summary.error.chars().take(30).collect::<String>(),
+        // The error's first words: later ones quote the input (a path, a model name).
+        summary.error.split(' ').take(2).collect::<Vec<_>>().join(" "),
         stream.is_done()
     ))
 }
