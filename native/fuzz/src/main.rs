@@ -41,7 +41,8 @@ fn parse_args() -> Result<(Options, Vec<PathBuf>, Option<usize>), String> {
             .map_or(1, |d| d.as_nanos() as u64 % 1_000_000_000),
         timeout: Duration::from_secs(10),
         corpus: manifest.join("corpus"),
-        crashes: manifest.join("../target/fuzz-crashes"),
+        // native/target: the workspace's build directory, ignored by git.
+        crashes: manifest.parent().unwrap_or(&manifest).join("target/fuzz-crashes"),
     };
     let mut replay = Vec::new();
     let mut write_seeds = None;
