@@ -19,9 +19,13 @@ MANIFEST := --manifest-path native/Cargo.toml
 # The binding crate's build script asks this interpreter for its ABI (clippy); the core crate needs no Python.
 PYO3_ENV := PYO3_PYTHON=$(abspath $(BIN)/python)
 ARGS ?=
+# The fuzzer of the core's input surfaces (native/fuzz, docs/reliability.md "Fuzzing"). `make test` runs it
+# for a fixed budget with a fixed seed (reproducible: the same inputs every run); `make fuzz` for longer.
+FUZZ := $(CARGO) run --release --quiet $(MANIFEST) -p extproc-fuzz --
+FUZZ_TEST_ARGS := --seconds 5 --seed 15
 
 .DEFAULT_GOAL := help
-.PHONY: help venv .venv run test test-rust test-python lint envoy-configs docs bench bench-routing vllm-engine clean
+.PHONY: help venv .venv run test test-rust test-python lint envoy-configs docs bench bench-routing vllm-engine fuzz clean
 
 help: ## list the targets
 	@echo "usage: make TARGET"
@@ -48,8 +52,12 @@ run: $(RUNTIME_STAMP) ## run the local stack in the foreground; real engines: AR
 
 test: test-rust test-python ## all tests: cargo test, then pytest
 
-test-rust: $(TEST_STAMP) ## Rust unit tests of the core crate (no Python; reads tokenizer files from .venv)
-	$(CARGO) test --release $(MANIFEST) -p extproc-core
+test-rust: $(TEST_STAMP) ## Rust unit tests of the core crate (no Python; reads tokenizer files from .venv), a 25 s fuzz run
+	$(CARGO) test --release $(MANIFEST) -p extproc-core -p extproc-fuzz
+	$(FUZZ) $(FUZZ_TEST_ARGS)
+
+fuzz: ## fuzz the core's input surfaces, 10 s per target; ARGS="--seconds 600 --target request --seed N" (--help)
+	$(FUZZ) $(ARGS)
 
 vllm-engine: $(RUNTIME_STAMP) ## build the real vLLM engine the tests run (its venv + tiny model, cached in ~/.cache/extproc/vllm)
 	$(BIN)/python -m load.vllm_engine prepare
