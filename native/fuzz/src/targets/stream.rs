@@ -124,6 +124,7 @@ fn gateway() -> &'static Arc<Gateway> {
             max_body_bytes: 16 * 1024,
             max_engine_message: 4 * 1024,
             destination_fallbacks: 2,
+            ..Limits::default()
         }));
         for (name, address, protocol) in [
             ("m", VLLM_ENGINE, Protocol::Vllm),
