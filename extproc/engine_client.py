@@ -96,7 +96,11 @@ class EngineClient:
         self._stub: Any = stub(channel)
 
     async def healthy(self, timeout_s: float) -> bool:
-        reply = await self._stub.HealthCheck(self._pb.HealthCheckRequest(), timeout=timeout_s)
+        # wait_for_ready: a channel between reconnect attempts waits (up to the timeout) rather than failing
+        # at once, so an engine that just came back is not marked down by the tail of its outage.
+        reply = await self._stub.HealthCheck(
+            self._pb.HealthCheckRequest(), timeout=timeout_s, wait_for_ready=True
+        )
         return bool(reply.healthy)
 
     async def model_facts(self, timeout_s: float) -> ModelFacts:

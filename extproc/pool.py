@@ -48,6 +48,9 @@ log = structlog.get_logger("extproc.pool")
 
 HEALTH_INTERVAL_S = 2.0
 HEALTH_TIMEOUT_S = 1.0
+# gRPC's reconnect backoff grows to 120 s by default: an engine that restarts after a few seconds down would
+# stay unreachable (and unhealthy here) long after it is back. Capped, the channel retries every second.
+CHANNEL_OPTIONS = (("grpc.initial_reconnect_backoff_ms", 200), ("grpc.max_reconnect_backoff_ms", 1000))
 LOAD_INTERVAL_S = 0.5
 
 
@@ -110,7 +113,7 @@ class EnginePool:
         for item in engines:
             config = item if isinstance(item, EngineConfig) else EngineConfig(item)
             address = engine_address(config.url)
-            channel = grpc.aio.insecure_channel(address)
+            channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
             configured = configured_protocol(config.protocol)
             engine = Engine(address, channel, configured, kv_events=config.kv_events or "grpc")
             if configured is not None:

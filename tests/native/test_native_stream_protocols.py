@@ -63,8 +63,9 @@ def test_sglang_engines_get_sglangs_request_with_its_defaults(gateway: _native.G
     assert (params.temperature, params.top_p, params.top_k, params.repetition_penalty) == (1.0, 1.0, -1, 1.0)
     assert (params.n, params.max_new_tokens) == (2, 5)
     assert request.return_logprob and request.top_logprobs_num == 3 and request.logprob_start_len == -1
-    assert request.request_id == "req-1"
-    assert stream.pending_abort() == (ENGINE, "req-1", "sglang")
+    # The engine knows the request by an id of extproc's own, never the client's x-request-id.
+    assert request.request_id.startswith("extproc-") and request.request_id != "req-1"
+    assert stream.pending_abort() == (ENGINE, request.request_id, "sglang")
 
 
 def test_vllm_engines_get_vllms_request(gateway: _native.Gateway) -> None:
@@ -72,10 +73,12 @@ def test_vllm_engines_get_vllms_request(gateway: _native.Gateway) -> None:
     stream, replies = send(gateway, {"model": MODEL, "prompt": "Hi", "n": 3, "logprobs": 0, "seed": 5})
     path, body = routed(replies)
     assert path == "/vllm.grpc.engine.VllmEngine/Generate"
-    params = vllm.GenerateRequest.FromString(body).sampling_params
+    request = vllm.GenerateRequest.FromString(body)
+    params = request.sampling_params
     assert not params.HasField("temperature")
     assert (params.n, params.logprobs, params.seed) == (3, 0, 5)
-    assert stream.pending_abort() == (ENGINE, "req-1", "vllm")
+    assert request.request_id.startswith("extproc-") and request.request_id != "req-1"
+    assert stream.pending_abort() == (ENGINE, request.request_id, "vllm")
 
 
 @pytest.mark.parametrize("protocol", ["vllm", "sglang"])
@@ -100,7 +103,7 @@ def test_a_data_parallel_engine_gets_the_rank_and_envoy_the_address(
         )
         summary = stream.summary()
         assert (summary["endpoint"], summary["dp_rank"]) == (ENGINE, request.data_parallel_rank)
-        assert stream.pending_abort() == (ENGINE, "req-1", protocol)
+        assert stream.pending_abort() == (ENGINE, request.request_id, protocol)
     assert ranks == {0, 1}
     # One rank: no pin, and the summary has no rank.
     gateway.set_endpoints(MODEL, [(ENGINE, 0, protocol, 1)])
