@@ -448,20 +448,29 @@ mod tests {
         }
     }
 
-    #[test]
-    fn stop_waits_for_open_streams_up_to_the_grace_then_cancels_them() {
-        let (mut server, telemetry) = start("127.0.0.1:0");
-        let address = server.address().to_string();
-        let rt = client_runtime();
-        // A POST whose body never comes: the stream stays open.
-        let (tx, mut replies) = rt.block_on(async {
-            let (tx, replies) = open(connect(&address).await).await;
+    /// A POST whose body never comes, once the server has started its stream: the stream stays open.
+    fn open_waiting_post(
+        rt: &Runtime,
+        address: &str,
+        telemetry: &Telemetry,
+    ) -> (mpsc::Sender<ProcessingRequest>, Streaming<ProcessingResponse>) {
+        let opened = rt.block_on(async {
+            let (tx, replies) = open(connect(address).await).await;
             tx.send(request_headers("POST", "/v1/chat/completions", false))
                 .await
                 .unwrap();
             (tx, replies.unwrap())
         });
-        wait_until("the stream to start", || counter(&telemetry, "streams_started") == 1);
+        wait_until("the stream to start", || counter(telemetry, "streams_started") == 1);
+        opened
+    }
+
+    #[test]
+    fn stop_waits_for_open_streams_up_to_the_grace_then_cancels_them() {
+        let (mut server, telemetry) = start("127.0.0.1:0");
+        let address = server.address().to_string();
+        let rt = client_runtime();
+        let (tx, mut replies) = open_waiting_post(&rt, &address, &telemetry);
         let outcome = rt.spawn(async move { replies.message().await.map(|m| m.is_some()) });
         let began = Instant::now();
         server.stop(Duration::from_millis(300));
@@ -484,14 +493,7 @@ mod tests {
         let (mut server, telemetry) = start("127.0.0.1:0");
         let address = server.address().to_string();
         let rt = client_runtime();
-        let (tx, mut replies) = rt.block_on(async {
-            let (tx, replies) = open(connect(&address).await).await;
-            tx.send(request_headers("POST", "/v1/chat/completions", false))
-                .await
-                .unwrap();
-            (tx, replies.unwrap())
-        });
-        wait_until("the stream to start", || counter(&telemetry, "streams_started") == 1);
+        let (tx, mut replies) = open_waiting_post(&rt, &address, &telemetry);
         let stopping = std::thread::spawn(move || {
             let began = Instant::now();
             server.stop(Duration::from_secs(10));

@@ -136,20 +136,14 @@ impl Stream for ProcessStream {
                 // The grace ran out: the client hears why (an SSE error event and [DONE], or a 503) and
                 // its response ends cleanly; Envoy then resets the engine call, and Drop aborts it.
                 this.ended = true;
-                this.cut_abort = this
-                    .machine
-                    .pending_abort()
-                    .map(|p| (p.endpoint.to_string(), p.protocol, p.request_id.to_string()));
+                this.keep_cut_abort();
                 this.replies = this.machine.shutdown().into_iter();
                 this.unavailable_owed = this.replies.len() == 0;
                 continue;
             }
             if this.deadline_passed(cx) {
                 let now = Instant::now();
-                this.cut_abort = this
-                    .machine
-                    .pending_abort()
-                    .map(|p| (p.endpoint.to_string(), p.protocol, p.request_id.to_string()));
+                this.keep_cut_abort();
                 this.replies = this.machine.time_out(now).into_iter();
                 continue;
             }
@@ -198,6 +192,15 @@ impl Stream for ProcessStream {
 }
 
 impl ProcessStream {
+    /// Before the machine ends an exchange early (a stop, a missed deadline) it still lists the engine call:
+    /// keep it, so Drop aborts it once the machine no longer does.
+    fn keep_cut_abort(&mut self) {
+        self.cut_abort = self
+            .machine
+            .pending_abort()
+            .map(|p| (p.endpoint.to_string(), p.protocol, p.request_id.to_string()));
+    }
+
     /// A batched request's engine calls, if the last message made some.
     fn start_fanout(&mut self) {
         if let Some(calls) = self.machine.take_fanout() {
