@@ -4,14 +4,8 @@ per failed probe) so the other engine serves the rest."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
-import pytest
-
-from tests.conftest import FreePorts
 from tests.faults.clients import chat, concurrently, tally
-from tests.integration.harness import Stack, local_stack
+from tests.integration.harness import Stack
 
 # The first wave's requests routed to the busy engine before its first 429 came back: at most its share,
 # half (Envoy does not retry RESOURCE_EXHAUSTED).
@@ -19,12 +13,6 @@ FIRST_WAVE_FAILURES_BOUND = 10
 # Each probe of the busy engine (after 0.25, 0.5, 1, 2... s) costs one client a 429 (Envoy does not retry
 # RESOURCE_EXHAUSTED): a wave of a few seconds sees at most a handful.
 PROBES_BOUND = 4
-
-
-@pytest.fixture
-def stack(tmp_path: Path) -> Iterator[Stack]:
-    with local_stack(FreePorts(), tmp_path, engines=2, fallbacks=1, routing_policy="kv_events") as s:
-        yield s
 
 
 def test_a_busy_engine_leaves_the_requests_to_the_other(stack: Stack) -> None:

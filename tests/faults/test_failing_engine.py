@@ -5,14 +5,10 @@ the traffic an idle-looking engine draws."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
 import pytest
 
-from tests.conftest import FreePorts
 from tests.faults.clients import chat, concurrently, tally
-from tests.integration.harness import Stack, local_stack
+from tests.integration.harness import Stack
 
 # Requests of the first wave that may fail: all 20 are routed within milliseconds, before the first
 # report of a failure comes back, so the refusing engine draws its share (at most half: each request
@@ -20,12 +16,6 @@ from tests.integration.harness import Stack, local_stack
 # (its cluster's default of 3 concurrent retries; a retry budget in the Envoy config lifts it). The
 # router then ejects it: every later request is served.
 FIRST_WAVE_FAILURES_BOUND = 10
-
-
-@pytest.fixture
-def stack(tmp_path: Path) -> Iterator[Stack]:
-    with local_stack(FreePorts(), tmp_path, engines=2, fallbacks=1, routing_policy="kv_events") as s:
-        yield s
 
 
 @pytest.mark.parametrize("stream", [False, True])

@@ -8,24 +8,13 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
-import pytest
-
-from tests.conftest import FreePorts
 from tests.faults.clients import Outcome, chat, tally
-from tests.integration.harness import Stack, local_stack
+from tests.integration.harness import Stack
 
 # Requests sent later than this after the kill must all succeed.
 SETTLE_S = 1.0
 CLIENTS = 8
-
-
-@pytest.fixture
-def stack(tmp_path: Path) -> Iterator[Stack]:
-    with local_stack(FreePorts(), tmp_path, engines=2, fallbacks=1, routing_policy="kv_events") as s:
-        yield s
 
 
 def test_requests_after_an_engine_is_killed_succeed(stack: Stack) -> None:
