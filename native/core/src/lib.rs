@@ -2,6 +2,7 @@
 //! `cargo test` runs without an interpreter, and any host (the `extproc._native` binding, a benchmark
 //! binary, later an Envoy module) links it as a plain Rust library.
 
+pub mod agent;
 pub mod auth;
 pub mod contracts;
 pub mod detokenize;

@@ -1,0 +1,42 @@
+//! Model output → the parts of an OpenAI message: reasoning, content and tool calls, parsed incrementally
+//! from the decoded text of one choice as it streams.
+//!
+//! A parser is fed the choice's text delta by delta (special tokens kept where the format marks calls or
+//! reasoning with them) and returns only what is certain: text that may still turn out to be the start of a
+//! call or reasoning marker is held back until the next delta or `finish`. Concatenating everything a parser
+//! returns, delta by delta, gives the same result however the text was split.
+
+/// One piece of a tool call as it streams. A call's first piece carries its name; every piece may carry
+/// argument text. A call's `arguments` pieces concatenated are its arguments as a JSON object string.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ToolCallPiece {
+    /// The call's position among this choice's calls (0, 1, ...).
+    pub index: u32,
+    pub name: Option<String>,
+    pub arguments: String,
+}
+
+/// What one delta (or the end) of a choice's text said.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Parsed {
+    /// Text for the message's `content`.
+    pub content: String,
+    /// Text for the message's `reasoning_content`.
+    pub reasoning: String,
+    pub calls: Vec<ToolCallPiece>,
+}
+
+impl Parsed {
+    pub fn is_empty(&self) -> bool {
+        self.content.is_empty() && self.reasoning.is_empty() && self.calls.is_empty()
+    }
+}
+
+/// An incremental parser of one choice's output.
+pub trait OutputParser: Send {
+    /// The next decoded text of the choice.
+    fn push(&mut self, text: &str) -> Parsed;
+    /// The choice has ended: whatever was held back. A call left malformed or truncated comes back as
+    /// content (never dropped, never a crash).
+    fn finish(&mut self) -> Parsed;
+}
