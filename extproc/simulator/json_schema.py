@@ -5,7 +5,8 @@
 the first non-null), `enum`, `const`, `properties` with `required` (optional properties come with even odds,
 more while `minProperties` is short), `additionalProperties` (only for required names the properties do not
 list), `items`, `prefixItems`, `minItems` / `maxItems`, `uniqueItems`, `anyOf` / `oneOf` (the first branch),
-`allOf` (merged), `$ref` to any local JSON pointer (`#/$defs/...`, `#/definitions/...`, `#`), string
+`allOf` (merged), `$ref` to any local JSON pointer (`#/$defs/...`, `#/definitions/...`, `#`; past depth 6
+only required properties and minimum item counts, so recursive schemas end), string
 `minLength` / `maxLength` / `pattern` (through `regex_sample`) / common `format`s, and number bounds
 (`minimum`, `maximum`, exclusive ones, `multipleOf`). Annotations (`title`, `description`, `default`, ...)
 are ignored. Keywords that constrain in ways the sampler does not model (`not`, `if` / `then` / `else`,
@@ -47,6 +48,8 @@ _ONE = ("items", "additionalProperties", "additionalItems")
 _LIST = ("anyOf", "oneOf", "allOf", "prefixItems")
 _MAP = ("properties", "$defs", "definitions")
 MAX_DEPTH = 32
+# Past this depth only what the schema requires is generated, so recursive schemas end.
+SHALLOW_DEPTH = 6
 # The plain words strings are made of.
 WORDS = (
     "alpha", "bravo", "city", "delta", "echo", "field", "green", "harbor", "island", "jade", "kilo",
@@ -242,7 +245,8 @@ class SchemaSampler:
         properties: dict[str, Any] = schema.get("properties") or {}
         required = list(schema.get("required") or [])
         extra = schema.get("additionalProperties", True)
-        chosen = [name for name in properties if name in required or rng.random() < 0.5]
+        optional_odds = 0.5 if depth < SHALLOW_DEPTH else 0.0
+        chosen = [name for name in properties if name in required or rng.random() < optional_odds]
         for name in properties:
             if len(chosen) >= schema.get("minProperties", 0):
                 break
@@ -276,7 +280,7 @@ class SchemaSampler:
         lower = max(low, len(values))
         upper = lower + _OPEN_EXTRA if high is None else min(lower + _OPEN_EXTRA, high)
         # At least one item where the schema allows it: an empty array shows little.
-        count = rng.randint(min(max(lower, 1), upper), upper)
+        count = rng.randint(min(max(lower, 1), upper), upper) if depth < SHALLOW_DEPTH else lower
         unique = schema.get("uniqueItems", False)
         tries = 0
         while len(values) < count and tries < 4 * count + 8:
