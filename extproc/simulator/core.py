@@ -103,6 +103,7 @@ class EngineCore:
         vocab: PlausibleVocab,
         options: SimOptions = DEFAULT_OPTIONS,
         hash_seed: int = 0,
+        script: Script | None = None,
     ) -> None:
         self.spec = spec
         self.vocab = vocab
@@ -123,8 +124,9 @@ class EngineCore:
         # vLLM lets several requests share an external id; Abort ends them all.
         self._requests: dict[str, list[Request]] = {}
         self._tokenizer_zip: tuple[bytes, str] | None = None
-        # Scripted outputs: the configured rules for this model, and those added at run time.
-        self.script = Script(options.script, spec.served_name)
+        # Scripted outputs: the configured rules for this model, and those added at run time (a cluster's
+        # engines share one, so a rule that answers one request does so whichever engine gets it).
+        self.script = script if script is not None else Script(options.script, spec.served_name)
 
     @property
     def tokenizer(self) -> Tokenizer:

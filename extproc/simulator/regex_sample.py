@@ -15,6 +15,7 @@ read back as ordinary text; the same `random.Random` state gives the same sample
 from __future__ import annotations
 
 import random
+import re
 import string
 from dataclasses import dataclass
 
@@ -22,6 +23,8 @@ from dataclasses import dataclass
 ALPHABET = string.ascii_letters + string.digits + " " + string.punctuation
 # How far past its minimum an open repeat (`*`, `+`, `{m,}`) or a wide bound may go.
 EXTRA_REPEATS = 3
+# The bodies Python's `re` reads as a repeat bound (`{,}` is `{0,}`).
+_BOUND = re.compile(r"\d+|\d*,\d*")
 
 
 class UnsupportedRegex(ValueError):
@@ -263,11 +266,9 @@ class _Parser:
         if end < 0:
             return None
         body = self.pattern[self.pos : end]
+        if not _BOUND.fullmatch(body):
+            return None  # Python reads it as literal text
         low, comma, high = body.partition(",")
-        if not (low.isdigit() or (comma and high.isdigit() and not low)):
-            return None
-        if (low and not low.isdigit()) or (high and not high.isdigit()):
-            return None
         self.pos = end + 1
         low_value = int(low) if low else 0
         if not comma:

@@ -3,9 +3,10 @@
 A rule is `{match, text, model, count}`: `match` is a regex searched in the prompt's decoded text (special
 tokens included, so a chat template's role markers can be matched) or "*" for every prompt; `model` limits
 it to engines whose served model name matches that glob; `count` is how many requests it answers (-1:
-every one). An engine checks the rules added at run time first (over HTTP `POST /script` or
-`engine.core.script.add`), in the order added, then the configured ones (`SimOptions.script`, `--script`);
-the first match wins. A request no rule matches gets the usual plausible words.
+every one). An engine checks the rules added at run time first (over HTTP `POST /script`, or
+`cluster.script.add`), in the order added, then the configured ones (`SimOptions.script`, `--script`);
+the first match wins. A request no rule matches gets the usual plausible words. The engines of one
+cluster share their rules and counts: a rule for one request answers it whichever engine gets it.
 """
 
 from __future__ import annotations

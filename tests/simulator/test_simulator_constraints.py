@@ -292,7 +292,7 @@ async def test_a_script_is_kept_under_a_constraint_it_satisfies(
 ) -> None:
     cluster, stub = vllm
     call = '{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}'
-    script = cluster.engines[0].core.script
+    script = cluster.script
     script.add(ScriptRule(text=call))
     schema = json.dumps(SCHEMAS["tool call"])
     assert await constrained_text(stub, tokenizer, json_schema=schema, seed=1) == call

@@ -142,7 +142,7 @@ async def test_min_tokens_past_the_script_keeps_generating_words(
 
 async def test_special_token_strings_become_their_ids(sim: SimCluster, tokenizer: Tokenizer) -> None:
     text = "<|start_header_id|>assistant<|end_header_id|>\n\nDone.<|eot_id|>"
-    sim.engines[0].core.script.add(ScriptRule(text=text, count=1))
+    sim.script.add(ScriptRule(text=text, count=1))
     async with grpc.aio.insecure_channel(sim.addresses[0]) as channel:
         [done] = await completes(pb_grpc.VllmEngineStub(channel), request(prompt(tokenizer, "hi")))
     ids = list(done.output_ids)
@@ -191,6 +191,21 @@ async def http(engine: SimEngine, method: str, path: str, body: object = None) -
             return e.code, json.loads(e.read())
 
     return await asyncio.to_thread(call)
+
+
+async def test_a_cluster_shares_its_rules_so_one_request_is_scripted_once(tokenizer: Tokenizer) -> None:
+    cluster = await start_engines(default_model_dir(), count=2, base_port=0, options=SimOptions(itl_ms=0.2))
+    try:
+        cluster.script.add(ScriptRule(text="Only once.", count=1))
+        texts = []
+        for address in cluster.addresses:  # one request to each engine
+            async with grpc.aio.insecure_channel(address) as channel:
+                [done] = await completes(pb_grpc.VllmEngineStub(channel), request([128000, 9906]))
+            texts.append(tokenizer.decode(list(done.output_ids)))
+    finally:
+        await cluster.stop(grace=None)
+    assert texts[0] == "Only once." and texts[1] != "Only once."
+    assert cluster.script.as_list() == []
 
 
 async def test_http_scripts_one_request_ahead_of_the_configured_rules(
