@@ -4,6 +4,7 @@ yield valid output (then EOS), over several seeds; what the simulator cannot hon
 from __future__ import annotations
 
 import json
+import random
 import re
 from collections.abc import AsyncIterator
 from typing import Any
@@ -18,6 +19,8 @@ from tokenizers import Tokenizer
 
 from extproc.models import default_model_dir
 from extproc.simulator import SimCluster, SimOptions, start_engines
+from extproc.simulator.json_schema import SchemaSampler
+from extproc.simulator.regex_sample import parse_regex, sample
 from extproc.simulator.script import ScriptRule
 
 EOS = 128001
@@ -150,6 +153,32 @@ def valid(value: Any, schema: Any, root: Any) -> bool:
     return True
 
 
+REGEXES = [
+    r"\d{3}-\d{4}",
+    r"(yes|no|maybe)",
+    r"[A-Z][a-z]{2,8} (St|Ave)\. [0-9]+",
+    r"^(?:ab|c)*d+$",
+    r"[^a-z\s]{2,5}!?",
+    r"\w+@example\.(com|org)",
+    r'\{"id": [1-9][0-9]{0,3}\}',
+    r"a{,2}b{2,}[x-z-]?",
+]
+
+
+def test_every_seed_of_the_samplers_is_valid() -> None:
+    """The generators behind the constraints, over many more seeds than the gRPC tests afford."""
+    for schema in SCHEMAS.values():
+        sampler = SchemaSampler(schema)
+        for seed in range(300):
+            value = json.loads(json.dumps(sampler.sample(random.Random(seed))))
+            assert valid(value, schema, schema), (schema, seed, value)
+    for pattern in REGEXES:
+        node = parse_regex(pattern)
+        for seed in range(300):
+            text = sample(node, random.Random(seed))
+            assert re.fullmatch(pattern, text), (pattern, seed, text)
+
+
 @pytest.fixture(scope="module")
 def tokenizer() -> Tokenizer:
     return Tokenizer.from_file(str(default_model_dir() / "tokenizer.json"))
@@ -215,18 +244,7 @@ async def test_json_object_and_choice(stub: pb_grpc.VllmEngineStub, tokenizer: T
     assert picked <= set(choices) and len(picked) > 1
 
 
-@pytest.mark.parametrize(
-    "pattern",
-    [
-        r"\d{3}-\d{4}",
-        r"(yes|no|maybe)",
-        r"[A-Z][a-z]{2,8} (St|Ave)\. [0-9]+",
-        r"^(?:ab|c)*d+$",
-        r"[^a-z\s]{2,5}!?",
-        r"\w+@example\.(com|org)",
-        r'\{"id": [1-9][0-9]{0,3}\}',
-    ],
-)
+@pytest.mark.parametrize("pattern", REGEXES)
 async def test_regex_outputs_match_the_whole_pattern(
     stub: pb_grpc.VllmEngineStub, tokenizer: Tokenizer, pattern: str
 ) -> None:
