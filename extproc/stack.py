@@ -185,6 +185,7 @@ def stack_specs(
 
     common = ("listen", "max_body_bytes", "log_level", "load_interval", "kv_events", "shutdown_grace")
     common = (*common, "api_keys_file", "max_buffered_output_tokens", "request_workers")
+    common = (*common, "first_token_timeout", "inter_token_timeout")
     if settings.models:
         # Tables have no flag form: the server reads the resolved models from a file of their own.
         models_file = run_dir / "models.toml"
