@@ -47,6 +47,9 @@ REPO = Path(__file__).resolve().parent.parent
 # requests does not.
 RSS_BOUND_MB = 32.0
 RSS_BOUND_FRACTION = 0.10
+# A fault explains failures of requests sent this long before it began or after it ended (open streams
+# it cut; the first-token deadline running out).
+EXPLAIN_MARGIN_S = 5.0
 FAULTS: tuple[dict[str, object], ...] = (
     {"fail_code": "UNAVAILABLE", "fail_message": "soak: engine refusing"},
     {"fail_code": "RESOURCE_EXHAUSTED", "fail_message": "soak: engine full"},
@@ -183,10 +186,17 @@ class Run:
     tally: Tally = field(default_factory=Tally)
     lock: threading.Lock = field(default_factory=threading.Lock)
     faults: list[str] = field(default_factory=list)
+    # When each fault and the restart were in force (seconds into the run), to tell which errors they
+    # explain: (start, end).
+    fault_windows: list[tuple[float, float]] = field(default_factory=list)
+    restart_window: tuple[float, float] | None = None
+    # (seconds into the run, error kind) of every request that did not complete.
+    failures: list[tuple[float, str]] = field(default_factory=list)
     restart: str = ""
     # (seconds into the run, Envoy MB, extproc MB, extproc pid)
     rss: list[tuple[float, float, float, int]] = field(default_factory=list)
     warm_at: float = 0.0
+    start: float = 0.0  # time.monotonic() when the load began
 
 
 def client(stack: Stack, run: Run, seed: int, stop: threading.Event, disconnect_share: float) -> None:
@@ -195,33 +205,36 @@ def client(stack: Stack, run: Run, seed: int, stop: threading.Event, disconnect_
         plan = plan_request(rng, MODEL, disconnect_share)
         with run.lock:
             run.tally.sent += 1
+        sent_at = time.monotonic() - run.start
         outcome = send("127.0.0.1", stack.port, plan, timeout_s=60)
         with run.lock:
             run.tally.add(outcome)
+            if outcome.kind in ("errored", "lost"):
+                run.failures.append((sent_at, f"{outcome.kind}: {outcome.detail}"))
         if outcome.kind != "completed":
             stop.wait(0.05)  # a failing stack is not hammered in a tight loop
 
 
 def inject_faults(
-    stack: Stack,
-    run: Run,
-    rng: random.Random,
-    every_s: float,
-    for_s: float,
-    stop: threading.Event,
-    start: float,
+    stack: Stack, run: Run, rng: random.Random, every_s: float, for_s: float, stop: threading.Event
 ) -> None:
-    engine = 0
+    """Each kind of fault in turn (in a seeded order), each on a random engine."""
+    order = list(FAULTS)
+    rng.shuffle(order)
+    turn = 0
     while not stop.wait(every_s):
         engine = rng.randrange(len(stack.metrics_ports))
-        fault = rng.choice(FAULTS)
-        run.faults.append(f"{time.monotonic() - start:.0f}s engine {engine}: {json.dumps(fault)}")
+        fault = order[turn % len(order)]
+        turn += 1
+        began = time.monotonic() - run.start
+        run.faults.append(f"{began:.0f}s engine {engine}: {json.dumps(fault)}")
         set_fault(stack.metrics_ports[engine], fault)
         stop.wait(for_s)
         set_fault(stack.metrics_ports[engine], None)
+        run.fault_windows.append((began, time.monotonic() - run.start))
 
 
-def restart_extproc(stack: Stack, run: Run, at_s: float, stop: threading.Event, start: float) -> None:
+def restart_extproc(stack: Stack, run: Run, at_s: float, stop: threading.Event) -> None:
     if stop.wait(at_s):
         return
     victim = stack.extproc_pid()
@@ -234,18 +247,39 @@ def restart_extproc(stack: Stack, run: Run, at_s: float, stop: threading.Event, 
         pid = stack.extproc_pid()
         if pid is not None and pid != victim and "server is back" in (stack.log_dir / "up.log").read_text():
             back_s = time.monotonic() - killed
-            run.restart = f"extproc (pid {victim}) SIGKILLed at {killed - start:.0f}s, "
+            run.restart = f"extproc (pid {victim}) SIGKILLed at {killed - run.start:.0f}s, "
             run.restart += f"back as pid {pid} after {back_s:.1f}s"
+            run.restart_window = (killed - run.start, killed - run.start + back_s)
             return
         time.sleep(0.2)
 
 
-def sample_rss(stack: Stack, run: Run, every_s: float, stop: threading.Event, start: float) -> None:
+def explain_failures(run: Run, margin_s: float) -> dict[str, dict[str, int]]:
+    """Each failure by what was going on when its request was sent: the extproc restart, an engine
+    fault (each window widened by `margin_s` either side: requests already open, deadlines running out),
+    or neither (a failure nothing injected explains)."""
+    explained: dict[str, dict[str, int]] = {"restart": {}, "engine fault": {}, "neither": {}}
+
+    def within(at: float, window: tuple[float, float]) -> bool:
+        return window[0] - margin_s <= at <= window[1] + margin_s
+
+    for at, kind in run.failures:
+        if run.restart_window is not None and within(at, run.restart_window):
+            cause = "restart"
+        elif any(within(at, w) for w in run.fault_windows):
+            cause = "engine fault"
+        else:
+            cause = "neither"
+        explained[cause][kind] = explained[cause].get(kind, 0) + 1
+    return explained
+
+
+def sample_rss(stack: Stack, run: Run, every_s: float, stop: threading.Event) -> None:
     while True:
         envoy, extproc = stack.envoy_pid(), stack.extproc_pid()
         if envoy is not None and extproc is not None:
             with contextlib.suppress(OSError, ValueError):
-                run.rss.append((time.monotonic() - start, rss_mb(envoy), rss_mb(extproc), extproc))
+                run.rss.append((time.monotonic() - run.start, rss_mb(envoy), rss_mb(extproc), extproc))
         if stop.wait(every_s):
             return
 
@@ -282,7 +316,7 @@ def soak(args: argparse.Namespace) -> int:
     log_dir.mkdir(parents=True, exist_ok=True)
     run = Run()
     with running_stack(args.engines, log_dir, args.first_token_timeout) as stack:
-        start = time.monotonic()
+        start = run.start = time.monotonic()
         restart_s = duration * args.restart_at
         run.warm_at = restart_s + args.warmup
         stop, stop_faults = threading.Event(), threading.Event()
@@ -293,13 +327,11 @@ def soak(args: argparse.Namespace) -> int:
         threads.append(
             threading.Thread(
                 target=inject_faults,
-                args=(stack, run, rng, args.fault_every, args.fault_for, stop_faults, start),
+                args=(stack, run, rng, args.fault_every, args.fault_for, stop_faults),
             )
         )
-        threads.append(
-            threading.Thread(target=restart_extproc, args=(stack, run, restart_s, stop_faults, start))
-        )
-        sampler = threading.Thread(target=sample_rss, args=(stack, run, 5.0, stop, start))
+        threads.append(threading.Thread(target=restart_extproc, args=(stack, run, restart_s, stop_faults)))
+        sampler = threading.Thread(target=sample_rss, args=(stack, run, 5.0, stop))
         for thread in [*threads, sampler]:
             thread.start()
         time.sleep(duration)
@@ -322,6 +354,7 @@ def soak(args: argparse.Namespace) -> int:
         "engines": args.engines,
         **summary,
         "requests_per_s": round(run.tally.sent / elapsed, 1),
+        "failures_by_cause": explain_failures(run, EXPLAIN_MARGIN_S),
         "restart": run.restart,
         "faults": run.faults,
         "rss": rss,
