@@ -180,12 +180,26 @@ def stack_specs(
     sims = plan_sims(served, settings.sim_port)
     filled = {plan.model.name: plan.engines for plan in sims}
     served = tuple(replace(m, engines=filled.get(m.name, m.engines)) for m in served)
+    if sims and settings.engine_tls_ca:
+        raise StackError(
+            "engine_tls_ca is for engines given with --engine: the simulators `up` starts serve plaintext"
+        )
+    if settings.listen_tls_cert and not settings.extproc_tls_ca:
+        raise StackError(
+            "listen_tls_cert needs extproc_tls_ca: the CA Envoy verifies extproc's certificate with"
+        )
+    if settings.listen_tls_client_ca and not settings.extproc_tls_cert:
+        raise StackError(
+            "listen_tls_client_ca needs extproc_tls_cert and extproc_tls_key: Envoy's certificate"
+        )
     for plan in sims:
         specs.append(_sim_spec(plan, "sim" if len(sims) == 1 else _child_name(plan.model.name), env))
 
     common = ("listen", "max_body_bytes", "log_level", "load_interval", "kv_events", "shutdown_grace")
     common = (*common, "api_keys_file", "max_buffered_output_tokens", "request_workers")
     common = (*common, "first_token_timeout", "inter_token_timeout")
+    common = (*common, "listen_tls_cert", "listen_tls_key", "listen_tls_client_ca")
+    common = (*common, "engine_tls_ca", "engine_tls_cert", "engine_tls_key", "engine_tls_server_name")
     if settings.models:
         # Tables have no flag form: the server reads the resolved models from a file of their own.
         models_file = run_dir / "models.toml"
@@ -226,7 +240,13 @@ def server_spec(settings: Settings, argv: list[str], env: dict[str, str]) -> Chi
     liveness = None
     if settings.liveness_interval > 0:
         check = f"a gRPC call on {settings.listen}"
-        liveness = Liveness(grpc_answers(target), settings.liveness_interval, check, LIVENESS_FAILURES)
+        tls = None
+        if settings.listen_tls_cert and settings.extproc_tls_ca:
+            from extproc.grpc_tls import ClientTls  # grpc: only once `up` runs
+
+            # The probe speaks TLS as Envoy does, with Envoy's client certificate where extproc wants one.
+            tls = ClientTls(settings.extproc_tls_ca, settings.extproc_tls_cert, settings.extproc_tls_key)
+        liveness = Liveness(grpc_answers(target, tls), settings.liveness_interval, check, LIVENESS_FAILURES)
     stop_timeout = settings.shutdown_grace + SERVER_STOP_MARGIN_S
     return ChildSpec(SERVER, argv, probe, desc, env, RESTART, liveness, stop_timeout)
 

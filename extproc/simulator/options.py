@@ -51,6 +51,11 @@ class SimOptions:
     # Tests' engine spy: keep the request id and gRPC metadata of the last this-many Generate calls
     # (`EngineCore.recorded`); 0 records nothing.
     record_calls: int = 0
+    # Serve gRPC over TLS with this PEM certificate chain and key; with tls_client_ca, clients must present
+    # a certificate it signed (mutual TLS). None: plaintext.
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    tls_client_ca: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("ttft_ms", "itl_ms", "prefill_ms_per_token", "decode_ms_per_seq", "time_scale"):
@@ -69,6 +74,10 @@ class SimOptions:
                 raise ValueError(f"{name} must start with one of {', '.join(ZMQ_SCHEMES)}: {endpoint!r}")
         if self.kv_events_zmq_replay is not None and self.kv_events_zmq is None:
             raise ValueError("kv_events_zmq_replay needs kv_events_zmq")
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("tls_cert and tls_key go together")
+        if self.tls_client_ca is not None and self.tls_cert is None:
+            raise ValueError("tls_client_ca needs tls_cert and tls_key")
 
 
 # The defaults, shared (the options are frozen) so signatures need not call SimOptions().
