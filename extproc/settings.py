@@ -577,7 +577,7 @@ class Settings:
     )
     engine_tls_server_name: str | None = setting(
         None,
-        p.parse_name,
+        p.parse_dns_name,
         _ALL,
         "name sent as SNI to engines and required in their certificates",
         "NAME",
