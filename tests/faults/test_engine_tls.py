@@ -148,7 +148,12 @@ def test_envoy_trusting_another_ca_fails_cleanly(
         for _ in range(3):
             status, payload, seconds = _failure(stack)
             assert status == 503, payload
-            assert payload["error"]["code"] == 503, payload
+            assert payload["error"] == {
+                "message": "the selected engine is unavailable",
+                "type": "service_unavailable",
+                "param": None,
+                "code": 503,
+            }
             assert seconds < CLEAN_FAILURE_WITHIN_S
         assert sum(e.stats.generate_requests for e in stack.engines.engines) == 0
 

@@ -5,6 +5,9 @@ with a certificate from another CA, without one, or speaking plaintext gets no e
 
 from __future__ import annotations
 
+import json
+import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +21,7 @@ from extproc.envoy_bootstrap import UpstreamTls
 from tests.conftest import FreePorts
 from tests.faults.clients import chat
 from tests.integration.harness import Stack, local_stack
+from tests.integration.test_stack_up import running_up
 from tests.tls_files import TlsFiles, make_tls_files
 
 
@@ -97,3 +101,27 @@ def test_other_clients_get_no_ext_proc_call_through(
     assert refused.value.code() == grpc.StatusCode.UNAVAILABLE, refused.value  # type: ignore[attr-defined]
     # And extproc goes on serving Envoy.
     assert chat(stack, stream=False, text=f"after {client}").ok
+
+
+def test_up_serves_extproc_over_mutual_tls_and_probes_it_so(
+    tmp_path: Path, free_ports: Any, files: TlsFiles
+) -> None:
+    """`up` with the six settings: Envoy reaches extproc over mutual TLS, and the supervisor's liveness
+    probe (every 0.5 s; 3 unanswered restart extproc) speaks TLS with Envoy's certificate too."""
+    flags = ["--liveness-interval", "0.5"]
+    flags += ["--listen-tls-cert", str(files.server_cert), "--listen-tls-key", str(files.server_key)]
+    flags += ["--listen-tls-client-ca", str(files.ca), "--extproc-tls-ca", str(files.ca)]
+    flags += ["--extproc-tls-cert", str(files.client_cert), "--extproc-tls-key", str(files.client_key)]
+    with running_up(tmp_path, free_ports, *flags) as (up, port, log):
+        time.sleep(4.0)  # eight probes
+        body = {"model": "llama3-default", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{port}/v1/chat/completions",
+            json.dumps(body).encode(),
+            {"content-type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=30) as response:
+            assert response.status == 200
+        text = log.read_text()
+        assert up.poll() is None, text
+        assert "did not answer" not in text and "restarting" not in text, text
