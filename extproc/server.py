@@ -177,6 +177,15 @@ async def serve(settings: Settings) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     starting = asyncio.create_task(start(settings))
+
+    def on_hangup() -> None:
+        # Re-read the API keys file now (it is also polled); before the start, or without keys: nothing.
+        if starting.done() and not starting.cancelled() and starting.exception() is None:
+            keys = starting.result().keys
+            if keys is not None:
+                keys.reload_now()
+
+    loop.add_signal_handler(signal.SIGHUP, on_hangup)
     stopping = asyncio.create_task(stop.wait())
     await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
     if not starting.done():
@@ -184,9 +193,6 @@ async def serve(settings: Settings) -> None:
         log.info("stopped before the server started")
         return
     running = starting.result()
-    if running.keys is not None:
-        # SIGHUP: read the API keys file now (it is also polled).
-        loop.add_signal_handler(signal.SIGHUP, running.keys.reload_now)
     await stopping
     # Open streams get the grace period; the rest are ended and their engine requests aborted.
     log.info("stopping", grace_s=settings.shutdown_grace)

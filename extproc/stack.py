@@ -16,13 +16,14 @@ from __future__ import annotations
 import ipaddress
 import os
 import re
+import signal
 import socket
 import sys
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from extproc import envoy_bootstrap, models
 from extproc.config import (
@@ -339,6 +340,18 @@ def envoy_options(
     )
 
 
+def hangup_forwarder(supervisor: Supervisor) -> Callable[[int, object], None]:
+    """A SIGHUP handler for `up`: the signal goes to extproc (it re-reads its API keys file) instead of
+    ending the stack."""
+
+    def on_hangup(signum: int, frame: object) -> None:
+        for child in supervisor.children:
+            if child.name == SERVER and child.proc.poll() is None:
+                child.proc.send_signal(signal.SIGHUP)
+
+    return on_hangup
+
+
 def _say(out: IO[str], text: str) -> None:
     try:
         out.write(text + "\n")
@@ -353,6 +366,7 @@ def run_stack(settings: Settings, out: IO[str] | None = None, err: IO[str] | Non
     err = err or sys.stderr
     with stop_on_signals() as stop:
         supervisor: Supervisor | None = None
+        previous_hangup: Any = None
         try:
             check_ports(settings, plan_sims(served_models(settings), settings.sim_port))
             run_dir = run_dir_for(settings)
@@ -364,6 +378,7 @@ def run_stack(settings: Settings, out: IO[str] | None = None, err: IO[str] | Non
                 urgent=stop.urgent,
                 startup_timeout_s=settings.startup_timeout,
             )
+            previous_hangup = signal.signal(signal.SIGHUP, hangup_forwarder(supervisor))
             for spec in specs:
                 supervisor.start(spec, settings.startup_timeout)
             url = f"http://{_url_host(settings.host)}:{settings.port}/v1"
@@ -391,6 +406,8 @@ def run_stack(settings: Settings, out: IO[str] | None = None, err: IO[str] | Non
             _say(err, f"extproc: {exc}")
             return 1
         finally:
+            if previous_hangup is not None:
+                signal.signal(signal.SIGHUP, previous_hangup)
             if supervisor is not None:
                 # extproc first: its open streams finish through Envoy, which still serves them; then
                 # Envoy; the engines last, so that the aborts of cut streams reach them.

@@ -5,16 +5,22 @@ every swap, a half-written or broken file included (the keys in force stay until
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from extproc.api_keys import KeyEntry, key_digest
 from tests.conftest import FreePorts
 from tests.integration.harness import Stack, local_stack, post_json
+from tests.integration.test_lifecycle import child_pid
+from tests.integration.test_stack_up import REPO, START_TIMEOUT_S
 
 STAYS = "sk-stays-0123456789"
 COMES_AND_GOES = "sk-comes-and-goes-0123456789"
@@ -99,3 +105,29 @@ def test_keys_added_and_removed_take_effect_without_a_restart(stack: Stack, keys
         f"added key working after {added:.2f}s, removed key refused after {removed:.2f}s, "
         f"{len(statuses)} calls"
     )
+
+
+def test_sighup_to_up_reloads_the_keys_without_a_restart(
+    tmp_path: Path, free_ports: Any, keys_file: Path
+) -> None:
+    """SIGHUP to `extproc up` reaches extproc, which re-reads the keys file at once; nothing restarts."""
+    argv = [sys.executable, "-m", "extproc", "up", "--port", str(free_ports.one())]
+    argv += ["--admin-port", str(free_ports.one()), "--listen", f"127.0.0.1:{free_ports.one()}"]
+    argv += ["--sim", "1", "--sim-port", str(free_ports.one()), "--api-keys-file", str(keys_file)]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EXTPROC_")}
+    env["EXTPROC_CACHE_DIR"] = str(tmp_path / "cache")
+    log = tmp_path / "up.log"
+    with open(log, "wb") as out:
+        up = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO)
+    try:
+        seconds_until(lambda: "extproc: serving" in log.read_text() or up.poll() is not None, START_TIMEOUT_S)
+        assert up.poll() is None, log.read_text()
+        server = child_pid(up, "extproc serve")
+        assert "API keys reloaded" not in log.read_text()
+        up.send_signal(signal.SIGHUP)
+        seconds_until(lambda: "API keys reloaded" in log.read_text(), NOTICED_WITHIN_S)
+        assert up.poll() is None, log.read_text()
+        assert child_pid(up, "extproc serve") == server
+    finally:
+        up.kill()  # its children follow (PR_SET_PDEATHSIG)
+        up.wait()
