@@ -66,3 +66,40 @@ impl EngineTls {
         Ok(config)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_missing_file_is_named_in_the_error() {
+        let tls = ServerTls {
+            cert: PathBuf::from("/nonexistent/extproc.pem"),
+            key: PathBuf::from("/nonexistent/extproc.key"),
+            client_ca: None,
+        };
+        let error = tls.config().unwrap_err();
+        assert_eq!(error.kind(), io::ErrorKind::NotFound);
+        assert!(
+            error.to_string().contains("TLS certificate /nonexistent/extproc.pem"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn an_engine_client_certificate_needs_its_key() {
+        let dir = std::env::temp_dir().join(format!("extproc-tls-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let ca = dir.join("ca.pem");
+        std::fs::write(&ca, b"not checked before the pair").unwrap();
+        let tls = EngineTls {
+            ca,
+            cert: Some(dir.join("client.pem")),
+            key: None,
+            server_name: None,
+        };
+        let error = tls.config().unwrap_err();
+        assert_eq!(error.kind(), io::ErrorKind::InvalidInput);
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}
