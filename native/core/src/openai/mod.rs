@@ -4,4 +4,5 @@ pub mod fields;
 pub mod logprobs;
 pub mod request;
 pub mod response;
+pub mod structured;
 pub mod tokenize;

@@ -4,6 +4,7 @@
 use serde_json::{Map, Value};
 
 use super::fields::{opt_bool, opt_f32, opt_int, opt_object, opt_str, opt_str_or_list, opt_u32_list, Object};
+pub use super::structured::{Constraint, ToolChoice};
 use crate::error::ApiError;
 
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -85,6 +86,13 @@ pub struct GenerationRequest {
     /// The end user's id: routes a user's requests to the same engine under consistent hashing.
     pub user: Option<String>,
     pub sampling: Sampling,
+    /// Chat: which tool calls the model may or must make (`Auto` when tools are given, else `None`).
+    pub tool_choice: ToolChoice,
+    /// Chat: whether the model may make several tool calls in one turn (OpenAI's default: true).
+    pub parallel_tool_calls: bool,
+    /// The one constraint on the output, if any: from `response_format`, `structured_outputs`,
+    /// `guided_*`, or a forced `tool_choice` (then a JSON schema of the call(s)).
+    pub constraint: Option<Constraint>,
 }
 
 impl GenerationRequest {
@@ -146,6 +154,9 @@ fn parse_common(obj: &Object, api: Api, input: PromptInput) -> Result<Generation
         include_stop_str_in_output: opt_bool(obj, "include_stop_str_in_output")?.unwrap_or(false),
         user: opt_str(obj, "user")?.map(str::to_string),
         sampling,
+        tool_choice: ToolChoice::None,
+        parallel_tool_calls: true,
+        constraint: None,
     })
 }
 
