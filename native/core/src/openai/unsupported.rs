@@ -318,7 +318,7 @@ mod tests {
             json!({"stream": true, "stream_options": {"continuous_usage_stats": true}}),
         ];
         for extra in refused_chat {
-            let name = extra.as_object().unwrap().keys().last().unwrap().clone();
+            let name = extra.as_object().unwrap().keys().next_back().unwrap().clone();
             let e = chat(extra.clone()).unwrap_err();
             let param = e.param.clone().unwrap();
             assert!(param.starts_with(&name), "{extra}: {param}");
