@@ -65,7 +65,10 @@ pub struct PassThrough;
 
 impl OutputParser for PassThrough {
     fn push(&mut self, text: &str) -> Parsed {
-        Parsed { content: text.to_string(), ..Parsed::default() }
+        Parsed {
+            content: text.to_string(),
+            ..Parsed::default()
+        }
     }
 
     fn finish(&mut self) -> Parsed {
