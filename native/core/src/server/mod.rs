@@ -5,6 +5,7 @@
 mod abort;
 mod engine_codec;
 mod fanout;
+mod health;
 mod listen;
 mod service;
 mod stats;
@@ -155,7 +156,8 @@ async fn serve(
     cancel: watch::Sender<bool>,
 ) {
     let aborter = shared.aborter.clone();
-    let service = service::server(shared);
+    let (gateway, cancel_rx) = (shared.gateway.clone(), shared.cancel.clone());
+    let service = health::with_health(service::server(shared), gateway, cancel_rx);
     let (grace_tx, grace_rx) = oneshot::channel();
     // Fires on stop (or when the handle is dropped): tonic stops accepting and sends GOAWAY.
     let signal = async move {
