@@ -207,6 +207,7 @@ def test_protos_cover_each_wire_contract() -> None:
         "vllm.grpc.engine",
         "sglang.grpc.scheduler",
         "smg.grpc.common",
+        "grpc.health.v1",
     }
 
 

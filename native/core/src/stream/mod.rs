@@ -23,6 +23,8 @@ pub mod trace;
 #[cfg(test)]
 mod failover_tests;
 #[cfg(test)]
+mod observability_tests;
+#[cfg(test)]
 mod shutdown_tests;
 
 use std::sync::Arc;
