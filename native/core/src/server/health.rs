@@ -49,8 +49,8 @@ pub fn status(gateway: &Gateway, service: &str) -> Option<ServingStatus> {
 
 pub struct HealthService {
     gateway: Arc<Gateway>,
-    /// Turns true when the server's stop ran out of grace: open Watch streams end.
-    cancel: watch::Receiver<bool>,
+    /// Turns true when the server begins to stop: open Watch streams end.
+    stopping: watch::Receiver<bool>,
 }
 
 fn reply(status: ServingStatus) -> HealthCheckResponse {
@@ -73,7 +73,7 @@ impl Health for HealthService {
         let service = request.into_inner().service;
         let (tx, rx) = mpsc::channel(1);
         let gateway = self.gateway.clone();
-        let mut cancel = self.cancel.clone();
+        let mut stopping = self.stopping.clone();
         tokio::spawn(async move {
             let mut last = None;
             loop {
@@ -87,7 +87,7 @@ impl Health for HealthService {
                 tokio::select! {
                     _ = tokio::time::sleep(WATCH_INTERVAL) => {}
                     _ = tx.closed() => return,
-                    _ = cancel.wait_for(|&c| c) => return,
+                    _ = stopping.wait_for(|&s| s) => return,
                 }
             }
         });
@@ -103,10 +103,11 @@ pub struct WithHealth<S> {
     health: HealthServer<HealthService>,
 }
 
-pub fn with_health<S>(inner: S, gateway: Arc<Gateway>, cancel: watch::Receiver<bool>) -> WithHealth<S> {
+/// `stopping` turns true when the server begins to stop.
+pub fn with_health<S>(inner: S, gateway: Arc<Gateway>, stopping: watch::Receiver<bool>) -> WithHealth<S> {
     WithHealth {
         inner,
-        health: HealthServer::new(HealthService { gateway, cancel }),
+        health: HealthServer::new(HealthService { gateway, stopping }),
     }
 }
 
@@ -134,5 +135,107 @@ where
         } else {
             Box::pin(self.inner.call(request))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    // The health service on a running server, with a tonic client.
+
+    use std::time::{Duration, Instant};
+
+    use http::uri::PathAndQuery;
+    use tonic::transport::Endpoint;
+    use tonic_prost::ProstCodec;
+
+    use super::*;
+    use crate::gateway::Limits;
+    use crate::server::{ExtProcServer, ServerConfig, Telemetry};
+
+    const CHECK: &str = "/grpc.health.v1.Health/Check";
+    const WATCH: &str = "/grpc.health.v1.Health/Watch";
+
+    fn start(gateway: Arc<Gateway>) -> ExtProcServer {
+        let config = ServerConfig {
+            listen: "127.0.0.1:0".into(),
+            worker_threads: 1,
+            request_workers: 1,
+        };
+        ExtProcServer::start(gateway, Arc::new(Telemetry::new(0)), &config).unwrap()
+    }
+
+    async fn client(address: &str) -> tonic::client::Grpc<tonic::transport::Channel> {
+        let channel = Endpoint::from_shared(format!("http://{address}"))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        let mut client = tonic::client::Grpc::new(channel);
+        client.ready().await.unwrap();
+        client
+    }
+
+    fn request(service: &str) -> tonic::Request<HealthCheckRequest> {
+        tonic::Request::new(HealthCheckRequest {
+            service: service.into(),
+        })
+    }
+
+    fn codec() -> ProstCodec<HealthCheckRequest, HealthCheckResponse> {
+        ProstCodec::default()
+    }
+
+    #[test]
+    fn check_answers_each_service_and_refuses_unknown_ones() {
+        // No model served: alive, not ready.
+        let server = start(Arc::new(Gateway::new(Limits::default())));
+        let address = server.address().to_string();
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        rt.block_on(async {
+            let mut client = client(&address).await;
+            for (service, expected) in [
+                ("", ServingStatus::Serving),
+                (EXT_PROC_SERVICE, ServingStatus::Serving),
+                (LIVENESS, ServingStatus::Serving),
+                (READINESS, ServingStatus::NotServing),
+            ] {
+                client.ready().await.unwrap();
+                let answer = client
+                    .unary(request(service), PathAndQuery::from_static(CHECK), codec())
+                    .await
+                    .unwrap()
+                    .into_inner();
+                assert_eq!(answer.status, expected as i32, "{service:?}");
+            }
+            client.ready().await.unwrap();
+            let refused = client
+                .unary(request("nope"), PathAndQuery::from_static(CHECK), codec())
+                .await
+                .unwrap_err();
+            assert_eq!(refused.code(), tonic::Code::NotFound);
+        });
+    }
+
+    #[test]
+    fn an_open_watch_ends_when_the_server_stops_without_holding_it_for_the_grace() {
+        let mut server = start(Arc::new(Gateway::new(Limits::default())));
+        let address = server.address().to_string();
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        let mut answers = rt.block_on(async {
+            let mut client = client(&address).await;
+            let mut answers = client
+                .server_streaming(request("nope"), PathAndQuery::from_static(WATCH), codec())
+                .await
+                .unwrap()
+                .into_inner();
+            let first = answers.message().await.unwrap().unwrap();
+            assert_eq!(first.status, ServingStatus::ServiceUnknown as i32);
+            answers
+        });
+        let began = Instant::now();
+        server.stop(Duration::from_secs(10));
+        assert!(began.elapsed() < Duration::from_secs(3), "stop took {:?}", began.elapsed());
+        let end = rt.block_on(answers.message());
+        assert!(!matches!(end, Ok(Some(_))), "the watch ended: {end:?}");
     }
 }

@@ -156,12 +156,14 @@ async fn serve(
     cancel: watch::Sender<bool>,
 ) {
     let aborter = shared.aborter.clone();
-    let (gateway, cancel_rx) = (shared.gateway.clone(), shared.cancel.clone());
-    let service = health::with_health(service::server(shared), gateway, cancel_rx);
+    // Health watches end when the stop begins: they must not hold the server up for the grace.
+    let (stopping_tx, stopping_rx) = watch::channel(false);
+    let service = health::with_health(service::server(shared.clone()), shared.gateway.clone(), stopping_rx);
     let (grace_tx, grace_rx) = oneshot::channel();
     // Fires on stop (or when the handle is dropped): tonic stops accepting and sends GOAWAY.
     let signal = async move {
         let grace = stop.await.unwrap_or(Duration::ZERO);
+        let _ = stopping_tx.send(true);
         let _ = grace_tx.send(grace);
     };
     let mut socket_file = None;

@@ -93,13 +93,13 @@ fn health_is_ok_while_every_model_has_a_ready_engine_and_503_with_the_reason_oth
     assert_eq!(body["reason"], "model 'm' has no ready engine");
 }
 
-/// A chat request's routing reply, and the stream that made it.
+/// A completion request's routing reply, and the stream that made it.
 fn routed(gateway: &Arc<Gateway>, extra: &[(&str, &str)]) -> (RequestStream, ProcessingResponse) {
     let mut stream = RequestStream::new(gateway.clone());
     assert!(stream
-        .process(headers("POST", "/v1/chat/completions", extra, false))
+        .process(headers("POST", "/v1/completions", extra, false))
         .is_empty());
-    let body = br#"{"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}"#;
+    let body = br#"{"model": "m", "prompt": "hi", "max_tokens": 2}"#;
     let mut replies = stream.process(ProcessingRequest {
         request: Some(Request::RequestBody(HttpBody {
             body: body.to_vec(),
