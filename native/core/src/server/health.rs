@@ -234,7 +234,11 @@ mod tests {
         });
         let began = Instant::now();
         server.stop(Duration::from_secs(10));
-        assert!(began.elapsed() < Duration::from_secs(3), "stop took {:?}", began.elapsed());
+        assert!(
+            began.elapsed() < Duration::from_secs(3),
+            "stop took {:?}",
+            began.elapsed()
+        );
         let end = rt.block_on(answers.message());
         assert!(!matches!(end, Ok(Some(_))), "the watch ended: {end:?}");
     }

@@ -44,7 +44,10 @@ pub(super) fn answer(gateway: &Gateway, viewer: &Viewer) -> (u16, Vec<u8>) {
         Ok(()) => json!({"status": "ok", "models": models}),
         Err(reason) => {
             // Name only models the viewer may see.
-            let named = all.iter().filter(|m| m.ready_engines == 0).all(|m| viewer.sees(&m.name));
+            let named = all
+                .iter()
+                .filter(|m| m.ready_engines == 0)
+                .all(|m| viewer.sees(&m.name));
             let reason = if named || all.is_empty() {
                 reason
             } else {

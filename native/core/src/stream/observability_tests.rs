@@ -150,5 +150,9 @@ fn with_tracing_off_no_trace_is_made_and_the_clients_traceparent_is_left_alone()
     let (stream, reply) = routed(&gateway, &[("traceparent", CLIENT)]);
     assert!(stream.summary().trace.is_none());
     assert_eq!(traceparent_set(&reply), None);
-    assert_ne!(stream.summary().timings.routed_ns, 0, "timings are kept for the request log");
+    assert_ne!(
+        stream.summary().timings.routed_ns,
+        0,
+        "timings are kept for the request log"
+    );
 }

@@ -51,7 +51,10 @@ impl TraceContext {
 
     /// The `traceparent` the engine call carries: this trace, the engine-call span as parent.
     pub fn engine_traceparent(&self) -> String {
-        format!("00-{:032x}-{:016x}-{:02x}", self.trace_id, self.engine_span_id, self.flags)
+        format!(
+            "00-{:032x}-{:016x}-{:02x}",
+            self.trace_id, self.engine_span_id, self.flags
+        )
     }
 
     /// Set the engine call's `traceparent` on the request-headers reply that routes it (it replaces
