@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use serde_json::{json, Map, Value};
+use serde_json::{json, Map};
 
 use crate::auth::Grant;
 use crate::gateway::Gateway;
@@ -40,8 +40,8 @@ pub(super) fn answer(gateway: &Gateway, viewer: &Viewer) -> (u16, Vec<u8>) {
             json!({"ready_engines": m.ready_engines, "engines": m.engines}),
         );
     }
-    let body = match health::readiness(&all) {
-        Ok(()) => json!({"status": "ok", "models": models}),
+    let (status, body) = match health::readiness(&all) {
+        Ok(()) => (200, json!({"status": "ok", "models": models})),
         Err(reason) => {
             // Name only models the viewer may see.
             let named = all
@@ -53,9 +53,11 @@ pub(super) fn answer(gateway: &Gateway, viewer: &Viewer) -> (u16, Vec<u8>) {
             } else {
                 "a served model has no ready engine".to_string()
             };
-            json!({"status": "unavailable", "reason": reason, "models": models})
+            (
+                503,
+                json!({"status": "unavailable", "reason": reason, "models": models}),
+            )
         }
     };
-    let status = if body["status"] == Value::from("ok") { 200 } else { 503 };
     (status, body.to_string().into_bytes())
 }
