@@ -1,6 +1,7 @@
 """Type stub for the Rust extension `extproc._native` (checked against it by tests/test_native_stub.py)."""
 
 from os import PathLike
+from typing import Any
 
 # Header and metadata names shared with Envoy's configuration (native/core/src/contracts.rs).
 DESTINATION_HEADER: str
@@ -74,6 +75,8 @@ class Gateway:
         endpoints: list[tuple[str, int] | tuple[str, int, str] | tuple[str, int, str, int]],
     ) -> None: ...
     def set_health(self, name: str, address: str, healthy: bool) -> bool: ...
+    def set_tracing(self, enabled: bool) -> None:
+        """Give every request from now on a trace context (summaries then carry `trace`)."""
     def report_load(
         self, name: str, address: str, load: EngineLoad, *, dp_rank: int | None = None
     ) -> bool: ...
@@ -134,8 +137,9 @@ class ExtProcServer:
     def address(self) -> str | None: ...
     def stats(self) -> dict[str, int]:
         """streams_started/finished, aborts_sent/failed, summaries_dropped (since creation)."""
-    def take_summaries(self) -> list[dict[str, str | int | float | bool]]:
-        """Requests finished since the last call, oldest first: the stream summary, aborted, duration_s."""
+    def take_summaries(self) -> list[dict[str, Any]]:
+        """Requests finished since the last call, oldest first: the stream summary, aborted, duration_s,
+        timings_ns (phase -> ns since the epoch) and, with tracing on, trace (hex ids, sampled)."""
 
 class Tokenizer:
     """The native tokenizer, chat templates and detokenizer of one model (tests and benchmarks)."""

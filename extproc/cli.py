@@ -113,14 +113,27 @@ def _cmd_up(args: argparse.Namespace) -> int:
     return run_stack(settings)
 
 
-def _configure_logging(level: str) -> None:
-    """Filter extproc's structlog (and stdlib) logs at the configured level."""
+def _configure_logging(level: str, log_format: str = "text") -> None:
+    """Filter extproc's structlog (and stdlib) logs at the configured level; `json`: one JSON object a
+    line (with timestamp, level and logger name), for log collectors."""
     import logging
 
     import structlog
 
     number = logging.getLevelNamesMapping()[level.upper()]
     logging.basicConfig(level=number, format="%(levelname)s %(name)s: %(message)s")
+    if log_format == "json":
+        structlog.configure(
+            wrapper_class=structlog.make_filtering_bound_logger(number),
+            processors=[
+                structlog.processors.add_log_level,
+                structlog.processors.TimeStamper(fmt="iso", utc=True),
+                structlog.processors.format_exc_info,
+                structlog.processors.JSONRenderer(),
+            ],
+            logger_factory=structlog.PrintLoggerFactory(),
+        )
+        return
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(number))
 
 
@@ -137,7 +150,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         raise ConfigError(f"serve needs at least one engine: {hint}")
     import asyncio
 
-    _configure_logging(settings.log_level)
+    _configure_logging(settings.log_level, settings.log_format)
     from extproc.server import serve  # imports the Rust extension: only here
 
     try:

@@ -15,10 +15,12 @@ from dataclasses import dataclass, field
 
 import structlog
 
-from extproc import _native, api_keys, grpc_tls
+from extproc import _native, api_keys, grpc_tls, request_traces
 from extproc.config import ConfigError, Settings, served_models
 from extproc.keys_reload import KeysReloader
 from extproc.pool import EnginePool
+from extproc.request_log import log_request
+from extproc.request_traces import SpanWriter
 
 log = structlog.get_logger("extproc.server")
 
@@ -61,10 +63,15 @@ class Running:
 
 
 class Reporter:
-    """Logs what the native server finished: requests whose client went away, failures, lost aborts."""
+    """Logs what the native server finished: one line per request (`request_log`; else only requests
+    whose client went away and failures), lost aborts; and writes each traced request's spans."""
 
-    def __init__(self, server: _native.ExtProcServer) -> None:
+    def __init__(
+        self, server: _native.ExtProcServer, *, request_log: bool = False, spans: SpanWriter | None = None
+    ) -> None:
         self._server = server
+        self._request_log = request_log
+        self._spans = spans
         self._aborts_failed = 0
         self._task: asyncio.Task[None] | None = None
 
@@ -81,7 +88,11 @@ class Reporter:
 
     def report(self) -> None:
         for summary in self._server.take_summaries():
-            if summary["aborted"]:
+            if self._spans is not None:
+                self._spans.write(summary)
+            if self._request_log:
+                log_request(summary)
+            elif summary["aborted"]:
                 log.info("client went away; engine request aborted", **summary)
             elif int(summary["status"]) >= 500:
                 log.warning("request failed", **summary)
@@ -107,6 +118,12 @@ async def start(settings: Settings, *, engine_wait_s: float = ENGINE_WAIT_S) -> 
         first_token_timeout=settings.first_token_timeout,
         inter_token_timeout=settings.inter_token_timeout,
     )
+    spans = None
+    if request_traces.tracing_wanted(settings.tracing):
+        # Requests get trace ids in Rust only when their spans will be written.
+        request_traces.configure()
+        spans = SpanWriter()
+        gateway.set_tracing(True)
     if settings.api_keys_file is not None:
         try:
             keys = api_keys.load_keys(settings.api_keys_file)
@@ -157,7 +174,7 @@ async def start(settings: Settings, *, engine_wait_s: float = ENGINE_WAIT_S) -> 
     except BaseException:
         await asyncio.gather(*(pool.close() for pool in pools.values()))
         raise
-    reporter = Reporter(server)
+    reporter = Reporter(server, request_log=settings.request_log, spans=spans)
     reporter.start()
     keys = None
     if settings.api_keys_file is not None:

@@ -360,6 +360,35 @@ class Settings:
         "LEVEL",
         doc="extproc's log level: " + ", ".join(p.LOG_LEVELS),
     )
+    log_format: str = setting(
+        "text",
+        p.choice(("text", "json")),
+        _GATEWAY,
+        "extproc log format: text (key=value) or json (one JSON object a line)",
+        "FORMAT",
+        doc="extproc's log format: `text` (readable key=value lines) or `json` (one JSON object a line, "
+        "for log collectors); see [health-and-tracing.md](health-and-tracing.md)",
+    )
+    request_log: bool = setting(
+        True,
+        p.parse_bool,
+        _GATEWAY,
+        "log one line per finished request (request id, model, engine, status, timings, tokens)",
+        "BOOL",
+        doc="one log line per finished request: request id, model, engine, status, per-phase timings and "
+        "tokens; never the prompt or completion text; see [health-and-tracing.md](health-and-tracing.md)",
+    )
+    tracing: bool = setting(
+        False,
+        p.parse_bool,
+        _GATEWAY,
+        "OpenTelemetry spans per request (also on when OTEL_EXPORTER_OTLP_ENDPOINT is set)",
+        "BOOL",
+        doc="an OpenTelemetry span tree per request (request, parse, tokenize, route, engine call with "
+        "prefill and decode), exported over OTLP as the standard `OTEL_*` variables say; also on when "
+        "`OTEL_EXPORTER_OTLP_ENDPOINT` is set; a client's `traceparent` joins its trace and the engine call "
+        "carries one; see [health-and-tracing.md](health-and-tracing.md)",
+    )
     host: str = setting(
         "127.0.0.1",
         p.parse_host,

@@ -117,16 +117,19 @@ def http_ok(url: str) -> Callable[[], bool]:
 
 
 GRPC_HEALTH_CHECK = "/grpc.health.v1.Health/Check"
+# The health service name the native ext_proc server answers SERVING on while its loop runs (GIE's name).
+LIVENESS_SERVICE = "liveness"
 
 
 def grpc_answers(target: str, tls: ClientTls | None = None) -> Callable[[float], bool]:
     """A liveness probe of the gRPC server at `target` (a gRPC target: "host:port", "unix:/path"): a
-    grpc.health.v1 Check that must be answered within the deadline. Any answer counts, UNIMPLEMENTED
-    included: it proves the server's request loop is running, which a TCP connect (answered by the
-    kernel, even for a stopped process) does not."""
+    grpc.health.v1 Check of the `liveness` service that must answer SERVING within the deadline. It
+    proves the server's request loop is running, which a TCP connect (answered by the kernel, even for
+    a stopped process) does not."""
     import grpc  # only `up` needs it, once it runs
+    from grpc_health.v1 import health_pb2
 
-    alive_codes = (grpc.StatusCode.OK, grpc.StatusCode.UNIMPLEMENTED)
+    request = health_pb2.HealthCheckRequest(service=LIVENESS_SERVICE)
 
     def open_channel() -> grpc.Channel:
         if tls is None:
@@ -135,13 +138,16 @@ def grpc_answers(target: str, tls: ClientTls | None = None) -> Callable[[float],
 
     def probe(deadline_s: float) -> bool:
         with open_channel() as channel:
-            # The empty HealthCheckRequest (all service) is zero bytes; the answer is not read.
-            check = channel.unary_unary(GRPC_HEALTH_CHECK)
+            check = channel.unary_unary(
+                GRPC_HEALTH_CHECK,
+                request_serializer=health_pb2.HealthCheckRequest.SerializeToString,
+                response_deserializer=health_pb2.HealthCheckResponse.FromString,
+            )
             try:
-                check(b"", timeout=deadline_s)
-                return True
-            except grpc.RpcError as exc:
-                return exc.code() in alive_codes  # type: ignore[attr-defined]
+                answer = check(request, timeout=deadline_s)
+            except grpc.RpcError:
+                return False
+            return answer.status == health_pb2.HealthCheckResponse.SERVING
 
     return probe
 

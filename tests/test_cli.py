@@ -124,8 +124,9 @@ def test_serve_runs_the_server_with_the_settings(monkeypatch: pytest.MonkeyPatch
         seen.append(settings)
 
     monkeypatch.setitem(sys.modules, "extproc.server", types.SimpleNamespace(serve=serve))
-    levels: list[str] = []
-    monkeypatch.setattr(cli, "_configure_logging", levels.append)  # no global logging changes here
+    logging_set: list[tuple[str, str]] = []
+    # No global logging changes here.
+    monkeypatch.setattr(cli, "_configure_logging", lambda level, fmt: logging_set.append((level, fmt)))
     argv = [
         "serve",
         "--engine",
@@ -134,11 +135,30 @@ def test_serve_runs_the_server_with_the_settings(monkeypatch: pytest.MonkeyPatch
         "grpc://127.0.0.1:2",
         "--listen",
         "unix:/x",
+        "--log-format",
+        "json",
     ]
     assert cli.main(argv) == 0
     assert seen[0].engines == ("grpc://127.0.0.1:1", "grpc://127.0.0.1:2")
     assert seen[0].listen == "unix:/x"
-    assert levels == ["info"]
+    assert logging_set == [("info", "json")]
+
+
+def test_json_logs_are_one_json_object_a_line(capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    import structlog
+
+    try:
+        cli._configure_logging("info", "json")
+        structlog.get_logger("t").info("request", request_id="r-1", status=200)
+        structlog.get_logger("t").debug("filtered out")
+    finally:
+        structlog.reset_defaults()
+    (line,) = capsys.readouterr().out.splitlines()
+    record = json.loads(line)
+    assert record["event"] == "request" and record["request_id"] == "r-1" and record["status"] == 200
+    assert record["level"] == "info" and record["timestamp"].endswith("Z")
 
 
 def test_up_hands_settings_to_the_stack(monkeypatch: pytest.MonkeyPatch) -> None:

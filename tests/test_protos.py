@@ -22,6 +22,7 @@ PROTOS = Path(__file__).resolve().parent.parent / "protos"
 # Importing these registers upstream's descriptors (and their imports) in the default pool.
 UPSTREAM_MODULES = (
     "envoy.service.ext_proc.v3.external_processor_pb2",
+    "grpc_health.v1.health_pb2",
     "smg_grpc_proto.generated.common_pb2",
     "smg_grpc_proto.generated.vllm_engine_pb2",
     "smg_grpc_proto.generated.sglang_scheduler_pb2",
@@ -206,6 +207,7 @@ def test_protos_cover_each_wire_contract() -> None:
         "vllm.grpc.engine",
         "sglang.grpc.scheduler",
         "smg.grpc.common",
+        "grpc.health.v1",
     }
 
 

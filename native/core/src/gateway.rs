@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 use std::path::Path;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -138,6 +138,8 @@ pub struct Gateway {
     pub limits: Limits,
     /// None: no keys configured, every request is let in.
     api_keys: RwLock<Option<Arc<ApiKeys>>>,
+    /// Requests get a trace context (`stream::trace`); off, no trace ids are drawn.
+    tracing: AtomicBool,
 }
 
 impl Gateway {
@@ -146,12 +148,22 @@ impl Gateway {
             models: RwLock::new(HashMap::new()),
             limits,
             api_keys: RwLock::new(None),
+            tracing: AtomicBool::new(false),
         }
     }
 
     /// Require an API key on every request from now on (None: none required).
     pub fn set_api_keys(&self, keys: Option<ApiKeys>) {
         *self.api_keys.write().expect("api keys lock") = keys.map(Arc::new);
+    }
+
+    /// Give every request from now on a trace context (the control plane exports its spans).
+    pub fn set_tracing(&self, on: bool) {
+        self.tracing.store(on, Ordering::Relaxed);
+    }
+
+    pub fn tracing(&self) -> bool {
+        self.tracing.load(Ordering::Relaxed)
     }
 
     pub fn api_keys(&self) -> Option<Arc<ApiKeys>> {

@@ -10,6 +10,7 @@ pub mod engine;
 pub mod error;
 pub mod gateway;
 pub mod grpc_frame;
+pub mod health;
 pub mod model;
 pub mod openai;
 pub mod pb;

@@ -8,6 +8,7 @@
 //! The modules here re-export the generated types under short paths and add a few helpers.
 
 pub mod ext_proc;
+pub mod health;
 pub mod kv_events;
 pub mod sglang;
 pub mod structs;

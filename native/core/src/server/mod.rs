@@ -5,6 +5,7 @@
 mod abort;
 mod engine_codec;
 mod fanout;
+mod health;
 mod listen;
 mod service;
 mod stats;
@@ -173,11 +174,14 @@ async fn serve(
     cancel: watch::Sender<bool>,
 ) {
     let aborter = shared.aborter.clone();
-    let service = service::server(shared);
+    // Health watches end when the stop begins: they must not hold the server up for the grace.
+    let (stopping_tx, stopping_rx) = watch::channel(false);
+    let service = health::with_health(service::server(shared.clone()), shared.gateway.clone(), stopping_rx);
     let (grace_tx, grace_rx) = oneshot::channel();
     // Fires on stop (or when the handle is dropped): tonic stops accepting and sends GOAWAY.
     let signal = async move {
         let grace = stop.await.unwrap_or(Duration::ZERO);
+        let _ = stopping_tx.send(true);
         let _ = grace_tx.send(grace);
     };
     let mut socket_file = None;

@@ -8,6 +8,8 @@ pub enum HttpApi {
     Completions,
     Tokenize,
     Detokenize,
+    /// `GET /health`: whether every model has a ready engine (`health_answer`).
+    Health,
 }
 
 impl HttpApi {
@@ -20,6 +22,7 @@ impl HttpApi {
             "/v1/completions" => Some(HttpApi::Completions),
             "/v1/tokenize" | "/tokenize" => Some(HttpApi::Tokenize),
             "/v1/detokenize" | "/detokenize" => Some(HttpApi::Detokenize),
+            "/health" => Some(HttpApi::Health),
             _ => None,
         }
     }
@@ -27,7 +30,7 @@ impl HttpApi {
     /// The one method the API takes: `GET` for the model list, `POST` with a JSON body for the rest.
     pub fn method(self) -> &'static str {
         match self {
-            HttpApi::Models => "GET",
+            HttpApi::Models | HttpApi::Health => "GET",
             _ => "POST",
         }
     }
@@ -52,6 +55,8 @@ mod tests {
             assert_eq!(HttpApi::from_path(unknown), None, "{unknown}");
         }
         assert_eq!(HttpApi::Models.method(), "GET");
+        assert_eq!(HttpApi::from_path("/health"), Some(HttpApi::Health));
+        assert_eq!(HttpApi::Health.method(), "GET");
         assert_eq!(HttpApi::Completions.method(), "POST");
     }
 }

@@ -11,15 +11,19 @@ mod batch;
 mod deadline;
 mod engine_id;
 mod epp;
+mod health_answer;
 mod http_api;
 mod local_reply;
 mod replies;
 mod request;
 mod response;
 mod target;
+pub mod trace;
 
 #[cfg(test)]
 mod failover_tests;
+#[cfg(test)]
+mod observability_tests;
 #[cfg(test)]
 mod shutdown_tests;
 
@@ -92,6 +96,10 @@ pub struct Summary {
     pub priority: i32,
     /// The name of the API key the request came with (empty without keys configured).
     pub api_key: String,
+    /// The request's trace, when tracing is on (`Gateway::set_tracing`).
+    pub trace: Option<trace::TraceContext>,
+    /// When its phases happened (wall clock).
+    pub timings: trace::Timings,
 }
 
 /// An engine request to abort: the engine's address, its protocol and the request's id there.
@@ -209,6 +217,9 @@ impl RequestStream {
             s.cached_tokens = x.translator.usage.cached_tokens;
             s.finish_reason = x.translator.finish_reason().unwrap_or_default();
         }
+        if s.timings.finished_ns == 0 {
+            s.timings.finished_ns = trace::now_ns();
+        }
         s
     }
 
@@ -275,6 +286,10 @@ impl RequestStream {
 
     fn on_request_headers(&mut self, h: HttpHeaders) -> Vec<ProcessingResponse> {
         let headers = h.headers.unwrap_or_default();
+        self.summary.timings.received_ns = trace::now_ns();
+        if self.gateway.tracing() {
+            self.summary.trace = Some(trace::TraceContext::start(headers.get(trace::TRACEPARENT_HEADER)));
+        }
         self.summary.request_id = headers.get(REQUEST_ID_HEADER).unwrap_or_default().to_string();
         self.session = headers.get(SESSION_HEADER).map(str::to_string);
         self.objective = headers
@@ -286,6 +301,10 @@ impl RequestStream {
         let full_path = headers.get(":path").unwrap_or_default();
         let path = full_path.split('?').next().unwrap_or_default().to_string();
         self.summary.path = path.clone();
+        // Load balancers probe without a key: /health is answered before keys are checked.
+        if HttpApi::from_path(&path) == Some(HttpApi::Health) && method == "GET" {
+            return self.health(&headers);
+        }
         // Keys are checked before anything else is looked at, let alone an engine called.
         if let Some(keys) = self.gateway.api_keys() {
             match keys.authorize(headers.get(AUTHORIZATION_HEADER), Instant::now()) {
@@ -309,12 +328,34 @@ impl RequestStream {
                 let body = answers::models(&self.gateway, self.grant.as_deref());
                 self.answer(body, "extproc_models")
             }
+            HttpApi::Health => self.health(&headers),
             _ if h.end_of_stream => self.fail(ApiError::invalid("a JSON request body is required")),
             _ => {
                 self.phase = Phase::RequestBody;
                 Vec::new()
             }
         }
+    }
+
+    /// `GET /health`: 200 when every model has a ready engine, else 503 with the reason.
+    fn health(&mut self, headers: &HeaderMap) -> Vec<ProcessingResponse> {
+        let viewer = match self.gateway.api_keys() {
+            None => health_answer::Viewer::Anyone,
+            Some(keys) => match keys.authorize(headers.get(AUTHORIZATION_HEADER), Instant::now()) {
+                Ok(grant) => health_answer::Viewer::Key(grant),
+                Err(_) => health_answer::Viewer::Unknown,
+            },
+        };
+        let (status, body) = health_answer::answer(&self.gateway, &viewer);
+        self.phase = Phase::Done;
+        self.summary.status = status;
+        vec![replies::immediate(
+            status,
+            "application/json",
+            body,
+            &self.summary.request_id,
+            "extproc_health",
+        )]
     }
 
     /// A 200 JSON answer from the gateway itself.
@@ -349,6 +390,7 @@ impl RequestStream {
 
     /// The whole body is in: turn it into the engine call, or answer with the error.
     fn forward(&mut self) -> Vec<ProcessingResponse> {
+        self.summary.timings.body_ns = trace::now_ns();
         match self.prepare() {
             Ok(replies) => replies,
             Err(error) => self.fail(error),
@@ -385,11 +427,12 @@ impl RequestStream {
                 let answer = answers::detokenize(&*self.model(&req.model)?, &req)?;
                 Ok(self.answer(answer, "extproc_detokenize"))
             }
-            Some(HttpApi::Models) | None => Err(ApiError::internal("no body was expected")),
+            Some(HttpApi::Models | HttpApi::Health) | None => Err(ApiError::internal("no body was expected")),
         }
     }
 
     fn generate(&mut self, req: GenerationRequest) -> Result<Vec<ProcessingResponse>, ApiError> {
+        self.summary.timings.parsed_ns = trace::now_ns();
         let model = self.model(&req.model)?;
         let subset: Option<Vec<&str>> = self.subset.as_ref().map(|s| s.iter().map(String::as_str).collect());
         let objective = self.objective.as_deref();
@@ -422,6 +465,7 @@ impl RequestStream {
         }
         let prompt = request::prompt(&model, &req.input)?;
         request::check_context(&model, prompt.input_ids.len(), &req)?;
+        self.summary.timings.tokenized_ns = trace::now_ns();
         let target = target::pick(
             &model,
             PickRequest {
@@ -463,11 +507,15 @@ impl RequestStream {
         let translator = ResponseTranslator::new(model.clone(), shape, self.gateway.limits.max_engine_message);
         // Envoy connects to the engine's address; the rank travels in the request.
         let destination = target.destination(self.gateway.limits.destination_fallbacks);
+        self.summary.timings.routed_ns = trace::now_ns();
         let mut out = vec![replies::route_to_engine(
             &destination,
             target.protocol.generate_path(),
             &self.headers_removed,
         )];
+        if let Some(trace) = &self.summary.trace {
+            trace.add_to(&mut out[0]);
+        }
         out.extend(replies::body_chunks(&grpc_frame::encode(&generate), true, true));
         let deadlines = self.gateway.limits.deadlines;
         let clock = if req.stream {
@@ -543,6 +591,9 @@ impl RequestStream {
             in_flight.first_token();
         }
         if !b.body.is_empty() {
+            if self.summary.timings.first_token_ns == 0 {
+                self.summary.timings.first_token_ns = trace::now_ns();
+            }
             if exchange.clock.waiting_first() {
                 exchange.target.report(&exchange.model, Ok(())); // it is alive: any penalty ends
             }

@@ -119,6 +119,12 @@ impl PyGateway {
             .map_err(|e| PyValueError::new_err(e.to_string()))
     }
 
+    /// Give every request from now on a trace context (its spans are exported from the summaries,
+    /// `extproc.request_traces`); off, none is made.
+    fn set_tracing(&self, enabled: bool) {
+        self.inner.set_tracing(enabled);
+    }
+
     /// Mark an engine (un)healthy, all its data-parallel ranks; unhealthy engines are never picked. False
     /// for an unknown address.
     fn set_health(&self, name: &str, address: &str, healthy: bool) -> PyResult<bool> {
@@ -358,6 +364,21 @@ pub(crate) fn summary_dict(py: Python<'_>, s: Summary) -> PyResult<Bound<'_, PyD
     d.set_item("objective", s.objective)?;
     d.set_item("priority", s.priority)?;
     d.set_item("api_key", s.api_key)?;
+    // Phase times (ns since the Unix epoch) for the request log and spans: only the phases reached.
+    let timings = PyDict::new(py);
+    for (phase, ns) in s.timings.reached() {
+        timings.set_item(phase, ns)?;
+    }
+    d.set_item("timings_ns", timings)?;
+    // Only when tracing is on: ids as the hex strings of W3C trace context.
+    if let Some(t) = s.trace {
+        let trace = PyDict::new(py);
+        trace.set_item("trace_id", format!("{:032x}", t.trace_id))?;
+        trace.set_item("parent_span_id", t.parent_span_id.map(|id| format!("{id:016x}")))?;
+        trace.set_item("engine_span_id", format!("{:016x}", t.engine_span_id))?;
+        trace.set_item("sampled", t.sampled())?;
+        d.set_item("trace", trace)?;
+    }
     Ok(d)
 }
 
