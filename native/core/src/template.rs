@@ -5,11 +5,13 @@
 //! `namespace()` and `dict()`, and a `tojson` that is Python's `json.dumps(ensure_ascii=False)`; the
 //! same is set up here. Where minijinja and jinja2 disagree, jinja2's behaviour is restored: values
 //! print as Python prints them (`True`, `None`, `['a']`), `string`, `join` and `trim` use Python's
-//! `str()` and whitespace, `is sequence` and `is number` follow Python's types, string methods
-//! (`strip`, `split`, `join`, ...) are Python's, and `{% generation %}` blocks render their body.
+//! `str()` and whitespace, `is sequence` and `is number` follow Python's types, `is iterable` is false
+//! for none and `length` of undefined is 0, string methods (`strip`, `split`, `join`, ...) are
+//! Python's, and `{% generation %}` blocks render their body.
 //! Known remaining differences: tuples (from `.items()`, `dictsort`) print as lists, strings inside
-//! a list or dict joined with `~` keep double quotes, and the `%` string-formatting operator is
-//! refused (the `format` filter works).
+//! a list or dict joined with `~` keep double quotes, the `%` string-formatting operator is
+//! refused (the `format` filter works), `+` with a `| safe` operand does not HTML-escape the other one
+//! (jinja2's Markup arithmetic does; `~` agrees), and looping over none renders nothing (jinja2 raises).
 
 mod hf;
 mod python;
