@@ -5,14 +5,17 @@
 //! `namespace()` and `dict()`, and a `tojson` that is Python's `json.dumps(ensure_ascii=False)`; the
 //! same is set up here. Where minijinja and jinja2 disagree, jinja2's behaviour is restored: values
 //! print as Python prints them (`True`, `None`, `['a']`), `string`, `join` and `trim` use Python's
-//! `str()` and whitespace, `is sequence` and `is number` follow Python's types, string methods
-//! (`strip`, `split`, `join`, ...) are Python's, and `{% generation %}` blocks render their body.
+//! `str()` and whitespace, `is sequence` and `is number` follow Python's types, `is iterable` is false
+//! for none and `length` of undefined is 0, string methods (`strip`, `split`, `join`, ...) are
+//! Python's, and `{% generation %}` blocks render their body.
 //! Known remaining differences: tuples (from `.items()`, `dictsort`) print as lists, strings inside
-//! a list or dict joined with `~` keep double quotes, and the `%` string-formatting operator is
-//! refused (the `format` filter works).
+//! a list or dict joined with `~` keep double quotes, the `%` string-formatting operator is
+//! refused (the `format` filter works), `+` with a `| safe` operand does not HTML-escape the other one
+//! (jinja2's Markup arithmetic does; `~` agrees), and looping over none renders nothing (jinja2 raises).
 
 mod hf;
 mod python;
+mod tool_calls;
 
 use minijinja::value::{from_args, Kwargs, Rest, Value, ValueKind};
 use minijinja::{Environment, Error, ErrorKind, State};
@@ -28,10 +31,12 @@ pub struct ChatTemplate {
 }
 
 /// What went wrong while rendering: the template raised or the input was refused (the client's
-/// fault, a 400), or rendering failed.
+/// fault, a 400), a request field could not be given to the template (a 400 naming `param`), or
+/// rendering failed.
 #[derive(Debug, Clone, PartialEq)]
 pub enum RenderError {
     Raised(String),
+    Invalid { param: String, message: String },
     Failed(String),
 }
 
@@ -62,6 +67,12 @@ impl ChatTemplate {
         env.add_test("sequence", |value: &Value| {
             matches!(value.kind(), ValueKind::Seq | ValueKind::String | ValueKind::Map)
         });
+        // jinja2: none is not iterable (`tools is iterable and tools | length > 0` on a plain chat),
+        // undefined is (an empty sequence).
+        env.add_test("iterable", |value: &Value| !value.is_none() && value.try_iter().is_ok());
+        // jinja2: the length of undefined is 0; none, numbers and booleans have none.
+        env.add_filter("length", length);
+        env.add_filter("count", length);
         // Python's bool is a number.
         env.add_test("number", |value: &Value| {
             matches!(value.kind(), ValueKind::Number | ValueKind::Bool)
@@ -82,7 +93,18 @@ impl ChatTemplate {
     /// Render with the given context (messages, add_generation_prompt, tools, bos_token, ...).
     pub fn render(&self, context: Value) -> Result<String, RenderError> {
         let template = self.env.get_template(TEMPLATE_NAME).expect("template was added");
-        template.render(context).map_err(|e| {
+        // minijinja 2.24 panics on some inputs (a reversed slice of an empty list, `[][::-1]`, as Qwen3's
+        // `messages[::-1]` would be over an empty list): a template failure, not a crashed request thread.
+        let rendered =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| template.render(context))).map_err(|panic| {
+                let why = panic
+                    .downcast_ref::<String>()
+                    .map(String::as_str)
+                    .or_else(|| panic.downcast_ref::<&str>().copied())
+                    .unwrap_or("unknown");
+                RenderError::Failed(format!("the template engine failed: {why}"))
+            })?;
+        rendered.map_err(|e| {
             if e.kind() == ErrorKind::InvalidOperation {
                 if let Some(msg) = e.detail().and_then(|d| d.strip_prefix(RAISED_PREFIX)) {
                     return RenderError::Raised(msg.to_string());
@@ -186,6 +208,19 @@ fn param(args: &[Value], kwargs: &Kwargs, index: usize, name: &str) -> Result<Op
     Ok(named
         .or_else(|| args.get(index).cloned())
         .filter(|v| !v.is_none() && !v.is_undefined()))
+}
+
+/// jinja2's `length` (`len()`), for which undefined is empty.
+fn length(value: &Value) -> Result<usize, Error> {
+    if value.is_undefined() {
+        return Ok(0);
+    }
+    value.len().ok_or_else(|| {
+        Error::new(
+            ErrorKind::InvalidOperation,
+            format!("object of type '{}' has no len()", python::type_name(value)),
+        )
+    })
 }
 
 /// jinja2's `join(value, d='', attribute=None)`: `str()` of each item.
@@ -378,6 +413,96 @@ mod tests {
             render("{{ s.split() }}|{{ '-'.join(s.split()) }}|{{ s|trim }}", ctx),
             "['abc', 'def']|abc-def|abc def"
         );
+    }
+
+    fn apply(
+        source: &str,
+        messages: &serde_json::Value,
+        tools: Option<&serde_json::Value>,
+    ) -> Result<String, RenderError> {
+        let messages = messages.as_array().unwrap();
+        ChatTemplate::compile(source).unwrap().apply(&ChatInputs {
+            messages,
+            tools,
+            ..Default::default()
+        })
+    }
+
+    #[test]
+    fn absent_tools_behave_as_jinja2_none() {
+        let user = serde_json::json!([{"role": "user", "content": "hi"}]);
+        // Each expression with what jinja2 renders for `tools=None` (transformers without tools).
+        for (expr, jinja2) in [
+            ("tools is defined", "True"),
+            ("tools is none", "True"),
+            ("tools is not none", "False"),
+            ("tools is iterable", "False"),
+            ("tools is iterable and tools | length > 0", "False"),
+            ("'yes' if tools else 'no'", "no"),
+            ("documents is iterable", "False"),
+            ("undefined_name is iterable", "True"),
+            ("undefined_name | length", "0"),
+            ("(tools or []) | length", "0"),
+            ("messages is iterable", "True"),
+            ("messages[0] is iterable", "True"),
+            ("'abc' is iterable", "True"),
+            ("1 is iterable", "False"),
+        ] {
+            assert_eq!(
+                apply(&format!("{{{{ {expr} }}}}"), &user, None).unwrap(),
+                jinja2,
+                "{expr}"
+            );
+        }
+        // jinja2 raises TypeError for these.
+        for expr in ["tools | length", "tools | count", "1 | length"] {
+            let Err(RenderError::Failed(e)) = apply(&format!("{{{{ {expr} }}}}"), &user, None) else {
+                panic!("{expr} should fail")
+            };
+            assert!(e.contains("has no len()"), "{e}");
+        }
+        let tools = serde_json::json!([{"type": "function", "function": {"name": "f"}}]);
+        let guarded =
+            "{% if tools is iterable and tools | length > 0 %}{{ tools | length }} tools{% else %}plain{% endif %}";
+        assert_eq!(apply(guarded, &user, None).unwrap(), "plain");
+        assert_eq!(apply(guarded, &user, Some(&tools)).unwrap(), "1 tools");
+        assert_eq!(apply(guarded, &user, Some(&serde_json::json!([]))).unwrap(), "plain");
+    }
+
+    #[test]
+    fn tool_call_arguments_are_parsed_before_rendering() {
+        let chat = serde_json::json!([
+            {"role": "user", "content": "weather?"},
+            {"role": "assistant", "content": null, "tool_calls": [
+                {"id": "a", "type": "function", "function": {"name": "w", "arguments": "{\"city\": \"Paris\"}"}},
+                {"id": "b", "type": "function", "function": {"name": "w", "arguments": {"city": "東京"}}},
+            ]},
+        ]);
+        let source = "{% for m in messages %}{% for c in m.tool_calls | default([]) %}\
+                      {{ c.function.arguments | tojson }}|{{ c.function.arguments.city }}\n{% endfor %}{% endfor %}";
+        assert_eq!(
+            apply(source, &chat, None).unwrap(),
+            "{\"city\": \"Paris\"}|Paris\n{\"city\": \"東京\"}|東京\n"
+        );
+        let mut bad = chat.clone();
+        bad[1]["tool_calls"][1]["function"]["arguments"] = serde_json::json!("{city: Paris}");
+        let Err(RenderError::Invalid { param, .. }) = apply(source, &bad, None) else {
+            panic!("invalid arguments are refused")
+        };
+        assert_eq!(param, "messages[1].tool_calls[1].function.arguments");
+    }
+
+    #[test]
+    fn an_engine_panic_is_a_render_failure() {
+        let t = ChatTemplate::compile("{{ items[::-1] }}").unwrap();
+        assert_eq!(
+            t.render(Value::from_serialize(serde_json::json!({"items": [1, 2]}))),
+            Ok("[2, 1]".into())
+        );
+        let Err(RenderError::Failed(e)) = t.render(Value::from_serialize(serde_json::json!({"items": []}))) else {
+            panic!("refused, not panicked")
+        };
+        assert!(e.contains("template engine failed"), "{e}");
     }
 
     #[test]

@@ -62,6 +62,7 @@ pub fn chat_prompt(model: &ServedModel, request: &ChatInput) -> Result<Prompt, A
     };
     let text = model.files.render_chat(None, inputs).map_err(|e| match e {
         RenderError::Raised(message) => ApiError::invalid_param("messages", message),
+        RenderError::Invalid { param, message } => ApiError::invalid_param(&param, message),
         RenderError::Failed(message) => ApiError::invalid(format!("chat template failed: {message}")),
     })?;
     check_prompt_bytes(model, text.len(), "messages")?;
@@ -257,6 +258,34 @@ mod tests {
             unreachable!()
         };
         assert!(!chat_prompt(&model, input).unwrap().input_ids.is_empty());
+    }
+
+    #[test]
+    fn a_past_tool_call_with_arguments_that_are_not_json_is_a_400_naming_them() {
+        let gateway = gateway();
+        let model = gateway.model("m").unwrap();
+        let chat = |arguments: &str| {
+            let body = serde_json::json!({"model": "m", "messages": [
+                {"role": "user", "content": "weather?"},
+                {"role": "assistant", "content": null, "tool_calls": [
+                    {"id": "a", "type": "function", "function": {"name": "w", "arguments": arguments}}]},
+                {"role": "tool", "tool_call_id": "a", "content": "18C"},
+            ]});
+            parse_chat_request(body.to_string().as_bytes()).unwrap()
+        };
+        let bad = chat("{\"city\": Paris}");
+        let PromptInput::Chat(input) = &bad.input else {
+            unreachable!()
+        };
+        let e = chat_prompt(&model, input).err().unwrap();
+        assert_eq!(e.status, 400);
+        assert_eq!(e.param.as_deref(), Some("messages[1].tool_calls[0].function.arguments"));
+        assert!(e.message.contains("is not valid JSON"), "{}", e.message);
+        let good = chat("{\"city\": \"Paris\"}");
+        let PromptInput::Chat(input) = &good.input else {
+            unreachable!()
+        };
+        assert!(chat_prompt(&model, input).is_ok());
     }
 
     #[test]
