@@ -160,6 +160,8 @@ mod tests {
             listen: "127.0.0.1:0".into(),
             worker_threads: 1,
             request_workers: 1,
+            tls: None,
+            engine_tls: None,
         };
         ExtProcServer::start(gateway, Arc::new(Telemetry::new(0)), &config).unwrap()
     }
