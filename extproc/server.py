@@ -17,6 +17,7 @@ import structlog
 
 from extproc import _native, api_keys
 from extproc.config import ConfigError, Settings, served_models
+from extproc.metrics_http import MetricsServer
 from extproc.pool import EnginePool
 
 log = structlog.get_logger("extproc.server")
@@ -37,6 +38,7 @@ class Running:
     gateway: _native.Gateway
     address: str
     reporter: Reporter | None = field(default=None, repr=False)
+    metrics: MetricsServer | None = field(default=None, repr=False)
 
     @property
     def model(self) -> str:
@@ -47,7 +49,18 @@ class Running:
     def pool(self) -> EnginePool:
         return self.pools[self.model]
 
+    def serve_metrics(self, host: str, port: int) -> MetricsServer:
+        """Serve `/metrics` and `/engines` on `host:port` (0: any free port) until `stop`."""
+        try:
+            self.metrics = MetricsServer(self.gateway, self.pools, host, port)
+        except OSError as e:
+            raise RuntimeError(f"cannot serve metrics on {host}:{port}: {e}") from e
+        log.info("metrics served", url=self.metrics.url)
+        return self.metrics
+
     async def stop(self, grace: float = STOP_GRACE_S) -> None:
+        if self.metrics is not None:
+            self.metrics.stop()
         # Blocks until the server is down: off the event loop, so health checks and the reporter go on.
         await asyncio.to_thread(self.server.stop, grace)
         if self.reporter is not None:
@@ -161,6 +174,12 @@ async def serve(settings: Settings) -> None:
         log.info("stopped before the server started")
         return
     running = starting.result()
+    if settings.metrics_port:
+        try:
+            running.serve_metrics(settings.metrics_host, settings.metrics_port)
+        except RuntimeError:
+            await running.stop(0)
+            raise
     await stopping
     # Open streams get the grace period; the rest are ended and their engine requests aborted.
     log.info("stopping", grace_s=settings.shutdown_grace)

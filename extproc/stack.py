@@ -140,6 +140,8 @@ def check_ports(settings: Settings, sims: list[SimPlan]) -> None:
     if not settings.listen.startswith("unix:"):
         host, port = parse_host_port(settings.listen)
         wanted.append((host, port, "--listen"))
+    if settings.metrics_port:
+        wanted.append((settings.metrics_host, settings.metrics_port, "--metrics-port"))
     if sims:
         last = sims[-1].ports[-1]
         if last > 65535:
@@ -185,6 +187,7 @@ def stack_specs(
 
     common = ("listen", "max_body_bytes", "log_level", "load_interval", "kv_events", "shutdown_grace")
     common = (*common, "api_keys_file", "max_buffered_output_tokens", "request_workers")
+    common = (*common, "metrics_host", "metrics_port")
     if settings.models:
         # Tables have no flag form: the server reads the resolved models from a file of their own.
         models_file = run_dir / "models.toml"

@@ -47,6 +47,8 @@ def samples(model_dir: Path) -> dict[str, tuple[str, Any]]:
         "routing_config": ('{"spill_abs": 4}', '{"spill_abs": 4}'),
         "destination_fallbacks": ("3", 3),
         "log_level": ("debug", "debug"),
+        "metrics_host": ("0.0.0.0", "0.0.0.0"),
+        "metrics_port": ("0", 0),
         "host": ("0.0.0.0", "0.0.0.0"),
         "port": ("8181", 8181),
         "admin_port": ("9191", 9191),

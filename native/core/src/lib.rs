@@ -9,6 +9,7 @@ pub mod engine;
 pub mod error;
 pub mod gateway;
 pub mod grpc_frame;
+pub mod metrics;
 pub mod model;
 pub mod openai;
 pub mod pb;

@@ -13,6 +13,7 @@ mod engine_id;
 mod epp;
 mod http_api;
 mod local_reply;
+mod observe;
 mod replies;
 mod request;
 mod response;
@@ -32,6 +33,7 @@ use crate::engine::{GenerateCall, Protocol};
 use crate::error::ApiError;
 use crate::gateway::{unix_now, Gateway, ServedModel};
 use crate::grpc_frame;
+use crate::metrics::Phase as Step;
 use crate::openai::request::{parse_chat_request, parse_completion_request, Api, GenerationRequest, PromptInput};
 use crate::openai::response::ResponseMeta;
 use crate::openai::tokenize::{parse_detokenize_request, parse_tokenize_request};
@@ -132,6 +134,8 @@ pub struct RequestStream {
     exchange: Option<Exchange>,
     batch: Option<batch::Batch>,
     summary: Summary,
+    /// When the engine's first output came (for the time to first token).
+    first_output: Option<Instant>,
 }
 
 impl RequestStream {
@@ -149,6 +153,7 @@ impl RequestStream {
             exchange: None,
             batch: None,
             summary: Summary::default(),
+            first_output: None,
         }
     }
 
@@ -373,8 +378,18 @@ impl RequestStream {
     fn prepare(&mut self) -> Result<Vec<ProcessingResponse>, ApiError> {
         let body = std::mem::take(&mut self.body);
         match self.api {
-            Some(HttpApi::ChatCompletions) => self.generate(parse_chat_request(&body)?),
-            Some(HttpApi::Completions) => self.generate(parse_completion_request(&body)?),
+            Some(HttpApi::ChatCompletions) => {
+                let began = Instant::now();
+                let req = parse_chat_request(&body);
+                Step::Parse.observe(began);
+                self.generate(req?)
+            }
+            Some(HttpApi::Completions) => {
+                let began = Instant::now();
+                let req = parse_completion_request(&body);
+                Step::Parse.observe(began);
+                self.generate(req?)
+            }
             Some(HttpApi::Tokenize) => {
                 let req = parse_tokenize_request(&body)?;
                 let answer = answers::tokenize(&*self.model(&req.model)?, &req)?;
@@ -429,6 +444,7 @@ impl RequestStream {
                 ..routing
             },
         )?;
+        let encoding = Instant::now();
         let prompt_tokens = prompt.input_ids.len() as u64;
         let echo = req.echo.then(|| model.files.tokenizer.decode(&prompt.input_ids, false));
         let generate = target.protocol.encode_generate(GenerateCall {
@@ -468,6 +484,7 @@ impl RequestStream {
             &self.headers_removed,
         )];
         out.extend(replies::body_chunks(&grpc_frame::encode(&generate), true, true));
+        Step::Encode.observe(encoding);
         let deadlines = self.gateway.limits.deadlines;
         let clock = if req.stream {
             CallClock::streamed(deadlines, Instant::now())
@@ -544,10 +561,14 @@ impl RequestStream {
         if !b.body.is_empty() {
             if exchange.clock.waiting_first() {
                 exchange.target.report(&exchange.model, Ok(())); // it is alive: any penalty ends
+                self.first_output.get_or_insert_with(Instant::now);
             }
             exchange.clock.progress(Instant::now());
         }
-        let events = match exchange.translator.push(&b.body) {
+        let decoding = Instant::now();
+        let pushed = exchange.translator.push(&b.body);
+        Step::Decode.observe(decoding);
+        let events = match pushed {
             Ok(events) => events,
             Err(error) => return self.finish(Some(error)),
         };
