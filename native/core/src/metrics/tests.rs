@@ -140,3 +140,25 @@ fn every_metric_has_one_help_and_type_and_only_declared_samples() {
         }
     }
 }
+
+/// What counting costs per request, for docs/observability.md: one `request_ended` of a streamed
+/// success plus the six phase observations and a routing decision a request makes (each phase with
+/// its `Instant::now()`). `cargo test --release -p extproc-core metrics::tests::cost -- --ignored --nocapture`
+#[test]
+#[ignore]
+fn cost_per_request() {
+    let m = Metrics::new(true);
+    let n = 200_000u32;
+    let began = std::time::Instant::now();
+    for _ in 0..n {
+        let t = std::time::Instant::now();
+        for p in Phase::ALL {
+            let now = std::time::Instant::now();
+            m.phases[p as usize].observe(nanos(now - t));
+        }
+        m.routed("m", "kv_events", Decision::Hit);
+        m.request_ended(&streamed_ok());
+    }
+    let per = began.elapsed() / n;
+    println!("metrics cost per request: {per:?}");
+}
