@@ -272,7 +272,9 @@ impl Metrics {
             let t = self.tokens.get(&[r.model]);
             t.value.prompt.fetch_add(u64::from(r.prompt_tokens), Ordering::Relaxed);
             t.value.cached.fetch_add(u64::from(r.cached_tokens), Ordering::Relaxed);
-            t.value.completion.fetch_add(u64::from(r.completion_tokens), Ordering::Relaxed);
+            t.value
+                .completion
+                .fetch_add(u64::from(r.completion_tokens), Ordering::Relaxed);
         }
         let Some(op) = r.operation else { return };
         let failed = r.failed || r.status != 200;
@@ -297,7 +299,10 @@ impl Metrics {
             self.time_to_first_token.get(&[op, r.model]).value.observe(nanos(first));
             if r.completion_tokens > 1 {
                 let rest = r.duration.saturating_sub(first) / (r.completion_tokens - 1);
-                self.time_per_output_token.get(&[op, r.model]).value.observe(nanos(rest));
+                self.time_per_output_token
+                    .get(&[op, r.model])
+                    .value
+                    .observe(nanos(rest));
             }
         }
     }

@@ -91,8 +91,16 @@ pub(super) fn counters(e: &mut Exposition, m: &Metrics) {
     let tokens = m.tokens.series();
     for (name, help, pick) in [
         ("extproc_prompt_tokens_total", "Prompt tokens of finished requests.", 0),
-        ("extproc_cached_tokens_total", "Prompt tokens the engines served from their prefix cache.", 1),
-        ("extproc_completion_tokens_total", "Completion tokens of finished requests.", 2),
+        (
+            "extproc_cached_tokens_total",
+            "Prompt tokens the engines served from their prefix cache.",
+            1,
+        ),
+        (
+            "extproc_completion_tokens_total",
+            "Completion tokens of finished requests.",
+            2,
+        ),
     ] {
         e.header(name, "counter", help);
         for s in &tokens {
@@ -150,7 +158,11 @@ pub(super) fn counters(e: &mut Exposition, m: &Metrics) {
         &m.kv_resyncs,
     );
     let name = "extproc_kv_event_lag_seconds";
-    e.header(name, "gauge", "Age of the last KV-event batch when it arrived (engine timestamp to now).");
+    e.header(
+        name,
+        "gauge",
+        "Age of the last KV-event batch when it arrived (engine timestamp to now).",
+    );
     for s in m.kv_lag.series() {
         let lag = f64::from_bits(s.value.load(Ordering::Relaxed));
         e.sample(name, &[("engine", &s.labels[0])], lag);
@@ -160,34 +172,46 @@ pub(super) fn counters(e: &mut Exposition, m: &Metrics) {
 type EndpointGauge = (&'static str, &'static str, fn(&EndpointInfo) -> f64);
 
 const ENDPOINT_GAUGES: [EndpointGauge; 9] = [
-    ("extproc_engine_healthy", "1 while the engine passes its health checks.", |e| {
-        f64::from(u8::from(e.healthy))
-    }),
+    (
+        "extproc_engine_healthy",
+        "1 while the engine passes its health checks.",
+        |e| f64::from(u8::from(e.healthy)),
+    ),
     (
         "extproc_engine_in_flight_requests",
         "Requests this gateway sent to the engine that have not finished.",
         |e| f64::from(e.load.in_flight_requests),
     ),
-    ("extproc_engine_in_flight_tokens", "Prompt tokens of the in-flight requests.", |e| {
-        e.load.in_flight_tokens as f64
-    }),
+    (
+        "extproc_engine_in_flight_tokens",
+        "Prompt tokens of the in-flight requests.",
+        |e| e.load.in_flight_tokens as f64,
+    ),
     (
         "extproc_engine_prefill_tokens",
         "Uncached prompt tokens of in-flight requests still waiting for their first token.",
         |e| e.load.prefill_tokens as f64,
     ),
-    ("extproc_engine_running_requests", "Running requests, as the engine last reported.", |e| {
-        f64::from(e.load.engine.running)
-    }),
-    ("extproc_engine_waiting_requests", "Waiting requests, as the engine last reported.", |e| {
-        f64::from(e.load.engine.waiting)
-    }),
-    ("extproc_engine_kv_cache_usage_ratio", "KV-cache use in [0, 1], as the engine last reported.", |e| {
-        e.load.engine.kv_usage
-    }),
-    ("extproc_engine_cached_blocks", "Engine KV blocks the router mapped from the engine's KV events.", |e| {
-        e.engine_blocks as f64
-    }),
+    (
+        "extproc_engine_running_requests",
+        "Running requests, as the engine last reported.",
+        |e| f64::from(e.load.engine.running),
+    ),
+    (
+        "extproc_engine_waiting_requests",
+        "Waiting requests, as the engine last reported.",
+        |e| f64::from(e.load.engine.waiting),
+    ),
+    (
+        "extproc_engine_kv_cache_usage_ratio",
+        "KV-cache use in [0, 1], as the engine last reported.",
+        |e| e.load.engine.kv_usage,
+    ),
+    (
+        "extproc_engine_cached_blocks",
+        "Engine KV blocks the router mapped from the engine's KV events.",
+        |e| e.engine_blocks as f64,
+    ),
     (
         "extproc_engine_penalty_state",
         "The router's penalty for the engine: 0 closed, 1 half open (probing), 2 ejected.",
@@ -208,21 +232,37 @@ fn gauges(e: &mut Exposition, gateway: &Gateway) {
         }
     }
     let name = "extproc_engine_penalty_failures";
-    e.header(name, "gauge", "Consecutive failed calls the router's penalty counts for the engine.");
+    e.header(
+        name,
+        "gauge",
+        "Consecutive failed calls the router's penalty counts for the engine.",
+    );
     for (model, list) in &endpoints {
         for info in list {
-            e.sample(name, &[("model", model), ("engine", &info.address)], f64::from(info.failures));
+            e.sample(
+                name,
+                &[("model", model), ("engine", &info.address)],
+                f64::from(info.failures),
+            );
         }
     }
     let stats: Vec<_> = models.iter().map(|m| (&m.name, m.router.index_stats())).collect();
     let name = "extproc_prefix_index_blocks";
-    e.header(name, "gauge", "Blocks in the router's prefix indexes, by index (events, routed).");
+    e.header(
+        name,
+        "gauge",
+        "Blocks in the router's prefix indexes, by index (events, routed).",
+    );
     for (model, s) in &stats {
         e.sample(name, &[("model", model), ("index", "events")], s.event_blocks as f64);
         e.sample(name, &[("model", model), ("index", "routed")], s.routed_blocks as f64);
     }
     let name = "extproc_prefix_index_memory_bytes";
-    e.header(name, "gauge", "Memory of the router's prefix indexes and engine-hash maps.");
+    e.header(
+        name,
+        "gauge",
+        "Memory of the router's prefix indexes and engine-hash maps.",
+    );
     for (model, s) in &stats {
         e.sample(name, &[("model", model)], s.memory_bytes as f64);
     }
@@ -240,7 +280,11 @@ fn gauges(e: &mut Exposition, gateway: &Gateway) {
             ("l1", "hit", c.l1_hits),
             ("l1", "miss", c.l1_misses),
         ] {
-            e.sample(name, &[("model", &m.name), ("level", level), ("result", result)], v as f64);
+            e.sample(
+                name,
+                &[("model", &m.name), ("level", level), ("result", result)],
+                v as f64,
+            );
         }
     }
 }

@@ -39,20 +39,25 @@ fn a_successful_streamed_request_counts_everywhere() {
     let m = Metrics::new(true);
     m.request_ended(&streamed_ok());
     let t = text(&m);
-    let req = "extproc_requests_total{model=\"m\",api=\"/v1/chat/completions\",status=\"200\",engine=\"10.0.0.1:8000\"}";
+    let req =
+        "extproc_requests_total{model=\"m\",api=\"/v1/chat/completions\",status=\"200\",engine=\"10.0.0.1:8000\"}";
     assert_eq!(value(&t, req), Some(1.0));
     assert_eq!(value(&t, "extproc_prompt_tokens_total{model=\"m\"}"), Some(10.0));
     assert_eq!(value(&t, "extproc_cached_tokens_total{model=\"m\"}"), Some(4.0));
     assert_eq!(value(&t, "extproc_completion_tokens_total{model=\"m\"}"), Some(5.0));
-    let usage = "gen_ai_client_token_usage_sum{gen_ai_operation_name=\"chat\",gen_ai_request_model=\"m\",gen_ai_token_type=";
+    let usage =
+        "gen_ai_client_token_usage_sum{gen_ai_operation_name=\"chat\",gen_ai_request_model=\"m\",gen_ai_token_type=";
     assert_eq!(value(&t, &format!("{usage}\"input\"}}")), Some(10.0));
     assert_eq!(value(&t, &format!("{usage}\"output\"}}")), Some(5.0));
-    let ttft = "gen_ai_server_time_to_first_token_seconds_sum{gen_ai_operation_name=\"chat\",gen_ai_request_model=\"m\"}";
+    let ttft =
+        "gen_ai_server_time_to_first_token_seconds_sum{gen_ai_operation_name=\"chat\",gen_ai_request_model=\"m\"}";
     assert_eq!(value(&t, ttft), Some(0.1));
     // (300 ms - 100 ms) over the 4 tokens after the first.
-    let tpot = "gen_ai_server_time_per_output_token_seconds_sum{gen_ai_operation_name=\"chat\",gen_ai_request_model=\"m\"}";
+    let tpot =
+        "gen_ai_server_time_per_output_token_seconds_sum{gen_ai_operation_name=\"chat\",gen_ai_request_model=\"m\"}";
     assert_eq!(value(&t, tpot), Some(0.05));
-    let bucket = "gen_ai_server_request_duration_seconds_bucket{gen_ai_operation_name=\"chat\",gen_ai_request_model=\"m\",le=";
+    let bucket =
+        "gen_ai_server_request_duration_seconds_bucket{gen_ai_operation_name=\"chat\",gen_ai_request_model=\"m\",le=";
     assert_eq!(value(&t, &format!("{bucket}\"0.16\"}}")), Some(0.0));
     assert_eq!(value(&t, &format!("{bucket}\"0.32\"}}")), Some(1.0));
     assert_eq!(value(&t, &format!("{bucket}\"+Inf\"}}")), Some(1.0));
@@ -99,11 +104,26 @@ fn routing_kv_events_and_phases_are_counted_by_their_labels() {
     let routing = "extproc_routing_decisions_total{model=\"m\",policy=\"prefix_cache\",reason=";
     assert_eq!(value(&t, &format!("{routing}\"hit\"}}")), Some(2.0));
     assert_eq!(value(&t, &format!("{routing}\"shed\"}}")), Some(1.0));
-    assert_eq!(value(&t, "extproc_kv_event_batches_total{engine=\"e:1\",outcome=\"gap\"}"), Some(1.0));
+    assert_eq!(
+        value(&t, "extproc_kv_event_batches_total{engine=\"e:1\",outcome=\"gap\"}"),
+        Some(1.0)
+    );
     assert_eq!(value(&t, "extproc_kv_event_resyncs_total{engine=\"e:1\"}"), Some(1.0));
-    assert_eq!(value(&t, "extproc_phase_duration_seconds_count{phase=\"route\"}"), Some(1.0));
-    assert_eq!(value(&t, "extproc_phase_duration_seconds_bucket{phase=\"route\",le=\"0.00001\"}"), Some(1.0));
-    assert_eq!(value(&t, "extproc_phase_duration_seconds_count{phase=\"parse\"}"), Some(0.0));
+    assert_eq!(
+        value(&t, "extproc_phase_duration_seconds_count{phase=\"route\"}"),
+        Some(1.0)
+    );
+    assert_eq!(
+        value(
+            &t,
+            "extproc_phase_duration_seconds_bucket{phase=\"route\",le=\"0.00001\"}"
+        ),
+        Some(1.0)
+    );
+    assert_eq!(
+        value(&t, "extproc_phase_duration_seconds_count{phase=\"parse\"}"),
+        Some(0.0)
+    );
 }
 
 #[test]
