@@ -60,7 +60,7 @@ class Running:
 
     async def stop(self, grace: float = STOP_GRACE_S) -> None:
         if self.metrics is not None:
-            self.metrics.stop()
+            await asyncio.to_thread(self.metrics.stop)  # waits out the server's poll
         # Blocks until the server is down: off the event loop, so health checks and the reporter go on.
         await asyncio.to_thread(self.server.stop, grace)
         if self.reporter is not None:
