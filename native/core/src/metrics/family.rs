@@ -3,7 +3,7 @@
 //! find the series, whose value is then updated with relaxed atomics.
 
 use std::collections::HashMap;
-use std::hash::{BuildHasher, Hash, Hasher};
+use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
@@ -80,9 +80,7 @@ impl<V> Family<V> {
     /// The series of these label values (in `label_names` order), created if new.
     pub fn get(&self, labels: &[&str]) -> Arc<Series<V>> {
         debug_assert_eq!(labels.len(), self.label_names.len());
-        let mut h = self.hasher.build_hasher();
-        labels.hash(&mut h);
-        let key = h.finish();
+        let key = self.hasher.hash_one(labels);
         let same = |s: &&Arc<Series<V>>| s.labels.iter().map(|l| &**l).eq(labels.iter().copied());
         {
             let map = self.map.read().unwrap_or_else(|e| e.into_inner());
