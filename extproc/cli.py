@@ -92,6 +92,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     api_keys.build_parser(keys)
 
+    status = commands.add_parser(
+        "status",
+        help="show the engines of a running gateway (its /engines view) as a table",
+        description="Read GET /engines from a running gateway's metrics port and print it as a table.",
+    )
+    status.add_argument(
+        "--metrics-url",
+        default="http://127.0.0.1:9464",
+        metavar="URL",
+        help="the gateway's metrics server (default: %(default)s)",
+    )
+
     # The simulator owns its flags; `extproc sim ARGS` hands ARGS to it unchanged.
     commands.add_parser(
         "sim",
@@ -193,7 +205,25 @@ def _cmd_keys(args: argparse.Namespace) -> int:
     return api_keys.run(args)
 
 
-_COMMANDS = {UP: _cmd_up, SERVE: _cmd_serve, ENVOY_CONFIG: _cmd_envoy_config, "keys": _cmd_keys}
+def _cmd_status(args: argparse.Namespace) -> int:
+    from extproc import status
+
+    try:
+        engines = status.fetch(args.metrics_url)
+    except status.StatusError as e:
+        print(f"extproc: {e}", file=sys.stderr)
+        return 1
+    sys.stdout.write(status.table(engines))
+    return 0
+
+
+_COMMANDS = {
+    UP: _cmd_up,
+    SERVE: _cmd_serve,
+    ENVOY_CONFIG: _cmd_envoy_config,
+    "keys": _cmd_keys,
+    "status": _cmd_status,
+}
 
 
 def _cmd_sim(argv: Sequence[str]) -> int:

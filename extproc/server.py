@@ -18,6 +18,7 @@ import structlog
 from extproc import _native, api_keys, grpc_tls, request_traces
 from extproc.config import ConfigError, Settings, served_models
 from extproc.keys_reload import KeysReloader
+from extproc.metrics_http import MetricsServer
 from extproc.pool import EnginePool
 from extproc.request_log import log_request
 from extproc.request_traces import SpanWriter
@@ -42,6 +43,7 @@ class Running:
     reporter: Reporter | None = field(default=None, repr=False)
     # Follows the API keys file (None without one).
     keys: KeysReloader | None = field(default=None, repr=False)
+    metrics: MetricsServer | None = field(default=None, repr=False)
 
     @property
     def model(self) -> str:
@@ -52,7 +54,18 @@ class Running:
     def pool(self) -> EnginePool:
         return self.pools[self.model]
 
+    def serve_metrics(self, host: str, port: int) -> MetricsServer:
+        """Serve `/metrics` and `/engines` on `host:port` (0: any free port) until `stop`."""
+        try:
+            self.metrics = MetricsServer(self.gateway, self.pools, host, port)
+        except OSError as e:
+            raise RuntimeError(f"cannot serve metrics on {host}:{port}: {e}") from e
+        log.info("metrics served", url=self.metrics.url)
+        return self.metrics
+
     async def stop(self, grace: float = STOP_GRACE_S) -> None:
+        if self.metrics is not None:
+            await asyncio.to_thread(self.metrics.stop)  # waits out the server's poll
         # Blocks until the server is down: off the event loop, so health checks and the reporter go on.
         await asyncio.to_thread(self.server.stop, grace)
         if self.reporter is not None:
@@ -210,6 +223,12 @@ async def serve(settings: Settings) -> None:
         log.info("stopped before the server started")
         return
     running = starting.result()
+    if settings.metrics_port:
+        try:
+            running.serve_metrics(settings.metrics_host, settings.metrics_port)
+        except RuntimeError:
+            await running.stop(0)
+            raise
     await stopping
     # Open streams get the grace period; the rest are ended and their engine requests aborted.
     log.info("stopping", grace_s=settings.shutdown_grace)

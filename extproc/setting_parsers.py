@@ -65,6 +65,11 @@ def parse_port(raw: Any) -> int:
     return _int(raw, 1, 65535, "expected an integer 1-65535")
 
 
+def parse_port_or_off(raw: Any) -> int:
+    """A port, or 0 for a listener that is off."""
+    return _int(raw, 0, 65535, "expected an integer 0-65535 (0: off)")
+
+
 def parse_count(raw: Any) -> int:
     return _int(raw, 0, 1024, "expected an integer 0-1024")
 

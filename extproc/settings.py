@@ -389,6 +389,23 @@ class Settings:
         "`OTEL_EXPORTER_OTLP_ENDPOINT` is set; a client's `traceparent` joins its trace and the engine call "
         "carries one; see [health-and-tracing.md](health-and-tracing.md)",
     )
+    metrics_host: str = setting(
+        "127.0.0.1",
+        p.parse_host,
+        _GATEWAY,
+        "address of the metrics HTTP server (/metrics, /engines)",
+        "IP",
+        doc="the IP extproc serves `/metrics` (Prometheus) and `/engines` on; see "
+        "[observability](observability.md)",
+    )
+    metrics_port: int = setting(
+        9464,
+        p.parse_port_or_off,
+        _GATEWAY,
+        "port of the metrics HTTP server; 0: off",
+        "PORT",
+        doc="port of extproc's metrics HTTP server (`/metrics`, `/engines`); 0 turns it off",
+    )
     host: str = setting(
         "127.0.0.1",
         p.parse_host,

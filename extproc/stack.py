@@ -141,6 +141,8 @@ def check_ports(settings: Settings, sims: list[SimPlan]) -> None:
     if not settings.listen.startswith("unix:"):
         host, port = parse_host_port(settings.listen)
         wanted.append((host, port, "--listen"))
+    if settings.metrics_port:
+        wanted.append((settings.metrics_host, settings.metrics_port, "--metrics-port"))
     if sims:
         last = sims[-1].ports[-1]
         if last > 65535:
@@ -201,6 +203,7 @@ def stack_specs(
     common = (*common, "first_token_timeout", "inter_token_timeout")
     common = (*common, "listen_tls_cert", "listen_tls_key", "listen_tls_client_ca")
     common = (*common, "engine_tls_ca", "engine_tls_cert", "engine_tls_key", "engine_tls_server_name")
+    common = (*common, "metrics_host", "metrics_port")
     if settings.models:
         # Tables have no flag form: the server reads the resolved models from a file of their own.
         models_file = run_dir / "models.toml"

@@ -50,6 +50,8 @@ def samples(model_dir: Path) -> dict[str, tuple[str, Any]]:
         "log_format": ("JSON", "json"),
         "request_log": ("false", False),
         "tracing": ("true", True),
+        "metrics_host": ("0.0.0.0", "0.0.0.0"),
+        "metrics_port": ("0", 0),
         "host": ("0.0.0.0", "0.0.0.0"),
         "port": ("8181", 8181),
         "admin_port": ("9191", 9191),

@@ -134,7 +134,9 @@ def start_ours(
     argv = [sys.executable, "-m", "extproc", "serve", "--listen", f"127.0.0.1:{extproc_port}"]
     for address in engines:
         argv += ["--engine", f"grpc://{address}"]
-    argv += ["--log-level", "warning"]
+    # Metrics served as an operator runs them, on a free port (9464 may be another stack's);
+    # `EXTPROC_METRICS=off` in the benchmark's environment measures the gateway without counting.
+    argv += ["--log-level", "warning", "--metrics-port", str(free_port())]
     env = {"EXTPROC_ROUTING_POLICY": routing_policy} if routing_policy is not None else None
     server = spawn("extproc", argv, log_dir, env=env)
     options = EnvoyOptions(

@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from extproc import cli
 from extproc.supervisor import ChildSpec, StackError, Supervisor, tcp_accepts
 
 REPO = Path(__file__).resolve().parents[2]
@@ -100,6 +101,8 @@ def running_up(
     argv = [sys.executable, "-m", "extproc", "up", "--port", str(port)]
     argv += ["--admin-port", str(free_ports.one()), "--listen", f"127.0.0.1:{free_ports.one()}"]
     argv += ["--sim", "2", "--sim-port", str(free_ports.block(2)), "--startup-timeout", str(START_TIMEOUT_S)]
+    if "--metrics-port" not in extra:  # not the default 9464: another stack may hold it
+        argv += ["--metrics-port", str(free_ports.one())]
     argv += extra
     env = {k: v for k, v in os.environ.items() if not k.startswith("EXTPROC_")}
     env["EXTPROC_CACHE_DIR"] = str(tmp_path / "cache")
@@ -251,6 +254,7 @@ def test_up_serves_two_models_from_a_config_file(tmp_path: Path, free_ports: Any
             port = {port}
             admin_port = {free_ports.one()}
             listen = "127.0.0.1:{free_ports.one()}"
+            metrics_port = {free_ports.one()}
             sim_port = {free_ports.block(3)}
             startup_timeout = {START_TIMEOUT_S}
 
@@ -304,3 +308,22 @@ def test_up_serves_two_models_from_a_config_file(tmp_path: Path, free_ports: Any
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_up_serves_metrics_and_status_reads_them(
+    tmp_path: Path, free_ports: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`extproc up` hands --metrics-port to its `extproc serve`, which serves /metrics and /engines there."""
+    metrics_port = free_ports.one()
+    with running_up(tmp_path, free_ports, "--metrics-port", str(metrics_port)) as (_, port, _):
+        body = {"model": "llama3-default", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+        status, _ = _post_json(f"http://127.0.0.1:{port}/v1/chat/completions", body)
+        assert status == 200
+        url = f"http://127.0.0.1:{metrics_port}"
+        sample = 'extproc_requests_total{model="llama3-default",api="/v1/chat/completions",status="200"'
+        with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
+            text = r.read().decode()
+        assert sample in text, text
+        assert cli.main(["status", "--metrics-url", url]) == 0
+        rows = capsys.readouterr().out.splitlines()[1:]
+        assert len(rows) == 2 and all(" up " in row for row in rows), rows

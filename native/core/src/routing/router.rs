@@ -21,6 +21,7 @@ use super::policy::{registry, Candidate, PickContext, Policy, PrefixSource};
 use super::prefix_index::{EventIndex, RoutedIndex};
 use super::rng::Rng;
 use super::zmq_events;
+use crate::metrics;
 use crate::pb::kv_events::KvEventBatch;
 
 /// What to route.
@@ -54,6 +55,9 @@ pub struct Pick {
     pub cached_blocks: u32,
     /// The primary's block size (0 when unknown).
     pub block_size: u32,
+    /// The most leading prompt blocks any candidate held (more than `cached_blocks`: load sent the
+    /// request past a better cache, a spill).
+    pub best_cached_blocks: u32,
     pub in_flight: InFlight,
 }
 
@@ -99,6 +103,8 @@ pub struct EndpointInfo {
     pub engine_blocks: usize,
     /// Where its failure record stands (`penalty.rs`).
     pub standing: Standing,
+    /// Its consecutive failures (`penalty.rs`; 0: none).
+    pub failures: u32,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -343,6 +349,7 @@ impl Router {
             fallbacks: self.fallbacks(&states, &ranking),
             cached_blocks: candidates[p].cached_blocks,
             block_size: block_sizes[p],
+            best_cached_blocks: candidates.iter().map(|c| c.cached_blocks).max().unwrap_or(0),
             in_flight: InFlight::begin(
                 states[p].clone(),
                 req.token_ids.len() as u64,
@@ -446,9 +453,11 @@ impl Router {
                 }
             }
         };
-        self.apply_events(address, batch_rank(&batch), |state, index, id| {
+        let result = self.apply_events(address, batch_rank(&batch), |state, index, id| {
             state.apply_batch(index, id, &batch, OnGap::Break)
-        })
+        });
+        metrics::global().kv_batch(address, result.outcome.kind(), batch.timestamp);
+        result
     }
 
     /// Applies one message of vLLM's ZMQ KV-event channel from `address` (its sequence frame and msgpack
@@ -467,9 +476,11 @@ impl Router {
                 }
             }
         };
-        self.apply_events(address, batch_rank(&batch), |state, index, id| {
+        let result = self.apply_events(address, batch_rank(&batch), |state, index, id| {
             state.apply_batch(index, id, &batch, OnGap::Hold)
-        })
+        });
+        metrics::global().kv_batch(address, result.outcome.kind(), batch.timestamp);
+        result
     }
 
     fn apply_events(
@@ -500,6 +511,7 @@ impl Router {
     /// Forgets what the events of the engine at `address` said, every rank's, and accepts a new
     /// subscription's first batches. False if unknown.
     pub fn reset_kv_events(&self, address: &str) -> bool {
+        metrics::global().kv_resync(address);
         let table = self.read_table();
         let mut known = false;
         for st in table.engine(address) {
@@ -525,6 +537,7 @@ impl Router {
                     publishes_events: ev.publishing,
                     engine_blocks: ev.engine_map().len(),
                     standing: st.penalty.standing(Instant::now()),
+                    failures: st.penalty.failures(),
                 }
             })
             .collect()

@@ -275,6 +275,7 @@ impl Drop for ProcessStream {
 }
 
 fn record(shared: &Shared, machine: &RequestStream, aborted: bool, started: Instant) {
+    machine.record_metrics(started);
     shared.telemetry.record(|| Finished {
         summary: machine.summary(),
         aborted,

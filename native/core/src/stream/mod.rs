@@ -14,6 +14,7 @@ mod epp;
 mod health_answer;
 mod http_api;
 mod local_reply;
+mod observe;
 mod replies;
 mod request;
 mod response;
@@ -36,6 +37,7 @@ use crate::engine::{GenerateCall, Protocol};
 use crate::error::ApiError;
 use crate::gateway::{unix_now, Gateway, ServedModel};
 use crate::grpc_frame;
+use crate::metrics::Phase as Step;
 use crate::openai::request::{parse_chat_request, parse_completion_request, Api, GenerationRequest, PromptInput};
 use crate::openai::response::ResponseMeta;
 use crate::openai::tokenize::{parse_detokenize_request, parse_tokenize_request};
@@ -140,6 +142,8 @@ pub struct RequestStream {
     exchange: Option<Exchange>,
     batch: Option<batch::Batch>,
     summary: Summary,
+    /// When the engine's first output came (for the time to first token).
+    first_output: Option<Instant>,
 }
 
 impl RequestStream {
@@ -157,6 +161,7 @@ impl RequestStream {
             exchange: None,
             batch: None,
             summary: Summary::default(),
+            first_output: None,
         }
     }
 
@@ -415,8 +420,18 @@ impl RequestStream {
     fn prepare(&mut self) -> Result<Vec<ProcessingResponse>, ApiError> {
         let body = std::mem::take(&mut self.body);
         match self.api {
-            Some(HttpApi::ChatCompletions) => self.generate(parse_chat_request(&body)?),
-            Some(HttpApi::Completions) => self.generate(parse_completion_request(&body)?),
+            Some(HttpApi::ChatCompletions) => {
+                let began = Instant::now();
+                let req = parse_chat_request(&body);
+                Step::Parse.observe(began);
+                self.generate(req?)
+            }
+            Some(HttpApi::Completions) => {
+                let began = Instant::now();
+                let req = parse_completion_request(&body);
+                Step::Parse.observe(began);
+                self.generate(req?)
+            }
             Some(HttpApi::Tokenize) => {
                 let req = parse_tokenize_request(&body)?;
                 let answer = answers::tokenize(&*self.model(&req.model)?, &req)?;
@@ -473,6 +488,7 @@ impl RequestStream {
                 ..routing
             },
         )?;
+        let encoding = Instant::now();
         let prompt_tokens = prompt.input_ids.len() as u64;
         let echo = req.echo.then(|| model.files.tokenizer.decode(&prompt.input_ids, false));
         let generate = target.protocol.encode_generate(GenerateCall {
@@ -517,6 +533,7 @@ impl RequestStream {
             trace.add_to(&mut out[0]);
         }
         out.extend(replies::body_chunks(&grpc_frame::encode(&generate), true, true));
+        Step::Encode.observe(encoding);
         let deadlines = self.gateway.limits.deadlines;
         let clock = if req.stream {
             CallClock::streamed(deadlines, Instant::now())
@@ -596,10 +613,14 @@ impl RequestStream {
             }
             if exchange.clock.waiting_first() {
                 exchange.target.report(&exchange.model, Ok(())); // it is alive: any penalty ends
+                self.first_output.get_or_insert_with(Instant::now);
             }
             exchange.clock.progress(Instant::now());
         }
-        let events = match exchange.translator.push(&b.body) {
+        let decoding = Instant::now();
+        let pushed = exchange.translator.push(&b.body);
+        Step::Decode.observe(decoding);
+        let events = match pushed {
             Ok(events) => events,
             Err(error) => return self.finish(Some(error)),
         };

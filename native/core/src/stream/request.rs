@@ -1,7 +1,10 @@
 //! Client request → engine request: parse, template, tokenize, check limits.
 
+use std::time::Instant;
+
 use crate::error::ApiError;
 use crate::gateway::ServedModel;
+use crate::metrics::Phase;
 use crate::openai::request::{ChatInput, GenerationRequest, PromptInput};
 use crate::template::{ChatInputs, RenderError};
 
@@ -16,12 +19,12 @@ pub fn prompt(model: &ServedModel, input: &PromptInput) -> Result<Prompt, ApiErr
         PromptInput::Chat(chat) => chat_prompt(model, chat),
         PromptInput::Text(text) => {
             check_prompt_bytes(model, text.len(), "prompt")?;
-            let input_ids = model
-                .files
-                .tokenizer
-                .encode_with_special_tokens(text)
-                .map_err(ApiError::internal)?;
-            Ok(Prompt { input_ids })
+            let began = Instant::now();
+            let input_ids = model.files.tokenizer.encode_with_special_tokens(text);
+            Phase::Tokenize.observe(began);
+            Ok(Prompt {
+                input_ids: input_ids.map_err(ApiError::internal)?,
+            })
         }
         PromptInput::Tokens(ids) => {
             check_token_ids(model, ids, "prompt")?;
@@ -60,14 +63,20 @@ pub fn chat_prompt(model: &ServedModel, request: &ChatInput) -> Result<Prompt, A
         special_tokens: None,
         kwargs: Some(&request.chat_template_kwargs),
     };
-    let text = model.files.render_chat(None, inputs).map_err(|e| match e {
+    let began = Instant::now();
+    let text = model.files.render_chat(None, inputs);
+    let tokenizing = Phase::Template.observe(began);
+    let text = text.map_err(|e| match e {
         RenderError::Raised(message) => ApiError::invalid_param("messages", message),
         RenderError::Invalid { param, message } => ApiError::invalid_param(&param, message),
         RenderError::Failed(message) => ApiError::invalid(format!("chat template failed: {message}")),
     })?;
     check_prompt_bytes(model, text.len(), "messages")?;
-    let input_ids = model.files.tokenizer.encode(&text).map_err(ApiError::internal)?;
-    Ok(Prompt { input_ids })
+    let input_ids = model.files.tokenizer.encode(&text);
+    Phase::Tokenize.observe(tokenizing);
+    Ok(Prompt {
+        input_ids: input_ids.map_err(ApiError::internal)?,
+    })
 }
 
 /// Refuse, before tokenizing it, a prompt text whose length alone proves it over the context: no

@@ -3,12 +3,14 @@
 //! there. The stream, the summary, the abort and a batch's calls all read this one value.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use super::epp;
 use crate::engine::Protocol;
 use crate::error::ApiError;
 use crate::gateway::ServedModel;
-use crate::routing::{Failure, InFlight, NoRoute, PickRequest};
+use crate::metrics::{self, Decision, Phase};
+use crate::routing::{Failure, InFlight, NoRoute, Pick, PickRequest};
 
 pub struct Target {
     /// The engine's address (never an endpoint's `#rank` name): where Envoy connects.
@@ -37,6 +39,7 @@ impl Target {
     /// Envoy reports that `upstream` answered (a fallback of the pick): the request now counts there,
     /// on the rank it is pinned to (rank 0 without one). Unchanged when the router does not know it.
     pub fn follow(&mut self, model: &ServedModel, upstream: &str, prompt_tokens: u64) {
+        metrics::global().routed(&model.name, model.router.policy_name(), Decision::Fallback);
         if let Some(in_flight) = model.router.begin(upstream, self.dp_rank, prompt_tokens) {
             self.in_flight = Some(in_flight);
             self.address = upstream.to_string();
@@ -66,10 +69,11 @@ impl Target {
 /// The engine for `request`'s prompt among its subset hint when there is one; 503 when none is ready,
 /// 429 when every one is at its queue limit and the request's priority is sheddable.
 pub fn pick(model: &ServedModel, request: PickRequest<'_>) -> Result<Target, ApiError> {
-    let pick = model
-        .router
-        .route(&request)
-        .map_err(|why| no_route(model, &request, why))?;
+    let began = Instant::now();
+    let decided = model.router.route(&request);
+    Phase::Route.observe(began);
+    metrics::global().routed(&model.name, model.router.policy_name(), decision(&decided));
+    let pick = decided.map_err(|why| no_route(model, &request, why))?;
     let address = pick.address().to_string();
     let protocol = model.protocol(&address);
     Ok(Target {
@@ -83,6 +87,17 @@ pub fn pick(model: &ServedModel, request: PickRequest<'_>) -> Result<Target, Api
         in_flight: Some(pick.in_flight),
         address,
     })
+}
+
+/// The router's decision as the metrics name it.
+fn decision(decided: &Result<Pick, NoRoute>) -> Decision {
+    match decided {
+        Ok(p) if p.best_cached_blocks > p.cached_blocks => Decision::Spill,
+        Ok(p) if p.cached_blocks > 0 => Decision::Hit,
+        Ok(_) => Decision::Miss,
+        Err(NoRoute::Overloaded) => Decision::Shed,
+        Err(NoRoute::NoEndpoint) => Decision::NoEndpoint,
+    }
 }
 
 fn no_route(model: &ServedModel, request: &PickRequest<'_>, why: NoRoute) -> ApiError {

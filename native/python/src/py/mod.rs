@@ -19,6 +19,7 @@ use extproc_core::auth::{ApiKeys, KeyEntry};
 use extproc_core::engine::Protocol;
 use extproc_core::error::ApiError;
 use extproc_core::gateway::{Gateway, Limits, ServedModel, DEFAULT_MAX_BUFFERED_OUTPUT_TOKENS};
+use extproc_core::metrics;
 use extproc_core::pb::ext_proc::ProcessingRequest;
 use extproc_core::routing::policy::registry::DEFAULT_POLICY;
 use extproc_core::routing::RouterConfig;
@@ -229,6 +230,34 @@ impl PyGateway {
         };
         self.inner.set_api_keys(keys);
         Ok(())
+    }
+
+    /// The data plane's Prometheus metrics, the whole text of one scrape (`extproc_core::metrics`).
+    fn metrics_text(&self, py: Python<'_>) -> String {
+        let gateway = self.inner.clone();
+        py.detach(move || metrics::render(&gateway))
+    }
+
+    /// Every model's engine endpoints as an operator sees them: one dict each (`metrics::EngineView`).
+    fn engines<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let list = PyList::empty(py);
+        for e in metrics::engines(&self.inner) {
+            let d = PyDict::new(py);
+            d.set_item("model", e.model)?;
+            d.set_item("engine", e.engine)?;
+            d.set_item("protocol", e.protocol)?;
+            d.set_item("healthy", e.healthy)?;
+            d.set_item("in_flight_requests", e.in_flight_requests)?;
+            d.set_item("in_flight_tokens", e.in_flight_tokens)?;
+            d.set_item("running", e.running)?;
+            d.set_item("waiting", e.waiting)?;
+            d.set_item("kv_usage", e.kv_usage)?;
+            d.set_item("cached_blocks", e.cached_blocks)?;
+            d.set_item("penalty", e.penalty)?;
+            d.set_item("penalty_failures", e.penalty_failures)?;
+            list.append(d)?;
+        }
+        Ok(list)
     }
 
     fn model_names(&self) -> Vec<String> {
