@@ -11,8 +11,11 @@ mod batch;
 mod deadline;
 mod engine_id;
 mod epp;
+mod forced_calls;
 mod http_api;
 mod local_reply;
+pub mod output_plan;
+mod parsed_output;
 mod replies;
 mod request;
 mod response;
@@ -430,6 +433,7 @@ impl RequestStream {
             },
         )?;
         let prompt_tokens = prompt.input_ids.len() as u64;
+        let parsing = output_plan::plan(&model, &req, prompt.opens_think);
         let echo = req.echo.then(|| model.files.tokenizer.decode(&prompt.input_ids, false));
         let generate = target.protocol.encode_generate(GenerateCall {
             request_id: &engine_request_id,
@@ -458,6 +462,7 @@ impl RequestStream {
             echo,
             n: req.sampling.n,
             logprobs: req.sampling.logprobs,
+            parsing,
         };
         let translator = ResponseTranslator::new(model.clone(), shape, self.gateway.limits.max_engine_message);
         // Envoy connects to the engine's address; the rank travels in the request.

@@ -3,11 +3,14 @@
 use crate::error::ApiError;
 use crate::gateway::ServedModel;
 use crate::openai::request::{ChatInput, GenerationRequest, PromptInput};
+use crate::stream::output_plan::prompt_opens_think;
 use crate::template::{ChatInputs, RenderError};
 
 /// The prompt as token ids, ready to send.
 pub struct Prompt {
     pub input_ids: Vec<u32>,
+    /// A chat whose rendered prompt ends inside a think block the template opened.
+    pub opens_think: bool,
 }
 
 /// The prompt of any generation request but a batch, as token ids.
@@ -21,11 +24,17 @@ pub fn prompt(model: &ServedModel, input: &PromptInput) -> Result<Prompt, ApiErr
                 .tokenizer
                 .encode_with_special_tokens(text)
                 .map_err(ApiError::internal)?;
-            Ok(Prompt { input_ids })
+            Ok(Prompt {
+                input_ids,
+                opens_think: false,
+            })
         }
         PromptInput::Tokens(ids) => {
             check_token_ids(model, ids, "prompt")?;
-            Ok(Prompt { input_ids: ids.clone() })
+            Ok(Prompt {
+                input_ids: ids.clone(),
+                opens_think: false,
+            })
         }
         PromptInput::Batch(_) => Err(ApiError::internal("a batch has one prompt per part")),
     }
@@ -66,7 +75,10 @@ pub fn chat_prompt(model: &ServedModel, request: &ChatInput) -> Result<Prompt, A
     })?;
     check_prompt_bytes(model, text.len(), "messages")?;
     let input_ids = model.files.tokenizer.encode(&text).map_err(ApiError::internal)?;
-    Ok(Prompt { input_ids })
+    Ok(Prompt {
+        input_ids,
+        opens_think: prompt_opens_think(&text),
+    })
 }
 
 /// Refuse, before tokenizing it, a prompt text whose length alone proves it over the context: no

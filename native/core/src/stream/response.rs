@@ -12,10 +12,12 @@ use crate::grpc_frame::{FrameDecoder, FrameError};
 use crate::openai::logprobs::{chat_content, chat_logprobs, CompletionLogprobs};
 use crate::openai::request::Api;
 use crate::openai::response::{
-    choice_value, chunk_event, completion_json, error_event, start_event, usage_event, Delta, ResponseMeta, Usage,
-    SSE_DONE,
+    choice_value, chunk_event, completion_json, error_event, start_event, usage_event, Delta, ResponseMeta,
+    ToolCallDelta, Usage, SSE_DONE,
 };
 use crate::stop::StopMatcher;
+use crate::stream::output_plan::ParsingPlan;
+use crate::stream::parsed_output::{ChoiceOutput, StreamPiece};
 use crate::tokenize::TextTokenizer;
 
 /// How the client wants the answer.
@@ -35,6 +37,8 @@ pub struct ResponseShape {
     pub n: u32,
     /// Logprobs with this many top alternatives per token, when asked for.
     pub logprobs: Option<u32>,
+    /// Chat choices whose text goes through tool-call and reasoning parsers (None: plain text).
+    pub parsing: Option<ParsingPlan>,
 }
 
 /// One choice's progress: its own detokenizer, stop matcher, text and logprobs.
@@ -49,6 +53,8 @@ struct Choice {
     offset: usize,
     started: bool,
     finish_reason: Option<String>,
+    /// The parsed message, when the choice's text is parsed.
+    output: Option<ChoiceOutput>,
 }
 
 /// What the engine has said so far, translated.
@@ -65,7 +71,9 @@ impl ResponseTranslator {
         let echo = shape.echo.clone().unwrap_or_default();
         let choices = (0..shape.n.max(1))
             .map(|_| Choice {
-                decoder: IncrementalDecoder::new(shape.skip_special_tokens),
+                // Parsed text keeps the special tokens that mark calls and reasoning (the others are
+                // dropped before decoding, as `skip_special_tokens` would).
+                decoder: IncrementalDecoder::new(shape.skip_special_tokens && shape.parsing.is_none()),
                 stop: StopMatcher::new(shape.stop.clone(), shape.include_stop_str_in_output),
                 text: if shape.stream { String::new() } else { echo.clone() },
                 chat_logprobs: Vec::new(),
@@ -73,6 +81,10 @@ impl ResponseTranslator {
                 offset: 0,
                 started: false,
                 finish_reason: None,
+                output: shape
+                    .parsing
+                    .as_ref()
+                    .map(|plan| ChoiceOutput::new(plan.parser(), plan.reasoning_parsed)),
             })
             .collect();
         ResponseTranslator {
@@ -152,6 +164,16 @@ impl ResponseTranslator {
                 ids = &ids[..end];
             }
         }
+        let kept: Vec<u32>;
+        if let Some(dropped) = self
+            .shape
+            .parsing
+            .as_ref()
+            .and_then(|p| p.dropped_ids(self.shape.skip_special_tokens))
+        {
+            kept = ids.iter().copied().filter(|id| !dropped.contains(id)).collect();
+            ids = &kept;
+        }
         let delta = choice.decoder.push(tokenizer, ids);
         let mut text = choice.stop.push(&delta);
         let finish = o.finish_reason.map(|reason| {
@@ -216,7 +238,8 @@ impl ResponseTranslator {
                     (Some(_), Api::Completion) => c.completion_logprobs.to_value(),
                 };
                 let reason = c.finish_reason.as_deref().unwrap_or("stop");
-                choice_value(meta, i as u32, &c.text, reason, logprobs)
+                let parsed = c.output.as_ref().map(|o| &o.message);
+                choice_value(meta, i as u32, &c.text, parsed, reason, logprobs)
             })
             .collect()
     }
@@ -254,6 +277,19 @@ fn emit(
 ) {
     let top = shape.logprobs.unwrap_or(0) as usize;
     let wants_logprobs = shape.logprobs.is_some();
+    // Parsed choices: the text becomes reasoning, content and calls; a choice that called tools and
+    // ended on its own finished with "tool_calls".
+    let mut pieces = Vec::new();
+    let mut finish = finish;
+    if let Some(output) = choice.output.as_mut() {
+        pieces = output.push(text);
+        if let Some(reason) = finish.as_mut() {
+            pieces.extend(output.finish());
+            if reason == "stop" && output.made_calls() {
+                *reason = "tool_calls".to_string();
+            }
+        }
+    }
     if !shape.stream {
         choice.text.push_str(text);
         if wants_logprobs {
@@ -280,7 +316,7 @@ fn emit(
         }
     }
     let has_logprobs = wants_logprobs && !logprobs.is_empty();
-    if text.is_empty() && !has_logprobs && finish.is_none() {
+    if choice.output.is_none() && text.is_empty() && !has_logprobs && finish.is_none() {
         return;
     }
     let logprobs = match (has_logprobs, meta.api) {
@@ -292,14 +328,62 @@ fn emit(
             lp.to_value()
         }
     };
+    if choice.output.is_some() {
+        emit_pieces(meta, index, &pieces, logprobs, finish.as_deref(), out);
+        choice.finish_reason = finish;
+        return;
+    }
     let delta = Delta {
         text: (!text.is_empty() || meta.api == Api::Completion).then_some(text),
-        role: false,
         finish_reason: finish.as_deref(),
         logprobs,
+        ..Delta::default()
     };
     chunk_event(meta, index, delta, out);
     choice.finish_reason = finish;
+}
+
+/// A parsed choice's events: one per piece (the token logprobs ride on the first), then the finish.
+fn emit_pieces(
+    meta: &ResponseMeta,
+    index: u32,
+    pieces: &[StreamPiece],
+    mut logprobs: Value,
+    finish: Option<&str>,
+    out: &mut Vec<u8>,
+) {
+    for piece in pieces {
+        let mut delta = Delta {
+            logprobs: std::mem::take(&mut logprobs),
+            ..Delta::default()
+        };
+        match piece {
+            StreamPiece::Reasoning(text) => delta.reasoning = Some(text),
+            StreamPiece::Content(text) => delta.text = Some(text),
+            StreamPiece::CallStart { index, id, name } => {
+                delta.tool_call = Some(ToolCallDelta::Start {
+                    index: *index,
+                    id,
+                    name,
+                })
+            }
+            StreamPiece::CallArguments { index, fragment } => {
+                delta.tool_call = Some(ToolCallDelta::Arguments {
+                    index: *index,
+                    fragment,
+                })
+            }
+        }
+        chunk_event(meta, index, delta, out);
+    }
+    if finish.is_some() || !logprobs.is_null() {
+        let delta = Delta {
+            finish_reason: finish,
+            logprobs,
+            ..Delta::default()
+        };
+        chunk_event(meta, index, delta, out);
+    }
 }
 
 #[cfg(test)]
@@ -388,6 +472,7 @@ mod tests {
             echo: None,
             n: s.n,
             logprobs: s.logprobs,
+            parsing: None,
         };
         ResponseTranslator::new(model.clone(), shape, 1 << 20)
     }
