@@ -399,10 +399,11 @@ mod tests {
     use crate::engine::Protocol;
     use crate::gateway::{Gateway, Limits, ServedModel};
     use crate::grpc_frame;
-    use crate::openai::request::Api;
+    use crate::openai::request::{parse_chat_request, Api, GenerationRequest, ToolChoice};
     use crate::openai::response::ResponseMeta;
     use crate::pb::{sglang, vllm};
     use crate::routing::RouterConfig;
+    use crate::stream::output_plan::{plan, ModelParsers};
     use crate::test_assets::llama3_model_dir;
 
     /// One model for every test (they run in parallel; the directory is written once).
@@ -793,6 +794,240 @@ mod tests {
             assert!(top.contains_key(*s), "the sampled token is among its alternatives");
             assert!(top.len() <= 2);
         }
+    }
+
+    /// A chat request with one tool and `tool_choice` set (as w5-req's validation sets it).
+    fn tool_request(choice: ToolChoice) -> GenerationRequest {
+        let body = serde_json::json!({
+            "model": "m",
+            "messages": [{"role": "user", "content": "weather?"}],
+            "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}],
+        });
+        let mut req = parse_chat_request(&serde_json::to_vec(&body).unwrap()).unwrap();
+        req.tool_choice = choice;
+        req
+    }
+
+    fn parsed_translator(m: &Arc<ServedModel>, stream: bool, n: u32, req: &GenerationRequest) -> ResponseTranslator {
+        let mut t = translator(
+            m,
+            Setup {
+                api: Api::Chat,
+                stream,
+                n,
+                ..Setup::default()
+            },
+        );
+        t.shape.parsing = plan(m, req, false);
+        assert!(t.shape.parsing.is_some());
+        // The parsers are made per choice at construction: make them again with the plan.
+        ResponseTranslator::new(m.clone(), t.shape, 1 << 20)
+    }
+
+    const CALLS: &str = r#"[{"name": "get_weather", "parameters": {"city": "Paris", "unit": "c"}}, {"name": "get_weather", "parameters": {"city": "Oslo"}}]"#;
+
+    /// The message a stream's deltas add up to, per choice: content, reasoning and calls by index.
+    fn streamed_messages(events: &[Value], n: usize) -> (Vec<Value>, Vec<Option<String>>) {
+        let mut messages = vec![serde_json::json!({"content": "", "tool_calls": []}); n];
+        let mut reasons = vec![None; n];
+        for e in events {
+            for c in e["choices"].as_array().unwrap() {
+                let i = c["index"].as_u64().unwrap() as usize;
+                let delta = &c["delta"];
+                if let Some(text) = delta["content"].as_str() {
+                    let m = &mut messages[i];
+                    m["content"] = (m["content"].as_str().unwrap().to_string() + text).into();
+                }
+                for call in delta["tool_calls"].as_array().into_iter().flatten() {
+                    let index = call["index"].as_u64().unwrap() as usize;
+                    let calls = messages[i]["tool_calls"].as_array_mut().unwrap();
+                    if index == calls.len() {
+                        // A call's first delta: id, type and name, with empty arguments.
+                        assert!(call["id"].as_str().unwrap().starts_with("call_"), "{call}");
+                        assert_eq!(call["type"], "function");
+                        assert_eq!(call["function"]["arguments"], "");
+                        calls.push(call.clone());
+                    } else {
+                        assert!(
+                            call.get("id").is_none() && call["function"].get("name").is_none(),
+                            "{call}"
+                        );
+                        let args = calls[index]["function"]["arguments"].as_str().unwrap().to_string();
+                        let fragment = call["function"]["arguments"].as_str().unwrap();
+                        calls[index]["function"]["arguments"] = (args + fragment).into();
+                    }
+                }
+                if let Some(r) = c["finish_reason"].as_str() {
+                    reasons[i] = Some(r.to_string());
+                }
+            }
+        }
+        (messages, reasons)
+    }
+
+    /// A call without its id (ids differ between answers) and with its arguments parsed.
+    fn call_shape(call: &Value) -> Value {
+        let args: Value = serde_json::from_str(call["function"]["arguments"].as_str().unwrap()).unwrap();
+        serde_json::json!({"type": call["type"], "name": call["function"]["name"], "arguments": args})
+    }
+
+    #[test]
+    fn forced_tool_calls_have_openai_shape_when_not_streamed() {
+        let m = model();
+        let mut t = parsed_translator(&m, false, 1, &tool_request(ToolChoice::Required));
+        t.push(&complete(Protocol::Vllm, 0, &ids(&m, CALLS), "stop", false))
+            .unwrap();
+        let v: Value = serde_json::from_slice(&t.finish()).unwrap();
+        let choice = &v["choices"][0];
+        assert_eq!(choice["finish_reason"], "tool_calls");
+        let message = &choice["message"];
+        assert_eq!(message["role"], "assistant");
+        assert!(message["content"].is_null(), "only calls: content is null");
+        assert!(message.get("reasoning_content").is_none(), "no reasoning parser");
+        let calls = message["tool_calls"].as_array().unwrap();
+        assert_eq!(calls.len(), 2);
+        for call in calls {
+            let id = call["id"].as_str().unwrap();
+            assert_eq!(id.len(), "call_".len() + 24);
+            assert!(id["call_".len()..].bytes().all(|b| b.is_ascii_alphanumeric()));
+        }
+        assert_ne!(calls[0]["id"], calls[1]["id"]);
+        assert_eq!(
+            call_shape(&calls[0]),
+            serde_json::json!({"type": "function", "name": "get_weather", "arguments": {"city": "Paris", "unit": "c"}})
+        );
+        assert!(
+            calls[1]["function"]["arguments"].is_string(),
+            "arguments are a JSON string"
+        );
+    }
+
+    #[test]
+    fn streamed_tool_calls_add_up_to_the_non_streamed_message_per_choice() {
+        let m = model();
+        let req = tool_request(ToolChoice::Named("get_weather".into()));
+        let one = r#"{"name": "get_weather", "parameters": {"city": "Lyon"}}"#;
+        let texts = [CALLS, one];
+        let mut whole = parsed_translator(&m, false, 2, &tool_request(ToolChoice::Required));
+        let mut streamed = parsed_translator(&m, true, 2, &req);
+        let tokens: Vec<Vec<u32>> = texts.iter().map(|x| ids(&m, x)).collect();
+        let mut sse = Vec::new();
+        for (i, toks) in tokens.iter().enumerate() {
+            whole
+                .push(&complete(Protocol::Vllm, i as u32, toks, "stop", false))
+                .unwrap();
+        }
+        let longest = tokens.iter().map(Vec::len).max().unwrap();
+        for step in 0..longest {
+            for (i, toks) in tokens.iter().enumerate() {
+                if let Some(&tok) = toks.get(step) {
+                    sse.extend(streamed.push(&chunk(Protocol::Vllm, i as u32, &[tok], false)).unwrap());
+                    if step + 1 == toks.len() {
+                        sse.extend(
+                            streamed
+                                .push(&complete(Protocol::Vllm, i as u32, &[], "stop", false))
+                                .unwrap(),
+                        );
+                    }
+                }
+            }
+        }
+        sse.extend(streamed.finish());
+        let evs = events(&sse);
+        // A call's start comes before any of its arguments, and the first event of each choice names the role.
+        let (messages, reasons) = streamed_messages(&evs, 2);
+        assert_eq!(
+            reasons,
+            [Some("tool_calls".to_string()), Some("tool_calls".to_string())]
+        );
+        let v: Value = serde_json::from_slice(&whole.finish()).unwrap();
+        for (i, message) in messages.iter().enumerate() {
+            let expected = &v["choices"][i]["message"];
+            assert_eq!(message["content"], "", "no content streamed");
+            assert!(expected["content"].is_null());
+            let got: Vec<Value> = message["tool_calls"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(call_shape)
+                .collect();
+            let want: Vec<Value> = expected["tool_calls"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(call_shape)
+                .collect();
+            assert_eq!(got, want, "choice {i}");
+        }
+        assert_eq!(messages[0]["tool_calls"].as_array().unwrap().len(), 2);
+        assert_eq!(messages[1]["tool_calls"].as_array().unwrap().len(), 1);
+    }
+
+    #[test]
+    fn a_call_cut_short_by_the_length_limit_is_text_and_finishes_with_length() {
+        let m = model();
+        for stream in [false, true] {
+            let mut t = parsed_translator(&m, stream, 1, &tool_request(ToolChoice::Required));
+            let cut = &CALLS[..40];
+            let tokens = ids(&m, cut);
+            let mut out = Vec::new();
+            if stream {
+                out.extend(t.push(&chunk(Protocol::Vllm, 0, &tokens, false)).unwrap());
+            }
+            out.extend(t.push(&complete(Protocol::Vllm, 0, &tokens, "length", false)).unwrap());
+            out.extend(t.finish());
+            if stream {
+                let (messages, reasons) = streamed_messages(&events(&out), 1);
+                assert_eq!(messages[0]["content"], cut);
+                assert_eq!(reasons[0].as_deref(), Some("length"));
+            } else {
+                let v: Value = serde_json::from_slice(&out).unwrap();
+                assert_eq!(v["choices"][0]["message"]["content"], cut);
+                assert!(v["choices"][0]["message"].get("tool_calls").is_none());
+                assert_eq!(v["choices"][0]["finish_reason"], "length");
+            }
+        }
+    }
+
+    #[test]
+    fn parsed_text_keeps_marker_special_tokens_and_drops_the_others() {
+        let dir = crate::test_assets::llama31_model_dir("markers");
+        let m = Gateway::new(Limits::default())
+            .add_model("m", &dir, Some(4096), "round_robin", RouterConfig::default())
+            .unwrap();
+        // <|python_tag|> marks Llama's calls; <|start_header_id|> is no format's marker.
+        let text = "<|python_tag|>hi<|start_header_id|> there";
+        let tokens = ids(&m, text);
+        assert!(tokens.contains(&m.files.tokenizer.token_to_id("<|python_tag|>").unwrap()));
+        let mut t = parsed_translator(&m, false, 1, &tool_request(ToolChoice::Required));
+        t.push(&complete(Protocol::Vllm, 0, &tokens, "stop", false)).unwrap();
+        let v: Value = serde_json::from_slice(&t.finish()).unwrap();
+        assert_eq!(v["choices"][0]["message"]["content"], "<|python_tag|>hi there");
+        // Unparsed chat drops every special token, as before.
+        let mut t = translator(
+            &m,
+            Setup {
+                api: Api::Chat,
+                stream: false,
+                ..Setup::default()
+            },
+        );
+        t.push(&complete(Protocol::Vllm, 0, &tokens, "stop", false)).unwrap();
+        let v: Value = serde_json::from_slice(&t.finish()).unwrap();
+        assert_eq!(v["choices"][0]["message"]["content"], "hi there");
+    }
+
+    #[test]
+    fn only_chat_requests_with_something_to_parse_are_parsed() {
+        let m = model();
+        // The Llama 3 tokenizer alone (no template, a plain name) infers no format.
+        assert_eq!(m.parsers(), ModelParsers::default());
+        assert!(plan(&m, &tool_request(ToolChoice::Auto), false).is_none());
+        assert!(plan(&m, &tool_request(ToolChoice::None), false).is_none());
+        assert!(plan(&m, &tool_request(ToolChoice::Required), false).is_some());
+        let mut completion = tool_request(ToolChoice::Required);
+        completion.api = Api::Completion;
+        assert!(plan(&m, &completion, false).is_none());
     }
 
     #[test]
