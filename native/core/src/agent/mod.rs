@@ -40,3 +40,13 @@ pub trait OutputParser: Send {
     /// content (never dropped, never a crash).
     fn finish(&mut self) -> Parsed;
 }
+
+mod deepseek;
+mod glm45;
+mod hermes;
+mod kimi_k2;
+mod qwen3_coder;
+mod scan;
+mod tagged;
+#[cfg(test)]
+mod testutil;

@@ -1,0 +1,232 @@
+//! Shared pieces of the incremental parsers: marker search that holds back a possible marker prefix, the
+//! whitespace rule for content around calls, the extent of a JSON (or Python) value as it streams, and the
+//! JSON-object → call conversion several formats share.
+//!
+//! Every helper works on the text not yet consumed plus at most a marker's length of held-back text, so a
+//! parser built on them touches each byte of the output a bounded number of times (linear in the output).
+
+use serde_json::{Map, Value};
+
+/// The earliest of `markers` in `hay`: (byte offset, marker index). On a tie the marker listed first wins.
+pub(crate) fn find_first(hay: &str, markers: &[&str]) -> Option<(usize, usize)> {
+    markers
+        .iter()
+        .enumerate()
+        .filter_map(|(i, m)| hay.find(m).map(|p| (p, i)))
+        .min()
+}
+
+/// Byte length of the longest suffix of `hay` that is a proper prefix of one of `markers`: that text is held
+/// back, because the next delta may complete the marker.
+pub(crate) fn partial_len(hay: &str, markers: &[&str]) -> usize {
+    let mut best = 0;
+    for m in markers {
+        let max = (m.len() - 1).min(hay.len());
+        for k in (best + 1..=max).rev() {
+            if m.is_char_boundary(k) && hay.ends_with(&m[..k]) {
+                best = k;
+                break;
+            }
+        }
+    }
+    best
+}
+
+/// What a scan of the unconsumed text for markers found.
+pub(crate) enum Scan {
+    /// Marker `which` starts at byte `at`.
+    Found { at: usize, which: usize },
+    /// No marker: `buf[..safe]` is certainly text; the rest may be a marker's start.
+    Text { safe: usize },
+}
+
+pub(crate) fn scan(buf: &str, markers: &[&str]) -> Scan {
+    match find_first(buf, markers) {
+        Some((at, which)) => Scan::Found { at, which },
+        None => Scan::Text { safe: buf.len() - partial_len(buf, markers) },
+    }
+}
+
+/// Largest char boundary of `s` at or below `i`.
+pub(crate) fn floor_boundary(s: &str, mut i: usize) -> usize {
+    i = i.min(s.len());
+    while !s.is_char_boundary(i) {
+        i -= 1;
+    }
+    i
+}
+
+/// A growing text searched for one closing marker, each byte searched once (plus the marker's length of
+/// overlap): the body of a call while its end has not arrived.
+#[derive(Default)]
+pub(crate) struct Body {
+    pub text: String,
+    searched: usize,
+}
+
+impl Body {
+    /// Offset of `marker` in the body, searching only what earlier calls have not searched.
+    pub fn find(&mut self, marker: &str) -> Option<usize> {
+        let from = floor_boundary(&self.text, self.searched.saturating_sub(marker.len() - 1));
+        let found = self.text[from..].find(marker).map(|p| from + p);
+        self.searched = self.text.len();
+        found
+    }
+
+    /// The body so far, leaving it empty.
+    pub fn take(&mut self) -> String {
+        self.searched = 0;
+        std::mem::take(&mut self.text)
+    }
+}
+
+/// Content text with the whitespace that joins it to calls removed (what vLLM's parsers return): the
+/// trailing whitespace before a call and the leading whitespace after one are dropped. Trailing whitespace
+/// is held until the next non-space text (or the end) shows it is not followed by a call.
+#[derive(Default)]
+pub(crate) struct Content {
+    pending_ws: String,
+    /// The whitespace before a call being read, given back if it turns out not to be a call.
+    join_ws: String,
+    after_call: bool,
+}
+
+impl Content {
+    pub fn text(&mut self, s: &str, out: &mut String) {
+        let s = if self.after_call {
+            let t = s.trim_start();
+            if t.is_empty() {
+                return;
+            }
+            self.after_call = false;
+            t
+        } else {
+            s
+        };
+        let body = s.trim_end();
+        if body.is_empty() {
+            self.pending_ws.push_str(s);
+            return;
+        }
+        out.push_str(&self.pending_ws);
+        self.pending_ws.clear();
+        out.push_str(body);
+        self.pending_ws.push_str(&s[body.len()..]);
+    }
+
+    /// A call (or a calls section) starts or ends here: the whitespace around it is a join, not content.
+    pub fn call_boundary(&mut self) {
+        self.pending_ws.clear();
+        self.join_ws.clear();
+        self.after_call = true;
+    }
+
+    /// What may be a call starts here: the whitespace before it is set aside until it is decided.
+    pub fn open_call(&mut self) {
+        self.join_ws = std::mem::take(&mut self.pending_ws);
+    }
+
+    /// What looked like a call was not one: its text follows as content, joined as it was written.
+    pub fn not_a_call(&mut self, raw: &str, out: &mut String) {
+        let join = std::mem::take(&mut self.join_ws);
+        self.pending_ws.insert_str(0, &join);
+        self.text(raw, out);
+    }
+
+    pub fn finish(&mut self, out: &mut String) {
+        out.push_str(&self.pending_ws);
+        self.pending_ws.clear();
+    }
+}
+
+/// Where a JSON value (or, with `python`, a Python literal expression) that starts with a bracket ends, fed
+/// the growing text and resuming where it stopped. Bytes are enough: every structural character is ASCII
+/// and no byte of a multi-byte UTF-8 character is.
+#[derive(Default)]
+pub(crate) struct Extent {
+    python: bool,
+    depth: u32,
+    quote: Option<u8>,
+    escaped: bool,
+    pos: usize,
+}
+
+impl Extent {
+    pub fn python() -> Self {
+        Extent { python: true, ..Default::default() }
+    }
+
+    /// Byte offset just past the value's closing bracket, once `text` holds it.
+    pub fn advance(&mut self, text: &str) -> Option<usize> {
+        let bytes = text.as_bytes();
+        while self.pos < bytes.len() {
+            let b = bytes[self.pos];
+            self.pos += 1;
+            if let Some(q) = self.quote {
+                if self.escaped {
+                    self.escaped = false;
+                } else if b == b'\\' {
+                    self.escaped = true;
+                } else if b == q {
+                    self.quote = None;
+                }
+                continue;
+            }
+            match b {
+                b'"' => self.quote = Some(b),
+                b'\'' if self.python => self.quote = Some(b),
+                b'{' | b'[' => self.depth += 1,
+                b'(' if self.python => self.depth += 1,
+                b'}' | b']' | b')' => {
+                    self.depth = self.depth.saturating_sub(1);
+                    if self.depth == 0 {
+                        return Some(self.pos);
+                    }
+                }
+                _ => {}
+            }
+        }
+        None
+    }
+}
+
+/// A call from a JSON object `{"name": ..., "arguments"|"parameters": {...}}`: (name, arguments serialized
+/// compactly). Arguments given as a JSON string holding an object are accepted too; absent ones are `{}`.
+pub(crate) fn call_from_object(obj: &Map<String, Value>) -> Option<(String, String)> {
+    let name = obj.get("name")?.as_str()?;
+    if name.is_empty() {
+        return None;
+    }
+    let args = match obj.get("arguments").or_else(|| obj.get("parameters")) {
+        None => "{}".to_string(),
+        Some(v @ Value::Object(_)) => v.to_string(),
+        Some(Value::String(s)) => match serde_json::from_str::<Value>(s) {
+            Ok(v @ Value::Object(_)) => v.to_string(),
+            _ => return None,
+        },
+        Some(_) => return None,
+    };
+    Some((name.to_string(), args))
+}
+
+/// A call from JSON text holding one such object.
+pub(crate) fn call_from_json(text: &str) -> Option<(String, String)> {
+    match serde_json::from_str::<Value>(text.trim()) {
+        Ok(Value::Object(obj)) => call_from_object(&obj),
+        _ => None,
+    }
+}
+
+/// The arguments object as JSON text, if `text` is one.
+pub(crate) fn json_object(text: &str) -> Option<String> {
+    match serde_json::from_str::<Value>(text.trim()) {
+        Ok(v @ Value::Object(_)) => Some(v.to_string()),
+        _ => None,
+    }
+}
+
+/// A parameter value written as text (Qwen3-Coder, GLM): the schema is unknown here, so the value is the
+/// JSON it spells when it is valid JSON (`42`, `true`, `{"a": 1}`, `"x"`), else the text as a string.
+pub(crate) fn loose_value(text: &str) -> Value {
+    serde_json::from_str(text).unwrap_or_else(|_| Value::String(text.to_string()))
+}

@@ -1,0 +1,87 @@
+//! Test helpers shared by the parser modules: run a parser over a text split in every way and check that
+//! the merged result never depends on the split.
+
+use super::{OutputParser, Parsed};
+
+/// Everything a parser returned for one choice, merged the way a client merges stream deltas.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(crate) struct Merged {
+    pub content: String,
+    pub reasoning: String,
+    /// (name, arguments) per call, in index order.
+    pub calls: Vec<(String, String)>,
+}
+
+impl Merged {
+    fn add(&mut self, p: Parsed) {
+        self.content.push_str(&p.content);
+        self.reasoning.push_str(&p.reasoning);
+        for piece in p.calls {
+            let i = piece.index as usize;
+            if i == self.calls.len() {
+                let name = piece.name.expect("a call's first piece carries its name");
+                self.calls.push((name, piece.arguments));
+            } else {
+                assert!(i + 1 == self.calls.len(), "pieces of an earlier call after a later one");
+                assert!(piece.name.is_none(), "a call's name is sent once");
+                self.calls[i].1.push_str(&piece.arguments);
+            }
+        }
+    }
+}
+
+/// The merged result of pushing `pieces` one after the other, then finishing.
+pub(crate) fn run(parser: &mut dyn OutputParser, pieces: &[&str]) -> Merged {
+    let mut merged = Merged::default();
+    for piece in pieces {
+        merged.add(parser.push(piece));
+    }
+    merged.add(parser.finish());
+    merged
+}
+
+/// Parses `text` whole, split in two at every char boundary, and one char at a time; asserts every split
+/// gives the whole-text result and that each call's arguments are a JSON object; returns that result.
+pub(crate) fn parse_all_splits(make: &dyn Fn() -> Box<dyn OutputParser>, text: &str) -> Merged {
+    let whole = run(make().as_mut(), &[text]);
+    for (i, _) in text.char_indices().skip(1) {
+        let split = run(make().as_mut(), &[&text[..i], &text[i..]]);
+        assert_eq!(split, whole, "split at byte {i} of {text:?}");
+    }
+    let chars: Vec<String> = text.chars().map(String::from).collect();
+    let pieces: Vec<&str> = chars.iter().map(String::as_str).collect();
+    assert_eq!(run(make().as_mut(), &pieces), whole, "one char at a time: {text:?}");
+    for (name, args) in &whole.calls {
+        let v: serde_json::Value = serde_json::from_str(args).expect("arguments are JSON");
+        assert!(v.is_object(), "arguments of {name} are an object: {args}");
+    }
+    whole
+}
+
+/// A call as a test expects it: arguments given as JSON text, compared as the compact serialization.
+pub(crate) fn call(name: &str, args: &str) -> (String, String) {
+    let v: serde_json::Value = serde_json::from_str(args).unwrap();
+    (name.to_string(), v.to_string())
+}
+
+/// The expected merged result.
+pub(crate) fn expect(content: &str, reasoning: &str, calls: &[(String, String)]) -> Merged {
+    Merged { content: content.into(), reasoning: reasoning.into(), calls: calls.to_vec() }
+}
+
+/// Pushes a long plain text one char at a time and checks the parser passed it all through as content.
+pub(crate) fn long_plain_text_streams(make: &dyn Fn() -> Box<dyn OutputParser>) {
+    let text = "plain words, no markup. ".repeat(4200);
+    let mut parser = make();
+    let mut merged = Merged::default();
+    for c in text.chars() {
+        let mut b = [0u8; 4];
+        let p = parser.push(c.encode_utf8(&mut b));
+        // Held-back text is bounded by a marker's length: content keeps flowing as it arrives.
+        merged.add(p);
+        assert!(text.len() >= merged.content.len());
+    }
+    assert!(merged.content.len() + 64 >= text.trim_end().len());
+    merged.add(parser.finish());
+    assert_eq!(merged.content, text);
+}
