@@ -9,7 +9,7 @@ mod vllm;
 use std::fmt;
 use std::str::FromStr;
 
-use crate::openai::request::Sampling;
+use crate::openai::request::{Constraint, Sampling};
 
 /// Which gRPC service an engine endpoint serves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default, Hash)]
@@ -33,6 +33,8 @@ pub struct GenerateCall<'a> {
     pub request_id: &'a str,
     pub input_ids: Vec<u32>,
     pub sampling: &'a Sampling,
+    /// The output constraint, set in each protocol's own `constraint` field.
+    pub constraint: Option<&'a Constraint>,
     pub include_stop_str_in_output: bool,
     pub stream: bool,
     /// The data-parallel rank to pin the request to; `None` lets the engine balance over its ranks.

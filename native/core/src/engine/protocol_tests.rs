@@ -11,6 +11,7 @@ fn call(sampling: &Sampling) -> GenerateCall<'_> {
         request_id: "req-1",
         input_ids: vec![5, 6, 7],
         sampling,
+        constraint: None,
         include_stop_str_in_output: true,
         stream: true,
         data_parallel_rank: None,

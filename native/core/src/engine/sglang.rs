@@ -7,6 +7,9 @@
 use prost::Message;
 
 use super::GenerateCall;
+use crate::openai::request::Constraint;
+use crate::openai::structured::choice_regex;
+use crate::pb::sglang::sampling_params::Constraint as Wire;
 use crate::pb::sglang::{AbortRequest, GenerateRequest, SamplingParams, TokenizedInput};
 
 pub const DEFAULT_TEMPERATURE: f32 = 1.0;
@@ -35,6 +38,7 @@ pub fn encode_generate(call: GenerateCall<'_>) -> Vec<u8> {
         ignore_eos: s.ignore_eos,
         no_stop_trim: call.include_stop_str_in_output,
         logit_bias: s.logit_bias.iter().map(|&(id, bias)| (id.to_string(), bias)).collect(),
+        constraint: call.constraint.map(constraint),
     };
     GenerateRequest {
         request_id: call.request_id.to_string(),
@@ -51,6 +55,18 @@ pub fn encode_generate(call: GenerateCall<'_>) -> Vec<u8> {
         data_parallel_rank: call.data_parallel_rank.and_then(|r| i32::try_from(r).ok()),
     }
     .encode_to_vec()
+}
+
+/// SGLang's `SamplingParams.constraint`; it has no choice kind, so a choice goes as the regex that
+/// matches exactly one of the choices.
+fn constraint(c: &Constraint) -> Wire {
+    match c {
+        Constraint::JsonSchema(schema) => Wire::JsonSchema(schema.clone()),
+        Constraint::Regex(regex) => Wire::Regex(regex.clone()),
+        Constraint::Grammar(grammar) => Wire::EbnfGrammar(grammar.clone()),
+        Constraint::StructuralTag(tag) => Wire::StructuralTag(tag.clone()),
+        Constraint::Choice(choices) => Wire::Regex(choice_regex(choices)),
+    }
 }
 
 pub fn encode_abort(request_id: &str) -> Vec<u8> {

@@ -3,7 +3,11 @@
 use prost::Message;
 
 use super::GenerateCall;
-use crate::pb::vllm::{generate_request::Input, AbortRequest, GenerateRequest, SamplingParams, TokenizedInput};
+use crate::openai::request::Constraint;
+use crate::pb::vllm::sampling_params::Constraint as Wire;
+use crate::pb::vllm::{
+    generate_request::Input, AbortRequest, ChoiceConstraint, GenerateRequest, SamplingParams, TokenizedInput,
+};
 
 pub fn encode_generate(call: GenerateCall<'_>) -> Vec<u8> {
     let s = call.sampling;
@@ -29,6 +33,7 @@ pub fn encode_generate(call: GenerateCall<'_>) -> Vec<u8> {
         seed: s.seed,
         include_stop_str_in_output: call.include_stop_str_in_output,
         logit_bias: s.logit_bias.iter().copied().collect(),
+        constraint: call.constraint.map(constraint),
     };
     GenerateRequest {
         request_id: call.request_id.to_string(),
@@ -41,6 +46,19 @@ pub fn encode_generate(call: GenerateCall<'_>) -> Vec<u8> {
         data_parallel_rank: call.data_parallel_rank.and_then(|r| i32::try_from(r).ok()),
     }
     .encode_to_vec()
+}
+
+/// Every constraint kind has its own field in vLLM's `SamplingParams.constraint`.
+fn constraint(c: &Constraint) -> Wire {
+    match c {
+        Constraint::JsonSchema(schema) => Wire::JsonSchema(schema.clone()),
+        Constraint::Regex(regex) => Wire::Regex(regex.clone()),
+        Constraint::Grammar(grammar) => Wire::Grammar(grammar.clone()),
+        Constraint::StructuralTag(tag) => Wire::StructuralTag(tag.clone()),
+        Constraint::Choice(choices) => Wire::Choice(ChoiceConstraint {
+            choices: choices.clone(),
+        }),
+    }
 }
 
 pub fn encode_abort(request_id: &str) -> Vec<u8> {

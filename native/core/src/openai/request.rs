@@ -4,7 +4,10 @@
 use serde_json::{Map, Value};
 
 use super::fields::{opt_bool, opt_f32, opt_int, opt_object, opt_str, opt_str_or_list, opt_u32_list, Object};
+use super::structured::parse_constraint;
 pub use super::structured::{Constraint, ToolChoice};
+use super::tools::{forced_tool_schema, parse_tool_request};
+use super::unsupported::refuse_unimplemented;
 use crate::error::ApiError;
 
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -144,6 +147,15 @@ fn parse_common(obj: &Object, api: Api, input: PromptInput) -> Result<Generation
             "echo with logprobs (prompt logprobs) is not supported",
         ));
     }
+    let (tool_choice, parallel_tool_calls, forced) = if api == Api::Chat {
+        let tools = parse_tool_request(obj)?;
+        let forced = forced_tool_schema(&tools)?;
+        (tools.choice, tools.parallel_tool_calls, forced)
+    } else {
+        (ToolChoice::None, true, None)
+    };
+    let constraint = parse_constraint(obj, forced)?;
+    refuse_unimplemented(obj, api, sampling.n)?;
     Ok(GenerationRequest {
         api,
         model,
@@ -154,9 +166,9 @@ fn parse_common(obj: &Object, api: Api, input: PromptInput) -> Result<Generation
         include_stop_str_in_output: opt_bool(obj, "include_stop_str_in_output")?.unwrap_or(false),
         user: opt_str(obj, "user")?.map(str::to_string),
         sampling,
-        tool_choice: ToolChoice::None,
-        parallel_tool_calls: true,
-        constraint: None,
+        tool_choice,
+        parallel_tool_calls,
+        constraint,
     })
 }
 
@@ -285,7 +297,8 @@ pub(crate) fn parse_chat_input(obj: &Object) -> Result<ChatInput, ApiError> {
         Some(tools @ Value::Array(_)) => Some(tools.clone()),
         Some(_) => return Err(ApiError::invalid_param("tools", "'tools' must be a list")),
     };
-    let chat_template_kwargs = opt_object(obj, "chat_template_kwargs")?.cloned().unwrap_or_default();
+    let mut chat_template_kwargs = opt_object(obj, "chat_template_kwargs")?.cloned().unwrap_or_default();
+    apply_reasoning_effort(obj, &mut chat_template_kwargs)?;
     Ok(ChatInput {
         messages,
         tools,
@@ -293,6 +306,26 @@ pub(crate) fn parse_chat_input(obj: &Object) -> Result<ChatInput, ApiError> {
         continue_final_message,
         chat_template_kwargs,
     })
+}
+
+/// vLLM's `reasoning_effort` reaches the chat template as the `reasoning_effort` variable (gpt-oss
+/// templates read it) and, unless the client set `enable_thinking` itself, as `enable_thinking` (false
+/// for "none"), as vLLM renders it.
+fn apply_reasoning_effort(obj: &Object, kwargs: &mut Map<String, Value>) -> Result<(), ApiError> {
+    const EFFORTS: [&str; 7] = ["none", "minimal", "low", "medium", "high", "xhigh", "max"];
+    let Some(effort) = opt_str(obj, "reasoning_effort")? else {
+        return Ok(());
+    };
+    if !EFFORTS.contains(&effort) {
+        return Err(ApiError::invalid_param(
+            "reasoning_effort",
+            format!("'reasoning_effort' must be one of {EFFORTS:?}, got '{effort}'"),
+        )
+        .with_code(super::codes::INVALID_VALUE));
+    }
+    kwargs.insert("reasoning_effort".into(), Value::String(effort.into()));
+    kwargs.entry("enable_thinking").or_insert(Value::Bool(effort != "none"));
+    Ok(())
 }
 
 fn parse_sampling(obj: &Object) -> Result<Sampling, ApiError> {

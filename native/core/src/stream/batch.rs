@@ -108,6 +108,7 @@ impl Batch {
                 request_id: &part_id,
                 input_ids: prompt.input_ids,
                 sampling: &req.sampling,
+                constraint: req.constraint.as_ref(),
                 include_stop_str_in_output: req.include_stop_str_in_output,
                 stream: false,
                 data_parallel_rank: target.dp_rank,

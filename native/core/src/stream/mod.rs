@@ -439,6 +439,7 @@ impl RequestStream {
             request_id: &engine_request_id,
             input_ids: prompt.input_ids,
             sampling: &req.sampling,
+            constraint: req.constraint.as_ref(),
             include_stop_str_in_output: req.include_stop_str_in_output,
             stream: req.stream,
             data_parallel_rank: target.dp_rank,
