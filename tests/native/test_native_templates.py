@@ -6,9 +6,10 @@ folder, and compares the text, the token ids, or (for inputs the template refuse
 
 from __future__ import annotations
 
+import copy
 import json
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -295,6 +296,285 @@ def test_deepseek_template_equals_transformers(
 ) -> None:
     folder = make_model_dir("deepseek", config_template=template_source("deepseek"))
     assert_same(Tokenizer.from_model_dir(folder), AutoTokenizer.from_pretrained(folder), case)
+
+
+# Agent conversations for the model-family templates. Call ids are 9 characters (Mistral refuses others);
+# the arguments are JSON strings, as OpenAI clients send them.
+WEATHER_ARGS = '{"city": "Paris", "unit": "celsius"}'
+AGENT_SYSTEM = {"role": "system", "content": "You are a weather assistant."}
+AGENT_USER = {"role": "user", "content": "What's the weather in Paris?"}
+
+
+def call(call_id: str, name: str, arguments: str) -> dict[str, Any]:
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+PLAIN = [{"role": "user", "content": "Hello there!"}]
+SYSTEM_AND_USER = [AGENT_SYSTEM, AGENT_USER]
+TOOL_LOOP = [
+    AGENT_SYSTEM,
+    AGENT_USER,
+    {"role": "assistant", "content": None, "tool_calls": [call("call00001", "get_weather", WEATHER_ARGS)]},
+    {"role": "tool", "tool_call_id": "call00001", "content": '{"temp": 18, "sky": "cloudy"}'},
+    {"role": "assistant", "content": "It is 18°C and cloudy in Paris."},
+    {"role": "user", "content": "And tomorrow in 東京?"},
+]
+PARALLEL = [
+    AGENT_USER,
+    {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [
+            call("call00001", "get_weather", WEATHER_ARGS),
+            call(
+                "call00002", "get_weather", '{"city": "東京", "days": 3, "hourly": false, "tags": ["a", "b"]}'
+            ),
+            call("call00003", "now", ""),
+        ],
+    },
+    {"role": "tool", "tool_call_id": "call00001", "content": "18°C"},
+    {"role": "tool", "tool_call_id": "call00002", "content": "21°C"},
+    {"role": "tool", "tool_call_id": "call00003", "content": "12:00"},
+]
+EARLIER_REASONING = [
+    {"role": "user", "content": "Is 7 prime?"},
+    {"role": "assistant", "content": "Yes.", "reasoning_content": "7 has no divisors but 1 and 7."},
+    {"role": "user", "content": "And 9?"},
+    {"role": "assistant", "content": "<think>\n9 = 3 × 3.\n</think>\n\nNo."},
+]
+TOOL_THEN_REASONING = [
+    AGENT_USER,
+    {
+        "role": "assistant",
+        "content": None,
+        "reasoning_content": "I should look it up.",
+        "tool_calls": [call("call00001", "get_weather", WEATHER_ARGS)],
+    },
+    {"role": "tool", "tool_call_id": "call00001", "content": "18°C"},
+]
+
+
+def family_cases(*, thinking_kwarg: str | None = None, parallel_raises: bool = False) -> list[Case]:
+    """The agent conversations every family template is checked on."""
+    cases = [
+        Case("plain chat", PLAIN),
+        Case("plain chat, generation prompt", PLAIN, add_generation_prompt=True),
+        Case("system and tools", SYSTEM_AND_USER, tools=TOOLS, add_generation_prompt=True),
+        Case("system, no tools", SYSTEM_AND_USER, add_generation_prompt=True),
+        Case("tool loop", TOOL_LOOP, tools=TOOLS),
+        Case("tool loop, generation prompt", TOOL_LOOP, tools=TOOLS, add_generation_prompt=True),
+        Case("tool loop at the result", TOOL_LOOP[:4], tools=TOOLS, add_generation_prompt=True),
+        Case(
+            "parallel calls",
+            PARALLEL,
+            tools=TOOLS,
+            add_generation_prompt=True,
+            raises=True if parallel_raises else None,
+        ),
+        Case("reasoning in an earlier turn", EARLIER_REASONING),
+        Case("reasoning, generation prompt", EARLIER_REASONING[:3], add_generation_prompt=True),
+        Case("reasoning before a call", TOOL_THEN_REASONING, tools=TOOLS, add_generation_prompt=True),
+    ]
+    if thinking_kwarg:
+        for on in (True, False):
+            cases += [
+                Case(
+                    f"{thinking_kwarg}={on}", PLAIN, add_generation_prompt=True, kwargs={thinking_kwarg: on}
+                ),
+                Case(
+                    f"{thinking_kwarg}={on}, tool loop",
+                    TOOL_LOOP,
+                    tools=TOOLS,
+                    add_generation_prompt=True,
+                    kwargs={thinking_kwarg: on},
+                ),
+            ]
+    return cases
+
+
+# family template → (tokenizer, the conversations it is checked on)
+FAMILIES: dict[str, tuple[str, list[Case]]] = {
+    "hermes_qwen25": ("llama3", family_cases()),
+    "qwen3": ("llama3", family_cases(thinking_kwarg="enable_thinking")),
+    "qwen3_coder": ("llama3", family_cases()),
+    "llama31_json": (
+        "llama3",
+        [
+            *family_cases(parallel_raises=True),
+            Case("tools in the system turn", TOOL_LOOP, tools=TOOLS, kwargs={"tools_in_user_message": False}),
+        ],
+    ),
+    "llama4_pythonic": ("llama3", family_cases()),
+    "mistral": (
+        "llama3",
+        [
+            *family_cases(),
+            Case("not alternating", [*PLAIN, *PLAIN], raises=True),
+            Case(
+                "short call id",
+                [AGENT_USER, {"role": "assistant", "tool_calls": [call("c1", "now", "{}")]}],
+                raises=True,
+            ),
+        ],
+    ),
+    "deepseek_r1": (
+        "deepseek",
+        [
+            *family_cases(thinking_kwarg="thinking"),
+            Case("unknown role", [{"role": "critic", "content": "x"}], raises=True),
+        ],
+    ),
+    "kimi_k2": ("llama3", family_cases()),
+    "glm45": ("llama3", family_cases(thinking_kwarg="enable_thinking")),
+    "gpt_oss_harmony": (
+        "llama3",
+        [
+            *family_cases(),
+            Case("reasoning effort", SYSTEM_AND_USER, tools=TOOLS, kwargs={"reasoning_effort": "high"}),
+            Case("tool result without a call", [AGENT_USER, PARALLEL[2]], raises=True),
+        ],
+    ),
+    "nemotron": (
+        "llama3",
+        [
+            *family_cases(thinking_kwarg="enable_thinking"),
+            Case(
+                "/no_think in the system message",
+                [{"role": "system", "content": "/no_think Be brief."}, AGENT_USER],
+                add_generation_prompt=True,
+            ),
+        ],
+    ),
+}
+
+
+def vllm_prepared(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The messages as vLLM hands them to `apply_chat_template`: assistant tool calls' `arguments` JSON strings
+    parsed to objects ("" to {}), empty `tool_calls` lists dropped. `transformers` itself passes strings on as
+    they are (and templates that `tojson` them would double-encode), so extproc, which parses them the same
+    way, is compared with `transformers` given these prepared messages."""
+    prepared = copy.deepcopy(messages)
+    for message in prepared:
+        if message.get("role") != "assistant" or "tool_calls" not in message:
+            continue
+        if not message["tool_calls"]:
+            del message["tool_calls"]
+            continue
+        for tool_call in message["tool_calls"]:
+            arguments = tool_call["function"].get("arguments")
+            if isinstance(arguments, str):
+                tool_call["function"]["arguments"] = json.loads(arguments) if arguments else {}
+            elif arguments is None:
+                tool_call["function"]["arguments"] = {}
+    return prepared
+
+
+@pytest.fixture(scope="module")
+def family_models(
+    make_model_dir: MakeModelDir, template_source: Callable[[str], str]
+) -> dict[str, tuple[Tokenizer, PreTrainedTokenizerBase]]:
+    loaded = {}
+    for name, (tokenizer, _) in FAMILIES.items():
+        folder = make_model_dir(tokenizer, template=template_source(name))
+        loaded[name] = (Tokenizer.from_model_dir(folder), AutoTokenizer.from_pretrained(folder))
+    return loaded
+
+
+@pytest.mark.parametrize(
+    ("family", "case"),
+    [(name, case) for name, (_, cases) in FAMILIES.items() for case in cases],
+    ids=[f"{name}: {case.name}" for name, (_, cases) in FAMILIES.items() for case in cases],
+)
+def test_family_template_equals_transformers(
+    family_models: dict[str, tuple[Tokenizer, PreTrainedTokenizerBase]], family: str, case: Case
+) -> None:
+    """extproc given the client's messages (string arguments) renders what transformers renders given the
+    vLLM-prepared ones (object arguments)."""
+    native, hf = family_models[family]
+    messages = json.dumps(case.messages)
+    prepared = replace(case, messages=vllm_prepared(case.messages))
+    if case.raises is not None:
+        with pytest.raises(Exception) as hf_error:
+            hf_apply(hf, prepared, tokenize=False)
+        with pytest.raises(ValueError) as native_error:
+            native.render_chat(messages, **native_args(case))
+        assert str(native_error.value) == str(hf_error.value)
+        return
+    expected = hf_apply(hf, prepared, tokenize=False)
+    assert native.render_chat(messages, **native_args(case)) == expected
+    assert native.chat_ids(messages, **native_args(case)) == hf_apply(hf, prepared, tokenize=True)
+
+
+@pytest.mark.parametrize(
+    ("family", "rendered_call"),
+    [
+        ("hermes_qwen25", '{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}'),
+        ("qwen3_coder", "<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"),
+        ("llama31_json", '{"name": "get_weather", "parameters": {"city": "Paris", "unit": "celsius"}}'),
+        ("llama4_pythonic", '[get_weather(city="Paris", unit="celsius")]'),
+        ("mistral", '"arguments": {"city": "Paris", "unit": "celsius"}, "id": "call00001"'),
+        ("deepseek_r1", '```json\n{"city": "Paris", "unit": "celsius"}\n```'),
+        (
+            "kimi_k2",
+            '<|tool_call_begin|>call00001<|tool_call_argument_begin|>{"city": "Paris", "unit": "celsius"}',
+        ),
+        ("glm45", "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>"),
+        (
+            "gpt_oss_harmony",
+            '<|channel|>commentary json<|message|>{"city": "Paris", "unit": "celsius"}<|call|>',
+        ),
+        (
+            "nemotron",
+            '<TOOLCALL>[{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}]',
+        ),
+    ],
+)
+def test_call_arguments_are_rendered_once(
+    family_models: dict[str, tuple[Tokenizer, PreTrainedTokenizerBase]], family: str, rendered_call: str
+) -> None:
+    """A past call's arguments (a JSON string from the client) reach the prompt as JSON, not as a JSON string
+    inside JSON."""
+    native, _ = family_models[family]
+    prompt = native.render_chat(json.dumps(TOOL_LOOP), tools_json=json.dumps(TOOLS))
+    assert rendered_call in prompt
+    assert '\\"city\\"' not in prompt
+
+
+@pytest.mark.parametrize(
+    ("arguments", "why"),
+    [
+        ('{"city": ', "is not valid JSON"),
+        ('["Paris"]', "must encode a JSON object"),
+        ("5", "must encode a JSON object"),
+    ],
+)
+def test_invalid_call_arguments_are_refused_naming_them(
+    family_models: dict[str, tuple[Tokenizer, PreTrainedTokenizerBase]], arguments: str, why: str
+) -> None:
+    native, _ = family_models["hermes_qwen25"]
+    messages = [
+        *TOOL_LOOP[:2],
+        {"role": "assistant", "tool_calls": [call("call00001", "get_weather", arguments)]},
+    ]
+    with pytest.raises(ValueError, match=rf"^messages\[2\]\.tool_calls\[0\]\.function\.arguments {why}"):
+        native.render_chat(json.dumps(messages))
+
+
+def test_default_template_renders_calls_and_tools_as_json(make_model_dir: MakeModelDir) -> None:
+    """extproc's own template (for models without one) renders past calls' arguments as JSON objects and
+    equals transformers on the agent conversations."""
+    source = (
+        Path(__file__).parent.parent.parent / "extproc" / "default_model" / "chat_template.jinja"
+    ).read_text()
+    folder = make_model_dir("llama3", template=source)
+    native, hf = Tokenizer.from_model_dir(folder), AutoTokenizer.from_pretrained(folder)
+    prompt = native.render_chat(json.dumps(TOOL_LOOP), tools_json=json.dumps(TOOLS))
+    assert '{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}' in prompt
+    assert json.dumps(TOOLS[0], ensure_ascii=False) in prompt
+    for case in family_cases():
+        messages = json.dumps(case.messages)
+        expected = hf_apply(hf, replace(case, messages=vllm_prepared(case.messages)), tokenize=False)
+        assert native.render_chat(messages, **native_args(case)) == expected, case.name
 
 
 @pytest.mark.parametrize("layout", ["config list", "template files"])

@@ -13,6 +13,7 @@
 
 mod hf;
 mod python;
+mod tool_calls;
 
 use minijinja::value::{from_args, Kwargs, Rest, Value, ValueKind};
 use minijinja::{Environment, Error, ErrorKind, State};
@@ -28,10 +29,12 @@ pub struct ChatTemplate {
 }
 
 /// What went wrong while rendering: the template raised or the input was refused (the client's
-/// fault, a 400), or rendering failed.
+/// fault, a 400), a request field could not be given to the template (a 400 naming `param`), or
+/// rendering failed.
 #[derive(Debug, Clone, PartialEq)]
 pub enum RenderError {
     Raised(String),
+    Invalid { param: String, message: String },
     Failed(String),
 }
 
@@ -62,6 +65,12 @@ impl ChatTemplate {
         env.add_test("sequence", |value: &Value| {
             matches!(value.kind(), ValueKind::Seq | ValueKind::String | ValueKind::Map)
         });
+        // jinja2: none is not iterable (`tools is iterable and tools | length > 0` on a plain chat),
+        // undefined is (an empty sequence).
+        env.add_test("iterable", |value: &Value| !value.is_none() && value.try_iter().is_ok());
+        // jinja2: the length of undefined is 0; none, numbers and booleans have none.
+        env.add_filter("length", length);
+        env.add_filter("count", length);
         // Python's bool is a number.
         env.add_test("number", |value: &Value| {
             matches!(value.kind(), ValueKind::Number | ValueKind::Bool)
@@ -186,6 +195,19 @@ fn param(args: &[Value], kwargs: &Kwargs, index: usize, name: &str) -> Result<Op
     Ok(named
         .or_else(|| args.get(index).cloned())
         .filter(|v| !v.is_none() && !v.is_undefined()))
+}
+
+/// jinja2's `length` (`len()`), for which undefined is empty.
+fn length(value: &Value) -> Result<usize, Error> {
+    if value.is_undefined() {
+        return Ok(0);
+    }
+    value.len().ok_or_else(|| {
+        Error::new(
+            ErrorKind::InvalidOperation,
+            format!("object of type '{}' has no len()", python::type_name(value)),
+        )
+    })
 }
 
 /// jinja2's `join(value, d='', attribute=None)`: `str()` of each item.
@@ -378,6 +400,83 @@ mod tests {
             render("{{ s.split() }}|{{ '-'.join(s.split()) }}|{{ s|trim }}", ctx),
             "['abc', 'def']|abc-def|abc def"
         );
+    }
+
+    fn apply(
+        source: &str,
+        messages: &serde_json::Value,
+        tools: Option<&serde_json::Value>,
+    ) -> Result<String, RenderError> {
+        let messages = messages.as_array().unwrap();
+        ChatTemplate::compile(source).unwrap().apply(&ChatInputs {
+            messages,
+            tools,
+            ..Default::default()
+        })
+    }
+
+    #[test]
+    fn absent_tools_behave_as_jinja2_none() {
+        let user = serde_json::json!([{"role": "user", "content": "hi"}]);
+        // Each expression with what jinja2 renders for `tools=None` (transformers without tools).
+        for (expr, jinja2) in [
+            ("tools is defined", "True"),
+            ("tools is none", "True"),
+            ("tools is not none", "False"),
+            ("tools is iterable", "False"),
+            ("tools is iterable and tools | length > 0", "False"),
+            ("'yes' if tools else 'no'", "no"),
+            ("documents is iterable", "False"),
+            ("undefined_name is iterable", "True"),
+            ("undefined_name | length", "0"),
+            ("(tools or []) | length", "0"),
+            ("messages is iterable", "True"),
+            ("messages[0] is iterable", "True"),
+            ("'abc' is iterable", "True"),
+            ("1 is iterable", "False"),
+        ] {
+            assert_eq!(
+                apply(&format!("{{{{ {expr} }}}}"), &user, None).unwrap(),
+                jinja2,
+                "{expr}"
+            );
+        }
+        // jinja2 raises TypeError for these.
+        for expr in ["tools | length", "tools | count", "1 | length"] {
+            let Err(RenderError::Failed(e)) = apply(&format!("{{{{ {expr} }}}}"), &user, None) else {
+                panic!("{expr} should fail")
+            };
+            assert!(e.contains("has no len()"), "{e}");
+        }
+        let tools = serde_json::json!([{"type": "function", "function": {"name": "f"}}]);
+        let guarded =
+            "{% if tools is iterable and tools | length > 0 %}{{ tools | length }} tools{% else %}plain{% endif %}";
+        assert_eq!(apply(guarded, &user, None).unwrap(), "plain");
+        assert_eq!(apply(guarded, &user, Some(&tools)).unwrap(), "1 tools");
+        assert_eq!(apply(guarded, &user, Some(&serde_json::json!([]))).unwrap(), "plain");
+    }
+
+    #[test]
+    fn tool_call_arguments_are_parsed_before_rendering() {
+        let chat = serde_json::json!([
+            {"role": "user", "content": "weather?"},
+            {"role": "assistant", "content": null, "tool_calls": [
+                {"id": "a", "type": "function", "function": {"name": "w", "arguments": "{\"city\": \"Paris\"}"}},
+                {"id": "b", "type": "function", "function": {"name": "w", "arguments": {"city": "東京"}}},
+            ]},
+        ]);
+        let source = "{% for m in messages %}{% for c in m.tool_calls | default([]) %}\
+                      {{ c.function.arguments | tojson }}|{{ c.function.arguments.city }}\n{% endfor %}{% endfor %}";
+        assert_eq!(
+            apply(source, &chat, None).unwrap(),
+            "{\"city\": \"Paris\"}|Paris\n{\"city\": \"東京\"}|東京\n"
+        );
+        let mut bad = chat.clone();
+        bad[1]["tool_calls"][1]["function"]["arguments"] = serde_json::json!("{city: Paris}");
+        let Err(RenderError::Invalid { param, .. }) = apply(source, &bad, None) else {
+            panic!("invalid arguments are refused")
+        };
+        assert_eq!(param, "messages[1].tool_calls[1].function.arguments");
     }
 
     #[test]

@@ -71,6 +71,7 @@ pub fn chat_prompt(model: &ServedModel, request: &ChatInput) -> Result<Prompt, A
     };
     let text = model.files.render_chat(None, inputs).map_err(|e| match e {
         RenderError::Raised(message) => ApiError::invalid_param("messages", message),
+        RenderError::Invalid { param, message } => ApiError::invalid_param(&param, message),
         RenderError::Failed(message) => ApiError::invalid(format!("chat template failed: {message}")),
     })?;
     check_prompt_bytes(model, text.len(), "messages")?;

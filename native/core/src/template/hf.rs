@@ -3,12 +3,16 @@
 //! Before rendering: message keys whose value is null are dropped; a message's reasoning is also
 //! given as `thinking` and `reasoning_content`; the named special tokens (`bos_token`, ...) are
 //! visible, overridden by `chat_template_kwargs`; `tools` and `documents` are always defined (none
-//! when absent). `continue_final_message` marks the end of the final message, renders, and cuts the
-//! prompt right after that message's text.
+//! when absent, which jinja2 calls neither iterable nor sized). `continue_final_message` marks the end
+//! of the final message, renders, and cuts the prompt right after that message's text.
+//!
+//! One step is vLLM's, not `transformers`': assistant tool calls' `function.arguments` strings are
+//! parsed to objects before rendering (see `tool_calls`).
 
 use serde_json::{Map, Value as Json};
 
 use super::python::strip;
+use super::tool_calls::prepare_tool_calls;
 use super::{ChatTemplate, RenderError};
 
 /// Where `continue_final_message` finds the text to cut after (and the names reasoning goes by).
@@ -99,7 +103,8 @@ fn tag_final_message(chat: &mut [Map<String, Json>], field: &str, source: &str) 
 }
 
 impl ChatTemplate {
-    /// Render `inputs` exactly as `tokenizer.apply_chat_template(..., tokenize=False)` would.
+    /// Render `inputs` exactly as `tokenizer.apply_chat_template(..., tokenize=False)` would, given
+    /// the messages with tool-call arguments parsed (as vLLM gives them).
     pub fn apply(&self, inputs: &ChatInputs) -> Result<String, RenderError> {
         if inputs.messages.is_empty() {
             return Err(invalid(
@@ -112,15 +117,16 @@ impl ChatTemplate {
             ));
         }
         let mut chat = Vec::with_capacity(inputs.messages.len());
-        for message in inputs.messages {
+        for (index, message) in inputs.messages.iter().enumerate() {
             let Json::Object(fields) = message else {
                 return Err(invalid(format!("Chat messages should be dicts, but got {message}.")));
             };
-            let kept = fields
+            let mut kept = fields
                 .iter()
                 .filter(|(_, v)| !v.is_null())
                 .map(|(k, v)| (k.clone(), v.clone()))
                 .collect();
+            prepare_tool_calls(index, &mut kept)?;
             chat.push(alias_reasoning(kept));
         }
         let final_text = match inputs.continue_final_message {

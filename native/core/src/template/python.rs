@@ -26,6 +26,21 @@ pub fn to_str(value: &Value) -> String {
     out
 }
 
+/// `type(value).__name__` for the JSON-like values templates handle.
+pub fn type_name(value: &Value) -> &'static str {
+    match value.kind() {
+        ValueKind::Undefined => "Undefined",
+        ValueKind::None => "NoneType",
+        ValueKind::Bool => "bool",
+        ValueKind::Number if value.is_integer() => "int",
+        ValueKind::Number => "float",
+        ValueKind::String => "str",
+        ValueKind::Seq => "list",
+        ValueKind::Map => "dict",
+        _ => "object",
+    }
+}
+
 /// `repr(value)` for the JSON-like values templates handle.
 pub fn write_repr(value: &Value, out: &mut String) {
     match value.kind() {

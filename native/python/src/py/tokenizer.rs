@@ -87,7 +87,7 @@ impl ChatArgs {
 
 fn render_error(e: RenderError) -> PyErr {
     match e {
-        RenderError::Raised(message) => PyValueError::new_err(message),
+        RenderError::Raised(message) | RenderError::Invalid { message, .. } => PyValueError::new_err(message),
         RenderError::Failed(message) => PyRuntimeError::new_err(message),
     }
 }
