@@ -16,6 +16,7 @@ from extproc.simulator.engine import VllmEngine
 from extproc.simulator.faults import FaultPlan, FaultSettings
 from extproc.simulator.model import ModelSpec, load_model_spec
 from extproc.simulator.options import SimOptions
+from extproc.simulator.script import Script, ScriptRule
 from extproc.simulator.sglang import SglangEngine
 
 __all__ = [
@@ -25,6 +26,8 @@ __all__ = [
     "FaultPlan",
     "FaultSettings",
     "ModelSpec",
+    "Script",
+    "ScriptRule",
     "SglangEngine",
     "SimCluster",
     "SimEngine",

@@ -17,6 +17,7 @@ from extproc.models import resolve_model_dir
 from extproc.simulator.cluster import PROTOCOLS, start_engines
 from extproc.simulator.faults import FaultPlan
 from extproc.simulator.options import SimOptions
+from extproc.simulator.script import load_script_arg
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -73,6 +74,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--kv-events-zmq-replay", default=None, metavar="ENDPOINT", help="replay ROUTER endpoint, same rule"
     )
     zmq_events.add_argument("--kv-events-zmq-topic", default="", help="topic frame of every message")
+    parser.add_argument(
+        "--script",
+        default=None,
+        metavar="JSON|@FILE",
+        help='scripted outputs: JSON rules or @file, e.g. [{"match": "weather", "text": "..."}]',
+    )
     args = parser.parse_args(argv)
     if args.engines < 1:
         parser.error("--engines must be at least 1")
@@ -92,6 +99,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
             kv_events_zmq=args.kv_events_zmq,
             kv_events_zmq_replay=args.kv_events_zmq_replay,
             kv_events_zmq_topic=args.kv_events_zmq_topic,
+            script=load_script_arg(args.script) if args.script else (),
         )
         args.fault_settings = json.loads(args.faults) if args.faults else {}
         if not isinstance(args.fault_settings, dict):

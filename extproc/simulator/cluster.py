@@ -24,6 +24,7 @@ from extproc.simulator.faults import FaultPlan
 from extproc.simulator.http_control import ControlServer
 from extproc.simulator.model import load_model_spec
 from extproc.simulator.options import DEFAULT_OPTIONS, SimOptions
+from extproc.simulator.script import Script
 from extproc.simulator.sglang import SglangEngine
 from extproc.simulator.vocab import load_tokenizer, load_vocab
 
@@ -125,6 +126,11 @@ class SimCluster:
     engines: list[SimEngine] = field(default_factory=list)
 
     @property
+    def script(self) -> Script:
+        """The scripted outputs every engine of the cluster shares (`script.py`)."""
+        return self.engines[0].core.script
+
+    @property
     def addresses(self) -> list[str]:
         return [engine.address for engine in self.engines]
 
@@ -213,6 +219,7 @@ async def start_engines(
         tokenizer=load_tokenizer(tokenizer_json),
     )
     vocab = load_vocab(tokenizer_json)
+    script = Script(options.script, spec.served_name)
     cluster = SimCluster()
     try:
         for i in range(count):
@@ -220,7 +227,7 @@ async def start_engines(
             metrics_port = (
                 None if metrics_base_port is None else (metrics_base_port + i if metrics_base_port else 0)
             )
-            core = EngineCore(spec, vocab, options, hash_seed=0)
+            core = EngineCore(spec, vocab, options, hash_seed=0, script=script)
             engine = await _serve(core, host, port, protocol, metrics_port)
             cluster.engines.append(engine)
             if options.kv_events_zmq is not None:

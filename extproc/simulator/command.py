@@ -8,6 +8,7 @@ from __future__ import annotations
 import sys
 
 from extproc.simulator.options import SimOptions
+from extproc.simulator.script import script_json
 
 # SimOptions field -> `python -m extproc.simulator` flag, for every option the command line takes.
 FLAGS = {
@@ -25,6 +26,7 @@ FLAGS = {
     "kv_events_zmq": "--kv-events-zmq",
     "kv_events_zmq_replay": "--kv-events-zmq-replay",
     "kv_events_zmq_topic": "--kv-events-zmq-topic",
+    "script": "--script",
 }
 
 
@@ -45,6 +47,9 @@ def simulator_argv(
         argv += ["--metrics-port", str(metrics_port)]
     for field, flag in FLAGS.items():
         value = getattr(options, field)
-        if value is not None and value != "":
+        if field == "script":
+            if value:
+                argv += [flag, script_json(value)]
+        elif value is not None and value != "":
             argv += [flag, str(value)]
     return argv

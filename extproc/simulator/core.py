@@ -19,15 +19,19 @@ from collections import Counter, deque
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from smg_grpc_proto.generated import common_pb2
+from smg_grpc_proto.generated import common_pb2, vllm_engine_pb2
+from tokenizers import Tokenizer
 
+from extproc.simulator import constraints
 from extproc.simulator.faults import FaultPlan
 from extproc.simulator.kv_events import KvEventHub
 from extproc.simulator.model import ModelSpec
 from extproc.simulator.options import DEFAULT_OPTIONS, SimOptions
+from extproc.simulator.planned import OutputPlan
 from extproc.simulator.sampler import GenerationParams, Step, TokenSampler
 from extproc.simulator.scheduler import Mailbox, Scheduler, Sequence
-from extproc.simulator.vocab import PlausibleVocab
+from extproc.simulator.script import Script
+from extproc.simulator.vocab import PlausibleVocab, load_tokenizer
 
 # The files GetTokenizer bundles (exact names, then patterns), as the engines' servicers pick them.
 TOKENIZER_FILES = (
@@ -99,6 +103,7 @@ class EngineCore:
         vocab: PlausibleVocab,
         options: SimOptions = DEFAULT_OPTIONS,
         hash_seed: int = 0,
+        script: Script | None = None,
     ) -> None:
         self.spec = spec
         self.vocab = vocab
@@ -119,6 +124,14 @@ class EngineCore:
         # vLLM lets several requests share an external id; Abort ends them all.
         self._requests: dict[str, list[Request]] = {}
         self._tokenizer_zip: tuple[bytes, str] | None = None
+        # Scripted outputs: the configured rules for this model, and those added at run time (a cluster's
+        # engines share one, so a rule that answers one request does so whichever engine gets it).
+        self.script = script if script is not None else Script(options.script, spec.served_name)
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        """The model's tokenizer (shared per process), for scripted and constrained outputs."""
+        return load_tokenizer((self.spec.model_dir / "tokenizer.json").resolve())
 
     @property
     def scheduler(self) -> Scheduler:
@@ -145,6 +158,21 @@ class EngineCore:
             return len(scheduler.running) + len(scheduler.waiting), rank
 
         return min(range(self.data_parallel_size), key=queued)
+
+    def plan_output(
+        self, prompt_ids: list[int], sampling: vllm_engine_pb2.SamplingParams, seeds: range
+    ) -> OutputPlan | None:
+        """What the request says instead of plausible words (a constraint's output, a scripted text), or
+        None. Every choice's output is made now (`seeds`), so a constraint the simulator cannot honour
+        is refused (ValueError) before the request is admitted."""
+        constraint = constraints.from_sampling(sampling)
+        text = self.script.pick(lambda: self.tokenizer.decode(prompt_ids, skip_special_tokens=False))
+        if constraint is None and text is None:
+            return None
+        plan = OutputPlan(self.tokenizer, text, constraint)
+        for seed in seeds:
+            plan.tokens(seed)
+        return plan
 
     def submit(
         self,

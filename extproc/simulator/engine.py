@@ -12,6 +12,7 @@ import logging
 import os
 import time
 from collections.abc import AsyncIterator, Callable
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import NamedTuple
 
@@ -59,6 +60,10 @@ def resolve_request(
         raise ValueError(f"n must be 1 when using greedy sampling, got {n}.")
     if not core.fits(len(prompt_ids)):
         raise ValueError(f"the prompt ({len(prompt_ids)} tokens) cannot fit in the KV cache")
+    # Choice i samples with seed + i (EngineCore.submit).
+    plan = core.plan_output(prompt_ids, sampling, range(params.seed, params.seed + n))
+    if plan is not None:
+        params = replace(params, plan=plan)
     return prompt_ids, params, n
 
 

@@ -1,4 +1,6 @@
-"""A small HTTP endpoint per engine: `GET /metrics` (Prometheus), `GET|POST|DELETE /faults`.
+"""A small HTTP endpoint per engine: `GET /metrics` (Prometheus), `GET|POST|DELETE /faults`, and
+`GET|POST|DELETE /script` (scripted outputs: POST adds rules, checked before the configured ones; DELETE
+forgets the added ones; each answers the rules left, with their remaining counts).
 
 Plain asyncio streams, one request per connection: scrapes and fault switches are rare, and the
 simulator stays free of web-framework dependencies.
@@ -11,6 +13,7 @@ import json
 from typing import TYPE_CHECKING
 
 from extproc.simulator import metrics
+from extproc.simulator.script import parse_rules
 
 if TYPE_CHECKING:
     from extproc.simulator.core import EngineCore
@@ -78,4 +81,13 @@ class ControlServer:
             elif method != "GET":
                 return 405, "application/json", json.dumps({"error": "method not allowed"})
             return 200, "application/json", json.dumps(faults.as_dict())
+        if path == "/script":
+            script = self.core.script
+            if method == "POST":
+                script.add(parse_rules(json.loads(body or "null")))
+            elif method == "DELETE":
+                script.clear()
+            elif method != "GET":
+                return 405, "application/json", json.dumps({"error": "method not allowed"})
+            return 200, "application/json", json.dumps(script.as_list())
         return 404, "application/json", json.dumps({"error": f"no route {method} {path}"})

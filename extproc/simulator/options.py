@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from extproc.simulator.script import ScriptRule, parse_rules
+
 ZMQ_SCHEMES = ("tcp://", "ipc://", "inproc://")
 
 
@@ -51,8 +53,13 @@ class SimOptions:
     # Tests' engine spy: keep the request id and gRPC metadata of the last this-many Generate calls
     # (`EngineCore.recorded`); 0 records nothing.
     record_calls: int = 0
+    # Scripted outputs (script.py): rules {match, text, model, count}, the first that matches a prompt
+    # gives the answer's text; a list of rules or their dicts is accepted and kept as a tuple.
+    script: tuple[ScriptRule, ...] = ()
 
     def __post_init__(self) -> None:
+        if not isinstance(self.script, tuple) or not all(isinstance(r, ScriptRule) for r in self.script):
+            object.__setattr__(self, "script", parse_rules(self.script))
         for name in ("ttft_ms", "itl_ms", "prefill_ms_per_token", "decode_ms_per_seq", "time_scale"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must not be negative")

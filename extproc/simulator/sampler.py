@@ -24,13 +24,17 @@ import hashlib
 import random
 from array import array
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 from smg_grpc_proto.generated import vllm_engine_pb2
 
 from extproc.simulator.logprobs import PUNCTUATION_RATE, Ranking, TokenLogprob
 from extproc.simulator.model import ModelSpec
 from extproc.simulator.vocab import PlausibleVocab
+
+if TYPE_CHECKING:
+    from extproc.simulator.planned import OutputPlan
 
 # Natural answer lengths (words before EOS): short enough to keep tests fast, long enough to stream.
 NATURAL_LENGTH = (8, 48)
@@ -55,6 +59,8 @@ class GenerationParams:
     # Alternatives to rank per output token: None asks for no logprobs, 0 for the token's own only.
     top_logprobs: int | None = None
     greedy: bool = False  # temperature 0: the likeliest token every step
+    # A scripted text or a constraint's output (planned.py) said instead of plausible words, then EOS.
+    plan: OutputPlan | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -152,6 +158,7 @@ class TokenSampler:
         self._keep = max((len(stop) for stop in params.stop_strings), default=0)
         self._last_was_punctuation = True  # no punctuation as the very first token
         self._ranking = Ranking(vocab) if params.top_logprobs is not None else None
+        self._planned = params.plan.tokens(params.seed) if params.plan is not None else None
         self.finished = False
 
     def next_step(self) -> Step:
@@ -167,7 +174,12 @@ class TokenSampler:
         return step
 
     def _at_end(self, index: int) -> bool:
-        return not self._params.ignore_eos and index >= max(self._natural_length, self._params.min_tokens)
+        natural = self._natural_length if self._planned is None else len(self._planned.tokens)
+        return not self._params.ignore_eos and index >= max(natural, self._params.min_tokens)
+
+    def _planned_at(self, index: int) -> int | None:
+        planned = self._planned
+        return planned.tokens[index] if planned is not None and index < len(planned.tokens) else None
 
     def _masked(self, index: int) -> bool:
         return index < self._params.min_tokens and bool(self._params.stop_token_ids)
@@ -191,6 +203,10 @@ class TokenSampler:
         index = self._count
         if self._at_end(index):
             return self._eos
+        planned = self._planned_at(index)
+        if planned is not None:
+            self._last_was_punctuation = False
+            return planned
         masked = self._masked(index)
         token = self._draw_text_token()
         for _ in range(_REDRAWS):
@@ -225,7 +241,11 @@ class TokenSampler:
         return finish or Step(token)
 
     def _match_stop_string(self, token: int) -> str | None:
-        piece = self._vocab.text.get(token, "")
+        index = self._count - 1
+        if self._planned is not None and index < len(self._planned.pieces):
+            piece = self._planned.pieces[index]
+        else:
+            piece = self._vocab.text.get(token, "")
         if not self._params.stop_strings or not piece:
             return None
         self._text += piece

@@ -41,6 +41,13 @@ from extproc.simulator.vocab import PlausibleVocab
 logger = logging.getLogger(__name__)
 
 SGLANG_VERSION = "0.5.0"
+# SGLang's constraint oneof -> vLLM's field of the same meaning (constraints.py honours vLLM's).
+CONSTRAINT_FIELDS = {
+    "regex": "regex",
+    "json_schema": "json_schema",
+    "ebnf_grammar": "grammar",
+    "structural_tag": "structural_tag",
+}
 
 
 def _as_vllm(request: sglang_scheduler_pb2.GenerateRequest) -> vllm_engine_pb2.GenerateRequest:
@@ -59,6 +66,9 @@ def _as_vllm(request: sglang_scheduler_pb2.GenerateRequest) -> vllm_engine_pb2.G
     params.temperature = source.temperature
     if request.return_logprob:
         params.logprobs = max(request.top_logprobs_num, 0)
+    constraint = source.WhichOneof("constraint")
+    if constraint is not None:
+        setattr(params, CONSTRAINT_FIELDS[constraint], getattr(source, constraint))
     converted = vllm_engine_pb2.GenerateRequest(
         request_id=request.request_id, sampling_params=params, stream=request.stream
     )
