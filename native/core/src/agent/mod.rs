@@ -43,10 +43,32 @@ pub trait OutputParser: Send {
 
 mod deepseek;
 mod glm45;
+mod harmony;
 mod hermes;
 mod kimi_k2;
+mod llama3;
+mod mistral;
+mod pythonic;
 mod qwen3_coder;
 mod scan;
+mod select;
 mod tagged;
 #[cfg(test)]
 mod testutil;
+mod think;
+
+pub use select::{infer, parser, prompt_opens_think, ReasoningFormat, ToolFormat};
+pub use think::Think;
+
+/// The parser for a choice with neither tool calls nor reasoning to find: all text is content.
+pub struct PassThrough;
+
+impl OutputParser for PassThrough {
+    fn push(&mut self, text: &str) -> Parsed {
+        Parsed { content: text.to_string(), ..Parsed::default() }
+    }
+
+    fn finish(&mut self) -> Parsed {
+        Parsed::default()
+    }
+}

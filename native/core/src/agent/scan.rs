@@ -67,8 +67,15 @@ pub(crate) struct Body {
 impl Body {
     /// Offset of `marker` in the body, searching only what earlier calls have not searched.
     pub fn find(&mut self, marker: &str) -> Option<usize> {
-        let from = floor_boundary(&self.text, self.searched.saturating_sub(marker.len() - 1));
-        let found = self.text[from..].find(marker).map(|p| from + p);
+        self.find_any(&[marker]).map(|(at, _)| at)
+    }
+
+    /// The earliest of `markers` in the body (offset, index), searching only what earlier calls have not
+    /// searched (less the longest marker's length, which may straddle the old end).
+    pub fn find_any(&mut self, markers: &[&str]) -> Option<(usize, usize)> {
+        let longest = markers.iter().map(|m| m.len()).max().unwrap_or(1);
+        let from = floor_boundary(&self.text, self.searched.saturating_sub(longest - 1));
+        let found = find_first(&self.text[from..], markers).map(|(p, i)| (from + p, i));
         self.searched = self.text.len();
         found
     }

@@ -1,0 +1,229 @@
+//! gpt-oss Harmony: the output is a sequence of messages, each a header then `<|message|>` then a body ended
+//! by `<|end|>`, `<|return|>` or `<|call|>` (the prompt ends with `<|start|>assistant`, so the first header
+//! has no `<|start|>`):
+//! - `<|channel|>analysis<|message|>…<|end|>` → reasoning;
+//! - `<|channel|>final<|message|>…<|return|>` → content; a `commentary` message with no recipient (a
+//!   preamble) → content too;
+//! - `<|start|>assistant<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>{…}<|call|>` → a
+//!   call (the recipient may also stand before `<|channel|>`, as the format allows);
+//! - a message to another recipient (the built-in `browser.*` / `python` tools, which extproc does not
+//!   enable) → its body as content.
+//!
+//! Text outside any message (an output not in Harmony form) is content; stray end markers there are dropped. A call whose body is not a JSON object comes back as content (its
+//! body); an output that ends inside a header drops that header (it is markup only); one that ends inside a
+//! call's body gives the body back as content.
+//!
+//! Streaming: reasoning and content as they arrive, holding back only what may start a marker; each call
+//! whole when `<|call|>` arrives.
+
+use super::scan::{json_object, scan, Body, Scan};
+use super::{OutputParser, Parsed, ToolCallPiece};
+
+const START: &str = "<|start|>";
+const CHANNEL: &str = "<|channel|>";
+const MESSAGE: &str = "<|message|>";
+const END: &str = "<|end|>";
+const RETURN: &str = "<|return|>";
+const CALL: &str = "<|call|>";
+/// What ends a message body: its end markers, or (when the model skipped them) the next header.
+const BODY_ENDS: [&str; 5] = [END, RETURN, CALL, START, CHANNEL];
+
+#[derive(Clone, PartialEq)]
+enum Kind {
+    Reasoning,
+    Content,
+    Call(String),
+}
+
+#[derive(Clone, PartialEq)]
+enum State {
+    Text,
+    Header,
+    Message(Kind),
+}
+
+pub struct Harmony {
+    state: State,
+    buf: String,
+    /// The header being read, or the body of a call being read.
+    body: Body,
+    calls: u32,
+}
+
+pub fn parser() -> Box<dyn OutputParser> {
+    Box::new(Harmony { state: State::Text, buf: String::new(), body: Body::default(), calls: 0 })
+}
+
+/// What a header says the message is.
+fn kind(header: &str) -> Kind {
+    let word_after = |marker: &str| -> Option<&str> {
+        let at = header.find(marker)? + marker.len();
+        let rest = &header[at..];
+        let end = rest.find(|c: char| c.is_whitespace() || c == '<').unwrap_or(rest.len());
+        Some(&rest[..end])
+    };
+    let recipient = header
+        .match_indices("to=")
+        .find(|(i, _)| *i == 0 || header[..*i].ends_with(|c: char| c.is_whitespace() || c == '>'))
+        .map(|(i, _)| {
+            let rest = &header[i + 3..];
+            &rest[..rest.find(|c: char| c.is_whitespace() || c == '<').unwrap_or(rest.len())]
+        });
+    match (recipient, word_after(CHANNEL)) {
+        (Some(r), _) => match r.strip_prefix("functions.") {
+            Some(name) if !name.is_empty() => Kind::Call(name.to_string()),
+            _ => Kind::Content,
+        },
+        (None, Some("analysis")) => Kind::Reasoning,
+        _ => Kind::Content,
+    }
+}
+
+impl Harmony {
+    fn run(&mut self, out: &mut Parsed) {
+        loop {
+            match self.state.clone() {
+                State::Text => match scan(&self.buf, &BODY_ENDS) {
+                    Scan::Found { at, which } => {
+                        out.content.push_str(&self.buf[..at]);
+                        // A stray end marker is dropped; a `<|start|>` opens a header; a `<|channel|>`
+                        // belongs to the header it starts.
+                        let skip = if which == 4 { at } else { at + BODY_ENDS[which].len() };
+                        self.buf.drain(..skip);
+                        if which >= 3 {
+                            self.state = State::Header;
+                        }
+                    }
+                    Scan::Text { safe } => {
+                        out.content.push_str(&self.buf[..safe]);
+                        self.buf.drain(..safe);
+                        return;
+                    }
+                },
+                State::Header => {
+                    self.body.text.push_str(&self.buf);
+                    self.buf.clear();
+                    let Some(at) = self.body.find(MESSAGE) else { return };
+                    let header = self.body.take();
+                    self.buf = header[at + MESSAGE.len()..].to_string();
+                    self.state = State::Message(kind(&header[..at]));
+                }
+                State::Message(Kind::Call(name)) => {
+                    self.body.text.push_str(&self.buf);
+                    self.buf.clear();
+                    let Some((at, which)) = self.body.find_any(&BODY_ENDS) else { return };
+                    let body = self.body.take();
+                    let ends_here = which < 3;
+                    let marker_len = if ends_here { BODY_ENDS[which].len() } else { 0 };
+                    self.buf = body[at + marker_len..].to_string();
+                    match json_object(&body[..at]) {
+                        Some(arguments) => {
+                            out.calls.push(ToolCallPiece { index: self.calls, name: Some(name), arguments });
+                            self.calls += 1;
+                        }
+                        None => out.content.push_str(&body[..at]),
+                    }
+                    self.state = State::Text;
+                }
+                State::Message(kind) => {
+                    let sink = if kind == Kind::Reasoning { &mut out.reasoning } else { &mut out.content };
+                    match scan(&self.buf, &BODY_ENDS) {
+                        Scan::Found { at, which } => {
+                            sink.push_str(&self.buf[..at]);
+                            let skip = if which < 3 { at + BODY_ENDS[which].len() } else { at };
+                            self.buf.drain(..skip);
+                            self.state = State::Text;
+                        }
+                        Scan::Text { safe } => {
+                            sink.push_str(&self.buf[..safe]);
+                            self.buf.drain(..safe);
+                            return;
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl OutputParser for Harmony {
+    fn push(&mut self, text: &str) -> Parsed {
+        let mut out = Parsed::default();
+        self.buf.push_str(text);
+        self.run(&mut out);
+        out
+    }
+
+    fn finish(&mut self) -> Parsed {
+        let mut out = Parsed::default();
+        let rest = std::mem::take(&mut self.buf);
+        match &self.state {
+            State::Header => {
+                self.body.take();
+            }
+            State::Message(Kind::Reasoning) => out.reasoning.push_str(&rest),
+            State::Message(Kind::Call(_)) => {
+                out.content.push_str(&self.body.take());
+                out.content.push_str(&rest);
+            }
+            _ => out.content.push_str(&rest),
+        }
+        self.state = State::Text;
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testutil::{call, expect, long_plain_text_streams, parse_all_splits};
+    use super::parser;
+
+    // What gpt-oss's chat template renders for an assistant turn that thinks and calls a tool (the prompt's
+    // `<|start|>assistant` removed, as the model's output starts after it).
+    const CALL: &str = "<|channel|>analysis<|message|>Need the weather. Call get_weather.<|end|><|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{\"city\": \"Paris\"}<|call|>";
+    const ANSWER: &str = "<|channel|>analysis<|message|>Simple greeting.<|end|><|start|>assistant<|channel|>final<|message|>Hello! How can I help?<|return|>";
+
+    #[test]
+    fn reasoning_then_a_call() {
+        let got = parse_all_splits(&parser, CALL);
+        assert_eq!(got, expect("", "Need the weather. Call get_weather.", &[call("get_weather", r#"{"city":"Paris"}"#)]));
+    }
+
+    #[test]
+    fn reasoning_then_final_answer() {
+        let got = parse_all_splits(&parser, ANSWER);
+        assert_eq!(got, expect("Hello! How can I help?", "Simple greeting.", &[]));
+    }
+
+    #[test]
+    fn preamble_two_calls_and_recipient_before_channel() {
+        let text = "<|channel|>commentary<|message|>Checking two things.<|end|><|start|>assistant to=functions.a<|channel|>commentary json<|message|>{}<|call|><|start|>assistant<|channel|>commentary to=functions.b <|constrain|>json<|message|>{\"x\": [1, \"<|end|>\"]}<|call|>";
+        let got = parse_all_splits(&parser, text);
+        // A marker inside a JSON string still ends the message (special tokens are not text): b's body is cut.
+        assert_eq!(got.content, "Checking two things.{\"x\": [1, \"\"]}");
+        assert_eq!(got.calls, vec![call("a", "{}")]);
+    }
+
+    #[test]
+    fn malformed_and_truncated() {
+        let bad = "<|channel|>commentary to=functions.f <|constrain|>json<|message|>{oops<|call|>";
+        assert_eq!(parse_all_splits(&parser, bad), expect("{oops", "", &[]));
+        let cut_call = "<|channel|>commentary to=functions.f<|message|>{\"a\":";
+        assert_eq!(parse_all_splits(&parser, cut_call), expect("{\"a\":", "", &[]));
+        let cut_header = "<|channel|>analysis<|message|>hmm<|end|><|start|>assistant<|chan";
+        assert_eq!(parse_all_splits(&parser, cut_header), expect("", "hmm", &[]));
+        let cut_reasoning = "<|channel|>analysis<|message|>still thinking";
+        assert_eq!(parse_all_splits(&parser, cut_reasoning), expect("", "still thinking", &[]));
+        let builtin = "<|channel|>analysis<|message|>x<|end|><|start|>assistant<|channel|>analysis to=browser.search<|message|>{\"q\": 1}<|call|>";
+        assert_eq!(parse_all_splits(&parser, builtin), expect("{\"q\": 1}", "x", &[]));
+    }
+
+    #[test]
+    fn text_outside_messages_is_content() {
+        let text = "<|channel|>final<|message|>hi<|return|> trailing";
+        assert_eq!(parse_all_splits(&parser, text), expect("hi trailing", "", &[]));
+        let plain = "no harmony here <|chan";
+        assert_eq!(parse_all_splits(&parser, plain), expect(plain, "", &[]));
+        long_plain_text_streams(&parser);
+    }
+}
