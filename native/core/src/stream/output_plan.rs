@@ -18,13 +18,14 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
+use crate::agent as formats;
 use crate::agent::{OutputParser, Parsed};
 use crate::gateway::ServedModel;
 use crate::model::ModelFiles;
 use crate::openai::request::{Api, GenerationRequest, PromptInput, ToolChoice};
 use crate::stream::forced_calls::ForcedCallsParser;
 
-pub use formats::{ReasoningFormat, ToolFormat};
+pub use crate::agent::{ReasoningFormat, ToolFormat};
 
 /// The formats' markers that are special tokens in some tokenizer: kept in parsed text.
 pub const PARSER_MARKERS: &[&str] = &[
@@ -68,14 +69,15 @@ pub const PARSER_MARKERS: &[&str] = &[
 ];
 
 /// How a model's setting names a parser: `auto` (or absent) infers it, `none` turns it off.
-fn setting<T: std::str::FromStr>(value: Option<&str>, inferred: Option<T>, what: &str) -> Result<Option<T>, String> {
+fn setting<T>(value: Option<&str>, inferred: Option<T>) -> Result<Option<T>, String>
+where
+    T: std::str::FromStr,
+    T::Err: std::fmt::Display,
+{
     match value.map(str::trim) {
         None | Some("") | Some("auto") => Ok(inferred),
         Some("none") => Ok(None),
-        Some(name) => name
-            .parse()
-            .map(Some)
-            .map_err(|_| format!("unknown {what} {name:?}; known: {}, none, auto", formats::names(what))),
+        Some(name) => name.parse().map(Some).map_err(|e| format!("{e}, none, auto")),
     }
 }
 
@@ -97,8 +99,8 @@ impl ModelParsers {
     ) -> Result<Self, String> {
         let template = files.template.as_ref().map(|t| t.source()).unwrap_or_default();
         let (tool, reasoning) = formats::infer(name, template);
-        let tool = setting(tool_parser, tool, "tool_parser")?;
-        let reasoning = setting(reasoning_parser, reasoning, "reasoning_parser")?;
+        let tool = setting(tool_parser, tool)?;
+        let reasoning = setting(reasoning_parser, reasoning)?;
         Ok(ModelParsers { tool, reasoning })
     }
 }
@@ -155,13 +157,7 @@ fn thinking_off(kwargs: &serde_json::Map<String, Value>) -> bool {
         .any(|k| kwargs.get(*k) == Some(&Value::Bool(false)))
 }
 
-/// The rendered prompt ends inside a think block the template opened: the answer starts in reasoning.
-pub fn prompt_opens_think(prompt: &str) -> bool {
-    match prompt.rfind("<think>") {
-        Some(open) => !prompt[open..].contains("</think>"),
-        None => false,
-    }
-}
+pub use crate::agent::prompt_opens_think;
 
 /// The plan for `request` to `model`; `opens_think`: its rendered chat ends inside a think block. None:
 /// not a chat request, or nothing to parse.
@@ -232,54 +228,5 @@ impl OutputParser for Chained {
     fn finish(&mut self) -> Parsed {
         let first = self.first.finish();
         self.then(first, true)
-    }
-}
-
-/// Stand-in for w5-parse's formats until they land: no format is known and every parser passes text
-/// through as content.
-mod formats {
-    use crate::agent::{OutputParser, Parsed};
-
-    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-    pub enum ToolFormat {}
-    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-    pub enum ReasoningFormat {}
-
-    impl std::str::FromStr for ToolFormat {
-        type Err = String;
-        fn from_str(s: &str) -> Result<Self, String> {
-            Err(s.to_string())
-        }
-    }
-    impl std::str::FromStr for ReasoningFormat {
-        type Err = String;
-        fn from_str(s: &str) -> Result<Self, String> {
-            Err(s.to_string())
-        }
-    }
-
-    pub fn names(_what: &str) -> String {
-        String::new()
-    }
-
-    pub fn infer(_name: &str, _template: &str) -> (Option<ToolFormat>, Option<ReasoningFormat>) {
-        (None, None)
-    }
-
-    struct PassThrough;
-    impl OutputParser for PassThrough {
-        fn push(&mut self, text: &str) -> Parsed {
-            Parsed {
-                content: text.to_string(),
-                ..Parsed::default()
-            }
-        }
-        fn finish(&mut self) -> Parsed {
-            Parsed::default()
-        }
-    }
-
-    pub fn parser(_: Option<ToolFormat>, _: Option<ReasoningFormat>, _: bool) -> Box<dyn OutputParser> {
-        Box::new(PassThrough)
     }
 }
