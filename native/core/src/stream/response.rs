@@ -1030,6 +1030,130 @@ mod tests {
         assert!(plan(&m, &completion, false).is_none());
     }
 
+    /// A model whose answers go through the Hermes tool parser and `<think>` reasoning.
+    fn hermes_think_model() -> Arc<ServedModel> {
+        let dir = llama3_model_dir("hermes-think");
+        let m = Gateway::new(Limits::default())
+            .add_model("m", &dir, Some(4096), "round_robin", RouterConfig::default())
+            .unwrap();
+        m.set_parsers(Some("hermes"), Some("think")).unwrap();
+        m
+    }
+
+    /// The answer to `req` of a model saying `text`, whole and streamed a token at a time.
+    fn whole_and_streamed(
+        m: &Arc<ServedModel>,
+        req: &GenerationRequest,
+        text: &str,
+        opens_think: bool,
+    ) -> (Value, Value) {
+        let tokens = ids(m, text);
+        let make = |stream| {
+            let mut t = translator(
+                m,
+                Setup {
+                    api: Api::Chat,
+                    stream,
+                    ..Setup::default()
+                },
+            );
+            t.shape.parsing = plan(m, req, opens_think);
+            ResponseTranslator::new(m.clone(), t.shape, 1 << 20)
+        };
+        let mut whole = make(false);
+        whole
+            .push(&complete(Protocol::Vllm, 0, &tokens, "stop", false))
+            .unwrap();
+        let whole: Value = serde_json::from_slice(&whole.finish()).unwrap();
+        let mut streamed = make(true);
+        let mut sse = Vec::new();
+        for &tok in &tokens {
+            sse.extend(streamed.push(&chunk(Protocol::Vllm, 0, &[tok], false)).unwrap());
+        }
+        sse.extend(streamed.push(&complete(Protocol::Vllm, 0, &[], "stop", false)).unwrap());
+        sse.extend(streamed.finish());
+        let evs = events(&sse);
+        let mut reasoning = String::new();
+        for e in &evs {
+            let delta = &e["choices"][0]["delta"];
+            assert_eq!(delta["reasoning"], delta["reasoning_content"]);
+            reasoning.push_str(delta["reasoning_content"].as_str().unwrap_or(""));
+        }
+        let (mut messages, reasons) = streamed_messages(&evs, 1);
+        messages[0]["reasoning"] = reasoning.into();
+        messages[0]["finish_reason"] = reasons[0].clone().into();
+        (whole["choices"][0].clone(), messages.remove(0))
+    }
+
+    #[test]
+    fn text_reasoning_and_calls_stream_as_they_come_whole() {
+        let m = hermes_think_model();
+        let text = "<think>The user wants weather.</think>Sure.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>\nDone.";
+        let (whole, streamed) = whole_and_streamed(&m, &tool_request(ToolChoice::Auto), text, false);
+        let message = &whole["message"];
+        assert_eq!(whole["finish_reason"], "tool_calls");
+        assert_eq!(message["reasoning_content"], "The user wants weather.");
+        assert_eq!(message["reasoning"], message["reasoning_content"]);
+        let content = message["content"].as_str().unwrap();
+        assert!(
+            content.starts_with("Sure.") && content.trim_end().ends_with("Done."),
+            "{content:?}"
+        );
+        assert!(!content.contains('<'), "no markup in content: {content:?}");
+        let calls = message["tool_calls"].as_array().unwrap();
+        assert_eq!(
+            call_shape(&calls[0]),
+            serde_json::json!({"type": "function", "name": "get_weather", "arguments": {"city": "Paris"}})
+        );
+        // The stream adds up to the same message.
+        assert_eq!(streamed["content"], message["content"]);
+        assert_eq!(streamed["reasoning"], message["reasoning_content"]);
+        assert_eq!(streamed["finish_reason"], "tool_calls");
+        let got: Vec<Value> = streamed["tool_calls"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(call_shape)
+            .collect();
+        assert_eq!(got, calls.iter().map(call_shape).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn reasoning_starts_in_the_think_block_the_prompt_opened_and_is_off_when_asked() {
+        let m = hermes_think_model();
+        let plain = |kwargs: Value| {
+            let body = serde_json::json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "chat_template_kwargs": kwargs});
+            parse_chat_request(&serde_json::to_vec(&body).unwrap()).unwrap()
+        };
+        let (whole, streamed) = whole_and_streamed(&m, &plain(serde_json::json!({})), "Thinking.</think>Hello!", true);
+        assert_eq!(whole["message"]["reasoning_content"], "Thinking.");
+        assert_eq!(whole["message"]["content"], "Hello!");
+        assert_eq!(whole["finish_reason"], "stop");
+        assert!(whole["message"].get("tool_calls").is_none());
+        assert_eq!(
+            (streamed["reasoning"].as_str(), streamed["content"].as_str()),
+            (Some("Thinking."), Some("Hello!"))
+        );
+        // No tools: the tool parser is off, the text of a call is content.
+        let (whole, _) = whole_and_streamed(&m, &plain(serde_json::json!({})), "<tool_call>x</tool_call>", false);
+        assert_eq!(whole["message"]["content"], "<tool_call>x</tool_call>");
+        assert!(
+            whole["message"]["reasoning_content"].is_null(),
+            "a reasoning parser ran: null, not absent"
+        );
+        // Thinking turned off: nothing is reasoning.
+        let off = plain(serde_json::json!({"enable_thinking": false}));
+        assert!(plan(&m, &off, false).is_none());
+    }
+
+    #[test]
+    fn unknown_parser_names_are_refused_with_the_known_ones() {
+        let m = hermes_think_model();
+        let e = m.set_parsers(Some("nope"), None).unwrap_err();
+        assert!(e.contains("hermes") && e.contains("none, auto"), "{e}");
+        assert!(m.set_parsers(Some("none"), Some("auto")).is_ok());
+    }
+
     #[test]
     fn a_stop_token_ends_the_text_without_being_part_of_it() {
         let m = model();
