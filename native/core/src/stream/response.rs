@@ -1125,14 +1125,14 @@ mod tests {
             let body = serde_json::json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "chat_template_kwargs": kwargs});
             parse_chat_request(&serde_json::to_vec(&body).unwrap()).unwrap()
         };
-        let (whole, streamed) = whole_and_streamed(&m, &plain(serde_json::json!({})), "Thinking.</think>Hello!", true);
+        let (whole, streamed) = whole_and_streamed(&m, &plain(serde_json::json!({})), "Thinking.</think>Hello.", true);
         assert_eq!(whole["message"]["reasoning_content"], "Thinking.");
-        assert_eq!(whole["message"]["content"], "Hello!");
+        assert_eq!(whole["message"]["content"], "Hello.");
         assert_eq!(whole["finish_reason"], "stop");
         assert!(whole["message"].get("tool_calls").is_none());
         assert_eq!(
             (streamed["reasoning"].as_str(), streamed["content"].as_str()),
-            (Some("Thinking."), Some("Hello!"))
+            (Some("Thinking."), Some("Hello."))
         );
         // No tools: the tool parser is off, the text of a call is content.
         let (whole, _) = whole_and_streamed(&m, &plain(serde_json::json!({})), "<tool_call>x</tool_call>", false);
