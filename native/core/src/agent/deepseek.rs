@@ -16,7 +16,10 @@ const CALL_END: &str = "<｜tool▁call▁end｜>";
 const SEP: &str = "<｜tool▁sep｜>";
 
 pub fn parser() -> Box<dyn OutputParser> {
-    let markers = Markers { section: Some((CALLS_BEGIN, CALLS_END)), call: (CALL_BEGIN, CALL_END) };
+    let markers = Markers {
+        section: Some((CALLS_BEGIN, CALLS_END)),
+        call: (CALL_BEGIN, CALL_END),
+    };
     Box::new(Tagged::new(markers, decode))
 }
 
@@ -37,7 +40,7 @@ fn decode(body: &str) -> Option<(String, String)> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::testutil::{call, expect, parse_all_splits};
+    use super::super::testutil::{assert_linear, call, expect, parse_all_splits};
     use super::parser;
 
     // What DeepSeek-V3's (and R1's) chat template renders for an assistant message with two calls.
@@ -48,7 +51,14 @@ mod tests {
     #[test]
     fn v3_template_rendering() {
         let got = parse_all_splits(&parser, V3);
-        assert_eq!(got, expect("Sure.", "", &[call("get_weather", r#"{"city":"Paris"}"#), call("get_time", "{}")]));
+        assert_eq!(
+            got,
+            expect(
+                "Sure.",
+                "",
+                &[call("get_weather", r#"{"city":"Paris"}"#), call("get_time", "{}")]
+            )
+        );
     }
 
     #[test]
@@ -64,6 +74,21 @@ mod tests {
         assert_eq!(parse_all_splits(&parser, bad), expect(bad, "", &[]));
         let cut = "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>f\n```json\n{\"a\":";
         let got = parse_all_splits(&parser, cut);
-        assert_eq!(got, expect("<｜tool▁call▁begin｜>function<｜tool▁sep｜>f\n```json\n{\"a\":", "", &[]));
+        assert_eq!(
+            got,
+            expect(
+                "<｜tool▁call▁begin｜>function<｜tool▁sep｜>f\n```json\n{\"a\":",
+                "",
+                &[]
+            )
+        );
+    }
+    #[test]
+    fn linear_in_the_output_length() {
+        assert_linear(
+            &parser,
+            "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>f<｜tool▁sep｜>{\"s\": \"",
+            "\"}<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
+        );
     }
 }

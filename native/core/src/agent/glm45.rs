@@ -12,7 +12,13 @@ use super::tagged::{Markers, Tagged};
 use super::OutputParser;
 
 pub fn parser() -> Box<dyn OutputParser> {
-    Box::new(Tagged::new(Markers { section: None, call: ("<tool_call>", "</tool_call>") }, decode))
+    Box::new(Tagged::new(
+        Markers {
+            section: None,
+            call: ("<tool_call>", "</tool_call>"),
+        },
+        decode,
+    ))
 }
 
 fn decode(body: &str) -> Option<(String, String)> {
@@ -29,7 +35,10 @@ fn decode(body: &str) -> Option<(String, String)> {
             return Some((name.to_string(), Value::Object(args).to_string()));
         }
         let (key, after) = rest.strip_prefix("<arg_key>")?.split_once("</arg_key>")?;
-        let (value, after) = after.trim_start().strip_prefix("<arg_value>")?.split_once("</arg_value>")?;
+        let (value, after) = after
+            .trim_start()
+            .strip_prefix("<arg_value>")?
+            .split_once("</arg_value>")?;
         args.insert(key.trim().to_string(), loose_value(value));
         rest = after;
     }
@@ -37,7 +46,7 @@ fn decode(body: &str) -> Option<(String, String)> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::testutil::{call, expect, parse_all_splits};
+    use super::super::testutil::{assert_linear, call, expect, parse_all_splits};
     use super::parser;
 
     // What GLM-4.6's chat template renders for an assistant message with content and two calls.
@@ -46,7 +55,10 @@ mod tests {
     #[test]
     fn template_rendering() {
         let got = parse_all_splits(&parser, RENDERED);
-        let calls = [call("get_weather", r#"{"city":"Paris","days":3,"opts":{"unit":"c"}}"#), call("ping", "{}")];
+        let calls = [
+            call("get_weather", r#"{"city":"Paris","days":3,"opts":{"unit":"c"}}"#),
+            call("ping", "{}"),
+        ];
         assert_eq!(got, expect("Checking.", "", &calls));
     }
 
@@ -58,5 +70,13 @@ mod tests {
         assert_eq!(parse_all_splits(&parser, cut), expect(cut, "", &[]));
         let spaced = "<tool_call>two words</tool_call>";
         assert_eq!(parse_all_splits(&parser, spaced), expect(spaced, "", &[]));
+    }
+    #[test]
+    fn linear_in_the_output_length() {
+        assert_linear(
+            &parser,
+            "<tool_call>f\n<arg_key>s</arg_key>\n<arg_value>",
+            "</arg_value>\n</tool_call>",
+        );
     }
 }

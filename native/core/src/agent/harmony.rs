@@ -51,7 +51,12 @@ pub struct Harmony {
 }
 
 pub fn parser() -> Box<dyn OutputParser> {
-    Box::new(Harmony { state: State::Text, buf: String::new(), body: Body::default(), calls: 0 })
+    Box::new(Harmony {
+        state: State::Text,
+        buf: String::new(),
+        body: Body::default(),
+        calls: 0,
+    })
 }
 
 /// What a header says the message is.
@@ -111,14 +116,20 @@ impl Harmony {
                 State::Message(Kind::Call(name)) => {
                     self.body.text.push_str(&self.buf);
                     self.buf.clear();
-                    let Some((at, which)) = self.body.find_any(&BODY_ENDS) else { return };
+                    let Some((at, which)) = self.body.find_any(&BODY_ENDS) else {
+                        return;
+                    };
                     let body = self.body.take();
                     let ends_here = which < 3;
                     let marker_len = if ends_here { BODY_ENDS[which].len() } else { 0 };
                     self.buf = body[at + marker_len..].to_string();
                     match json_object(&body[..at]) {
                         Some(arguments) => {
-                            out.calls.push(ToolCallPiece { index: self.calls, name: Some(name), arguments });
+                            out.calls.push(ToolCallPiece {
+                                index: self.calls,
+                                name: Some(name),
+                                arguments,
+                            });
                             self.calls += 1;
                         }
                         None => out.content.push_str(&body[..at]),
@@ -126,7 +137,11 @@ impl Harmony {
                     self.state = State::Text;
                 }
                 State::Message(kind) => {
-                    let sink = if kind == Kind::Reasoning { &mut out.reasoning } else { &mut out.content };
+                    let sink = if kind == Kind::Reasoning {
+                        &mut out.reasoning
+                    } else {
+                        &mut out.content
+                    };
                     match scan(&self.buf, &BODY_ENDS) {
                         Scan::Found { at, which } => {
                             sink.push_str(&self.buf[..at]);
@@ -175,7 +190,7 @@ impl OutputParser for Harmony {
 
 #[cfg(test)]
 mod tests {
-    use super::super::testutil::{call, expect, long_plain_text_streams, parse_all_splits};
+    use super::super::testutil::{assert_linear, call, expect, long_plain_text_streams, parse_all_splits};
     use super::parser;
 
     // What gpt-oss's chat template renders for an assistant turn that thinks and calls a tool (the prompt's
@@ -186,7 +201,14 @@ mod tests {
     #[test]
     fn reasoning_then_a_call() {
         let got = parse_all_splits(&parser, CALL);
-        assert_eq!(got, expect("", "Need the weather. Call get_weather.", &[call("get_weather", r#"{"city":"Paris"}"#)]));
+        assert_eq!(
+            got,
+            expect(
+                "",
+                "Need the weather. Call get_weather.",
+                &[call("get_weather", r#"{"city":"Paris"}"#)]
+            )
+        );
     }
 
     #[test]
@@ -213,7 +235,10 @@ mod tests {
         let cut_header = "<|channel|>analysis<|message|>hmm<|end|><|start|>assistant<|chan";
         assert_eq!(parse_all_splits(&parser, cut_header), expect("", "hmm", &[]));
         let cut_reasoning = "<|channel|>analysis<|message|>still thinking";
-        assert_eq!(parse_all_splits(&parser, cut_reasoning), expect("", "still thinking", &[]));
+        assert_eq!(
+            parse_all_splits(&parser, cut_reasoning),
+            expect("", "still thinking", &[])
+        );
         let builtin = "<|channel|>analysis<|message|>x<|end|><|start|>assistant<|channel|>analysis to=browser.search<|message|>{\"q\": 1}<|call|>";
         assert_eq!(parse_all_splits(&parser, builtin), expect("{\"q\": 1}", "x", &[]));
     }
@@ -225,5 +250,15 @@ mod tests {
         let plain = "no harmony here <|chan";
         assert_eq!(parse_all_splits(&parser, plain), expect(plain, "", &[]));
         long_plain_text_streams(&parser);
+    }
+    #[test]
+    fn linear_in_the_output_length() {
+        assert_linear(&parser, "", "");
+        assert_linear(&parser, "<|channel|>analysis<|message|>", "<|end|>");
+        assert_linear(
+            &parser,
+            "<|channel|>commentary to=functions.f<|message|>{\"s\": \"",
+            "\"}<|call|>",
+        );
     }
 }

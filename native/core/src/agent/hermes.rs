@@ -9,12 +9,18 @@ use super::tagged::{Markers, Tagged};
 use super::OutputParser;
 
 pub fn parser() -> Box<dyn OutputParser> {
-    Box::new(Tagged::new(Markers { section: None, call: ("<tool_call>", "</tool_call>") }, call_from_json))
+    Box::new(Tagged::new(
+        Markers {
+            section: None,
+            call: ("<tool_call>", "</tool_call>"),
+        },
+        call_from_json,
+    ))
 }
 
 #[cfg(test)]
 mod tests {
-    use super::super::testutil::{call, expect, long_plain_text_streams, parse_all_splits};
+    use super::super::testutil::{assert_linear, call, expect, long_plain_text_streams, parse_all_splits};
     use super::parser;
 
     // What Qwen2.5's chat template renders for an assistant message with content and two calls.
@@ -32,7 +38,8 @@ mod tests {
 
     #[test]
     fn text_after_calls_and_unicode() {
-        let text = "é\n\n<tool_call>\n{\"name\": \"f\", \"arguments\": {\"q\": \"日本 </tool\"}}\n</tool_call>\n\nDone ✓";
+        let text =
+            "é\n\n<tool_call>\n{\"name\": \"f\", \"arguments\": {\"q\": \"日本 </tool\"}}\n</tool_call>\n\nDone ✓";
         let got = parse_all_splits(&parser, text);
         assert_eq!(got, expect("éDone ✓", "", &[call("f", r#"{"q":"日本 </tool"}"#)]));
     }
@@ -72,5 +79,14 @@ mod tests {
         }
         assert_eq!(calls, 1);
         assert!(p.finish().is_empty());
+    }
+    #[test]
+    fn linear_in_the_output_length() {
+        assert_linear(&parser, "", "");
+        assert_linear(
+            &parser,
+            "<tool_call>{\"name\": \"f\", \"arguments\": {\"s\": \"",
+            "\"}}</tool_call>",
+        );
     }
 }

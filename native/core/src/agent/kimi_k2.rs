@@ -16,7 +16,10 @@ const CALL_END: &str = "<|tool_call_end|>";
 const ARGS: &str = "<|tool_call_argument_begin|>";
 
 pub fn parser() -> Box<dyn OutputParser> {
-    let markers = Markers { section: Some((SECTION_BEGIN, SECTION_END)), call: (CALL_BEGIN, CALL_END) };
+    let markers = Markers {
+        section: Some((SECTION_BEGIN, SECTION_END)),
+        call: (CALL_BEGIN, CALL_END),
+    };
     Box::new(Tagged::new(markers, decode))
 }
 
@@ -36,7 +39,7 @@ fn decode(body: &str) -> Option<(String, String)> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::testutil::{call, expect, parse_all_splits};
+    use super::super::testutil::{assert_linear, call, expect, parse_all_splits};
     use super::parser;
 
     // What Kimi-K2-Instruct's chat template renders for an assistant message with content and two calls.
@@ -45,7 +48,10 @@ mod tests {
     #[test]
     fn template_rendering() {
         let got = parse_all_splits(&parser, RENDERED);
-        let calls = [call("get_weather", r#"{"city":"Paris"}"#), call("get_time", r#"{"tz":"CET"}"#)];
+        let calls = [
+            call("get_weather", r#"{"city":"Paris"}"#),
+            call("get_time", r#"{"tz":"CET"}"#),
+        ];
         assert_eq!(got, expect("Let me see.", "", &calls));
     }
 
@@ -56,5 +62,13 @@ mod tests {
         let cut = "<|tool_calls_section_begin|><|tool_call_begin|>functions.f:0<|tool_call_argu";
         let got = parse_all_splits(&parser, cut);
         assert_eq!(got, expect("<|tool_call_begin|>functions.f:0<|tool_call_argu", "", &[]));
+    }
+    #[test]
+    fn linear_in_the_output_length() {
+        assert_linear(
+            &parser,
+            "<|tool_call_begin|>functions.f:0<|tool_call_argument_begin|>{\"s\": \"",
+            "\"}<|tool_call_end|>",
+        );
     }
 }

@@ -98,19 +98,26 @@ impl Llama3 {
                 State::Object => {
                     self.body.push_str(&self.buf);
                     self.buf.clear();
-                    let Some(end) = self.extent.advance(&self.body) else { return };
+                    let Some(end) = self.extent.advance(&self.body) else {
+                        return;
+                    };
                     let body = std::mem::take(&mut self.body);
                     self.buf = body[end..].to_string();
                     let raw = std::mem::take(&mut self.raw);
                     match call_from_json(&body[..end]) {
                         Some((name, arguments)) => {
-                            out.calls.push(ToolCallPiece { index: self.calls, name: Some(name), arguments });
+                            out.calls.push(ToolCallPiece {
+                                index: self.calls,
+                                name: Some(name),
+                                arguments,
+                            });
                             self.calls += 1;
                             self.content.call_boundary();
                             self.state = State::Between;
                         }
                         None => {
-                            self.content.not_a_call(&format!("{raw}{}", &body[..end]), &mut out.content);
+                            self.content
+                                .not_a_call(&format!("{raw}{}", &body[..end]), &mut out.content);
                             self.state = State::Text;
                         }
                     }
@@ -130,7 +137,12 @@ impl OutputParser for Llama3 {
 
     fn finish(&mut self) -> Parsed {
         let mut out = Parsed::default();
-        let rest = format!("{}{}{}", std::mem::take(&mut self.raw), std::mem::take(&mut self.body), self.buf);
+        let rest = format!(
+            "{}{}{}",
+            std::mem::take(&mut self.raw),
+            std::mem::take(&mut self.body),
+            self.buf
+        );
         self.buf.clear();
         match self.state {
             State::Between | State::Object => self.content.not_a_call(&rest, &mut out.content),
@@ -144,7 +156,7 @@ impl OutputParser for Llama3 {
 
 #[cfg(test)]
 mod tests {
-    use super::super::testutil::{call, expect, long_plain_text_streams, parse_all_splits};
+    use super::super::testutil::{assert_linear, call, expect, long_plain_text_streams, parse_all_splits};
     use super::parser;
 
     // What Llama 3.1's chat template renders for an assistant call (`{"name": ..., "parameters": ...}`),
@@ -184,5 +196,14 @@ mod tests {
             assert_eq!(parse_all_splits(&parser, text), expect(text, "", &[]), "{text}");
         }
         long_plain_text_streams(&parser);
+    }
+    #[test]
+    fn linear_in_the_output_length() {
+        assert_linear(&parser, "", "");
+        assert_linear(
+            &parser,
+            "<|python_tag|>{\"name\": \"f\", \"parameters\": {\"s\": \"",
+            "\"}}",
+        );
     }
 }

@@ -4,6 +4,7 @@
 //! - name then arguments (v11+: Mistral Small 3.2, Devstral, Magistral), repeated per call:
 //!   `[TOOL_CALLS]f[ARGS]{...}[TOOL_CALLS]g[ARGS]{...}`, with an optional `[CALL_ID]id` before `[ARGS]`
 //!   (and `[ARGS]` itself optional, as it disappears when special tokens are skipped).
+//!
 //! Text before the first marker is content; a marker followed by something that is not a call comes back
 //! as content, exactly as written.
 //!
@@ -12,7 +13,7 @@
 
 use serde_json::Value;
 
-use super::scan::{call_from_object, floor_boundary, json_object, scan, Content, Extent, Scan};
+use super::scan::{call_from_object, count_work, floor_boundary, json_object, scan, Content, Extent, Scan};
 use super::{OutputParser, Parsed, ToolCallPiece};
 
 const TAG: &str = "[TOOL_CALLS]";
@@ -85,7 +86,11 @@ impl Mistral {
     }
 
     fn emit(&mut self, name: String, arguments: String, out: &mut Parsed) {
-        out.calls.push(ToolCallPiece { index: self.calls, name: Some(name), arguments });
+        out.calls.push(ToolCallPiece {
+            index: self.calls,
+            name: Some(name),
+            arguments,
+        });
         self.calls += 1;
     }
 
@@ -121,7 +126,9 @@ impl Mistral {
                 State::Array => {
                     self.body.push_str(&self.buf);
                     self.buf.clear();
-                    let Some(end) = self.extent.advance(&self.body) else { return };
+                    let Some(end) = self.extent.advance(&self.body) else {
+                        return;
+                    };
                     let body = std::mem::take(&mut self.body);
                     self.buf = body[end..].to_string();
                     match array_calls(&body[..end]) {
@@ -142,6 +149,7 @@ impl Mistral {
                     self.body.push_str(&self.buf);
                     self.buf.clear();
                     let limit = floor_boundary(&self.body, MAX_HEAD);
+                    count_work(limit);
                     let Some(p) = self.body[..limit].find('{') else {
                         if self.body.len() < MAX_HEAD {
                             return;
@@ -166,7 +174,9 @@ impl Mistral {
                 State::Args => {
                     self.body.push_str(&self.buf);
                     self.buf.clear();
-                    let Some(end) = self.extent.advance(&self.body) else { return };
+                    let Some(end) = self.extent.advance(&self.body) else {
+                        return;
+                    };
                     let body = std::mem::take(&mut self.body);
                     self.buf = body[end..].to_string();
                     match json_object(&body[..end]) {
@@ -199,7 +209,9 @@ impl Mistral {
 
 /// The calls of the array form, if every element is a call and there is at least one.
 fn array_calls(text: &str) -> Option<Vec<(String, String)>> {
-    let Ok(Value::Array(items)) = serde_json::from_str::<Value>(text) else { return None };
+    let Ok(Value::Array(items)) = serde_json::from_str::<Value>(text) else {
+        return None;
+    };
     let calls: Option<Vec<_>> = items.iter().map(|v| call_from_object(v.as_object()?)).collect();
     calls.filter(|c| !c.is_empty())
 }
@@ -227,7 +239,7 @@ impl OutputParser for Mistral {
 
 #[cfg(test)]
 mod tests {
-    use super::super::testutil::{call, expect, long_plain_text_streams, parse_all_splits};
+    use super::super::testutil::{assert_linear, call, expect, long_plain_text_streams, parse_all_splits};
     use super::parser;
 
     // What Mistral-7B-Instruct-v0.3's chat template renders for an assistant message with two calls.
@@ -238,20 +250,37 @@ mod tests {
     #[test]
     fn array_form_template_rendering() {
         let got = parse_all_splits(&parser, V03);
-        assert_eq!(got, expect("", "", &[call("get_weather", r#"{"city":"Paris"}"#), call("get_time", "{}")]));
+        assert_eq!(
+            got,
+            expect(
+                "",
+                "",
+                &[call("get_weather", r#"{"city":"Paris"}"#), call("get_time", "{}")]
+            )
+        );
     }
 
     #[test]
     fn name_form_template_rendering() {
         let got = parse_all_splits(&parser, V11);
-        assert_eq!(got, expect("Sure.", "", &[call("get_weather", r#"{"city":"Paris"}"#), call("get_time", "{}")]));
+        assert_eq!(
+            got,
+            expect(
+                "Sure.",
+                "",
+                &[call("get_weather", r#"{"city":"Paris"}"#), call("get_time", "{}")]
+            )
+        );
     }
 
     #[test]
     fn call_ids_skipped_special_tokens_and_text_after() {
         let text = "[TOOL_CALLS]f[CALL_ID]a1b2c3d4e[ARGS]{\"x\": \"{[\"}[TOOL_CALLS]g{\"y\": 2}\n\nDone.";
         let got = parse_all_splits(&parser, text);
-        assert_eq!(got, expect("Done.", "", &[call("f", r#"{"x":"{["}"#), call("g", r#"{"y":2}"#)]));
+        assert_eq!(
+            got,
+            expect("Done.", "", &[call("f", r#"{"x":"{["}"#), call("g", r#"{"y":2}"#)])
+        );
     }
 
     #[test]
@@ -268,5 +297,15 @@ mod tests {
             assert_eq!(parse_all_splits(&parser, text), expect(text, "", &[]), "{text}");
         }
         long_plain_text_streams(&parser);
+    }
+    #[test]
+    fn linear_in_the_output_length() {
+        assert_linear(&parser, "", "");
+        assert_linear(&parser, "[TOOL_CALLS]f[ARGS]{\"s\": \"", "\"}");
+        assert_linear(
+            &parser,
+            "[TOOL_CALLS][{\"name\": \"f\", \"arguments\": {\"s\": \"",
+            "\"}}]",
+        );
     }
 }

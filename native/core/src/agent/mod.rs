@@ -5,6 +5,10 @@
 //! reasoning with them) and returns only what is certain: text that may still turn out to be the start of a
 //! call or reasoning marker is held back until the next delta or `finish`. Concatenating everything a parser
 //! returns, delta by delta, gives the same result however the text was split.
+//!
+//! The tool-call parsers announce a call only once it is complete and valid, as one piece carrying its name
+//! and whole arguments, so a truncated or malformed call is content in a stream exactly as in a whole
+//! response; reasoning and content stream as they arrive. Families, names and inference: docs/agents.md.
 
 /// One piece of a tool call as it streams. A call's first piece carries its name; every piece may carry
 /// argument text. A call's `arguments` pieces concatenated are its arguments as a JSON object string.
@@ -65,7 +69,10 @@ pub struct PassThrough;
 
 impl OutputParser for PassThrough {
     fn push(&mut self, text: &str) -> Parsed {
-        Parsed { content: text.to_string(), ..Parsed::default() }
+        Parsed {
+            content: text.to_string(),
+            ..Parsed::default()
+        }
     }
 
     fn finish(&mut self) -> Parsed {

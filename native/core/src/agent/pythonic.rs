@@ -79,20 +79,27 @@ impl Pythonic {
                 State::List => {
                     self.body.push_str(&self.buf);
                     self.buf.clear();
-                    let Some(end) = self.extent.advance(&self.body) else { return };
+                    let Some(end) = self.extent.advance(&self.body) else {
+                        return;
+                    };
                     let body = std::mem::take(&mut self.body);
                     self.buf = body[end..].to_string();
                     let raw = std::mem::take(&mut self.raw);
                     match parse_calls(&body[..end]) {
                         Some(calls) => {
                             for (index, (name, arguments)) in calls.into_iter().enumerate() {
-                                out.calls.push(ToolCallPiece { index: index as u32, name: Some(name), arguments });
+                                out.calls.push(ToolCallPiece {
+                                    index: index as u32,
+                                    name: Some(name),
+                                    arguments,
+                                });
                             }
                             self.content.call_boundary();
                             self.state = State::End;
                         }
                         None => {
-                            self.content.not_a_call(&format!("{raw}{}", &body[..end]), &mut out.content);
+                            self.content
+                                .not_a_call(&format!("{raw}{}", &body[..end]), &mut out.content);
                             self.state = State::Text;
                         }
                     }
@@ -128,7 +135,12 @@ impl OutputParser for Pythonic {
 
     fn finish(&mut self) -> Parsed {
         let mut out = Parsed::default();
-        let rest = format!("{}{}{}", std::mem::take(&mut self.raw), std::mem::take(&mut self.body), self.buf);
+        let rest = format!(
+            "{}{}{}",
+            std::mem::take(&mut self.raw),
+            std::mem::take(&mut self.body),
+            self.buf
+        );
         self.buf.clear();
         match self.state {
             State::Start | State::List => self.content.not_a_call(&rest, &mut out.content),
@@ -185,7 +197,10 @@ impl Py<'_> {
 
     fn ident(&mut self) -> Option<&str> {
         let start = self.i;
-        while let Some(c) = self.peek().filter(|c| c.is_alphanumeric() || *c == '_' || *c == '.' || *c == '-') {
+        while let Some(c) = self
+            .peek()
+            .filter(|c| c.is_alphanumeric() || *c == '_' || *c == '.' || *c == '-')
+        {
             self.i += c.len_utf8();
         }
         let id = &self.s[start..self.i];
@@ -331,7 +346,7 @@ impl Py<'_> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::testutil::{call, expect, long_plain_text_streams, parse_all_splits};
+    use super::super::testutil::{assert_linear, call, expect, long_plain_text_streams, parse_all_splits};
     use super::parser;
 
     // What Llama 4's chat template renders for an assistant message with two calls.
@@ -340,7 +355,10 @@ mod tests {
     #[test]
     fn template_rendering() {
         let got = parse_all_splits(&parser, RENDERED);
-        let calls = [call("get_weather", r#"{"city":"Paris","days":3}"#), call("get_time", r#"{"tz":"Europe/Paris"}"#)];
+        let calls = [
+            call("get_weather", r#"{"city":"Paris","days":3}"#),
+            call("get_time", r#"{"tz":"Europe/Paris"}"#),
+        ];
         assert_eq!(got, expect("", "", &calls));
     }
 
@@ -372,5 +390,10 @@ mod tests {
             assert_eq!(parse_all_splits(&parser, text), expect(text, "", &[]), "{text}");
         }
         long_plain_text_streams(&parser);
+    }
+    #[test]
+    fn linear_in_the_output_length() {
+        assert_linear(&parser, "", "");
+        assert_linear(&parser, "[f(s='", "')]");
     }
 }

@@ -13,7 +13,13 @@ use super::tagged::{Markers, Tagged};
 use super::OutputParser;
 
 pub fn parser() -> Box<dyn OutputParser> {
-    Box::new(Tagged::new(Markers { section: None, call: ("<tool_call>", "</tool_call>") }, decode))
+    Box::new(Tagged::new(
+        Markers {
+            section: None,
+            call: ("<tool_call>", "</tool_call>"),
+        },
+        decode,
+    ))
 }
 
 fn decode(body: &str) -> Option<(String, String)> {
@@ -48,7 +54,7 @@ fn decode(body: &str) -> Option<(String, String)> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::testutil::{call, expect, parse_all_splits};
+    use super::super::testutil::{assert_linear, call, expect, parse_all_splits};
     use super::parser;
 
     // What Qwen3-Coder's chat template renders for an assistant message with content and two calls (it
@@ -58,8 +64,10 @@ mod tests {
     #[test]
     fn template_rendering() {
         let got = parse_all_splits(&parser, RENDERED);
-        let calls =
-            [call("get_weather", r#"{"city":"Paris","days":3,"opts":{"unit":"c"}}"#), call("noop", "{}")];
+        let calls = [
+            call("get_weather", r#"{"city":"Paris","days":3,"opts":{"unit":"c"}}"#),
+            call("noop", "{}"),
+        ];
         assert_eq!(got, expect("I'll look.", "", &calls));
     }
 
@@ -77,5 +85,13 @@ mod tests {
         assert_eq!(parse_all_splits(&parser, bad), expect(bad, "", &[]));
         let cut = "ok\n<tool_call>\n<function=f>\n<parameter=a>\n1";
         assert_eq!(parse_all_splits(&parser, cut), expect(cut, "", &[]));
+    }
+    #[test]
+    fn linear_in_the_output_length() {
+        assert_linear(
+            &parser,
+            "<tool_call>\n<function=f>\n<parameter=s>\n",
+            "\n</parameter>\n</function>\n</tool_call>",
+        );
     }
 }

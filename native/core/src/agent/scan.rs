@@ -7,6 +7,21 @@
 
 use serde_json::{Map, Value};
 
+#[cfg(test)]
+thread_local! {
+    /// Bytes examined by the searches below, on this thread: the linearity tests assert on it.
+    pub(crate) static WORK: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// Counts `n` bytes examined (tests only).
+#[inline]
+pub(crate) fn count_work(n: usize) {
+    #[cfg(test)]
+    WORK.with(|w| w.set(w.get() + n));
+    #[cfg(not(test))]
+    let _ = n;
+}
+
 /// The earliest of `markers` in `hay`: (byte offset, marker index). On a tie the marker listed first wins.
 pub(crate) fn find_first(hay: &str, markers: &[&str]) -> Option<(usize, usize)> {
     markers
@@ -41,9 +56,12 @@ pub(crate) enum Scan {
 }
 
 pub(crate) fn scan(buf: &str, markers: &[&str]) -> Scan {
+    count_work(buf.len());
     match find_first(buf, markers) {
         Some((at, which)) => Scan::Found { at, which },
-        None => Scan::Text { safe: buf.len() - partial_len(buf, markers) },
+        None => Scan::Text {
+            safe: buf.len() - partial_len(buf, markers),
+        },
     }
 }
 
@@ -75,6 +93,7 @@ impl Body {
     pub fn find_any(&mut self, markers: &[&str]) -> Option<(usize, usize)> {
         let longest = markers.iter().map(|m| m.len()).max().unwrap_or(1);
         let from = floor_boundary(&self.text, self.searched.saturating_sub(longest - 1));
+        count_work(self.text.len() - from);
         let found = find_first(&self.text[from..], markers).map(|(p, i)| (from + p, i));
         self.searched = self.text.len();
         found
@@ -160,12 +179,16 @@ pub(crate) struct Extent {
 
 impl Extent {
     pub fn python() -> Self {
-        Extent { python: true, ..Default::default() }
+        Extent {
+            python: true,
+            ..Default::default()
+        }
     }
 
     /// Byte offset just past the value's closing bracket, once `text` holds it.
     pub fn advance(&mut self, text: &str) -> Option<usize> {
         let bytes = text.as_bytes();
+        count_work(bytes.len().saturating_sub(self.pos));
         while self.pos < bytes.len() {
             let b = bytes[self.pos];
             self.pos += 1;

@@ -38,14 +38,22 @@ const TOOL_NAMES: [(ToolFormat, &str, &[&str]); 9] = [
     (ToolFormat::Llama3Json, "llama3_json", &["llama3", "llama"]),
     (ToolFormat::Pythonic, "pythonic", &["llama4_pythonic", "llama4"]),
     (ToolFormat::Mistral, "mistral", &[]),
-    (ToolFormat::DeepSeekV3, "deepseek_v3", &["deepseek", "deepseek_r1", "deepseek_v31"]),
+    (
+        ToolFormat::DeepSeekV3,
+        "deepseek_v3",
+        &["deepseek", "deepseek_r1", "deepseek_v31"],
+    ),
     (ToolFormat::KimiK2, "kimi_k2", &["kimi"]),
     (ToolFormat::Glm45, "glm45", &["glm4_moe", "glm46", "glm"]),
     (ToolFormat::Harmony, "harmony", &["openai", "gpt_oss"]),
 ];
 
 const REASONING_NAMES: [(ReasoningFormat, &str, &[&str]); 2] = [
-    (ReasoningFormat::Think, "think", &["deepseek_r1", "qwen3", "glm45", "kimi_k2"]),
+    (
+        ReasoningFormat::Think,
+        "think",
+        &["deepseek_r1", "qwen3", "glm45", "kimi_k2"],
+    ),
     (ReasoningFormat::Harmony, "harmony", &["openai", "gpt_oss"]),
 ];
 
@@ -94,7 +102,10 @@ impl fmt::Display for ToolFormat {
 
 impl fmt::Display for ReasoningFormat {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let name = REASONING_NAMES.iter().find(|(t, _, _)| t == self).map_or("?", |(_, n, _)| n);
+        let name = REASONING_NAMES
+            .iter()
+            .find(|(t, _, _)| t == self)
+            .map_or("?", |(_, n, _)| n);
         f.write_str(name)
     }
 }
@@ -177,8 +188,16 @@ pub fn infer(model_name: &str, chat_template: &str) -> (Option<ToolFormat>, Opti
     } else {
         None
     };
-    let thinks_by_name = named(&["deepseek-r1", "deepseek_r1", "qwq", "qwen3", "glm-4.5", "glm-4.6", "glm-4.7", "kimi-k2-thinking"])
-        && !named(&["qwen3-coder", "instruct-2507", "-instruct"]);
+    let thinks_by_name = named(&[
+        "deepseek-r1",
+        "deepseek_r1",
+        "qwq",
+        "qwen3",
+        "glm-4.5",
+        "glm-4.6",
+        "glm-4.7",
+        "kimi-k2-thinking",
+    ]) && !named(&["qwen3-coder", "instruct-2507", "-instruct"]);
     let reasoning = (has("<think>") || thinks_by_name).then_some(ReasoningFormat::Think);
     (tool, reasoning)
 }
@@ -201,26 +220,74 @@ mod tests {
         assert_eq!("think".parse::<R>(), Ok(R::Think));
         assert_eq!("harmony".parse::<R>(), Ok(R::Harmony));
         let err = "nope".parse::<T>().unwrap_err().to_string();
-        assert!(err.contains("unknown tool_parser \"nope\"") && err.contains("hermes, qwen3_coder"), "{err}");
+        assert!(
+            err.contains("unknown tool_parser \"nope\"") && err.contains("hermes, qwen3_coder"),
+            "{err}"
+        );
     }
 
     #[test]
     fn inference_from_names_and_templates() {
-        let cases: [(&str, &str, (Option<T>, Option<R>)); 14] = [
+        type Case = (&'static str, &'static str, (Option<T>, Option<R>));
+        let cases: [Case; 14] = [
             ("openai/gpt-oss-20b", "", (Some(T::Harmony), Some(R::Harmony))),
-            ("x", "{{ '<|start|>assistant<|channel|>final<|message|>' }}", (Some(T::Harmony), Some(R::Harmony))),
-            ("Qwen/Qwen2.5-7B-Instruct", "<tool_call>\n{{ tool_call | tojson }}", (Some(T::Hermes), None)),
-            ("Qwen/Qwen3-8B", "<tool_call> <think>", (Some(T::Hermes), Some(R::Think))),
-            ("Qwen/Qwen3-Coder-30B-A3B-Instruct", "<tool_call><function=x><parameter=y>", (Some(T::Qwen3Coder), None)),
-            ("meta-llama/Llama-3.1-8B-Instruct", "<|python_tag|>", (Some(T::Llama3Json), None)),
-            ("meta-llama/Llama-4-Scout-17B-16E-Instruct", "<|python_tag|>", (Some(T::Pythonic), None)),
-            ("mistralai/Mistral-Small-3.2-24B-Instruct-2506", "", (Some(T::Mistral), None)),
-            ("deepseek-ai/DeepSeek-R1", "<｜tool▁calls▁begin｜>", (Some(T::DeepSeekV3), Some(R::Think))),
-            ("deepseek-ai/DeepSeek-V3", "<｜tool▁calls▁begin｜>", (Some(T::DeepSeekV3), None)),
-            ("moonshotai/Kimi-K2-Instruct", "<|tool_calls_section_begin|>", (Some(T::KimiK2), None)),
+            (
+                "x",
+                "{{ '<|start|>assistant<|channel|>final<|message|>' }}",
+                (Some(T::Harmony), Some(R::Harmony)),
+            ),
+            (
+                "Qwen/Qwen2.5-7B-Instruct",
+                "<tool_call>\n{{ tool_call | tojson }}",
+                (Some(T::Hermes), None),
+            ),
+            (
+                "Qwen/Qwen3-8B",
+                "<tool_call> <think>",
+                (Some(T::Hermes), Some(R::Think)),
+            ),
+            (
+                "Qwen/Qwen3-Coder-30B-A3B-Instruct",
+                "<tool_call><function=x><parameter=y>",
+                (Some(T::Qwen3Coder), None),
+            ),
+            (
+                "meta-llama/Llama-3.1-8B-Instruct",
+                "<|python_tag|>",
+                (Some(T::Llama3Json), None),
+            ),
+            (
+                "meta-llama/Llama-4-Scout-17B-16E-Instruct",
+                "<|python_tag|>",
+                (Some(T::Pythonic), None),
+            ),
+            (
+                "mistralai/Mistral-Small-3.2-24B-Instruct-2506",
+                "",
+                (Some(T::Mistral), None),
+            ),
+            (
+                "deepseek-ai/DeepSeek-R1",
+                "<｜tool▁calls▁begin｜>",
+                (Some(T::DeepSeekV3), Some(R::Think)),
+            ),
+            (
+                "deepseek-ai/DeepSeek-V3",
+                "<｜tool▁calls▁begin｜>",
+                (Some(T::DeepSeekV3), None),
+            ),
+            (
+                "moonshotai/Kimi-K2-Instruct",
+                "<|tool_calls_section_begin|>",
+                (Some(T::KimiK2), None),
+            ),
             ("zai-org/GLM-4.6", "<arg_key>", (Some(T::Glm45), Some(R::Think))),
             ("my-org/custom", "{{ messages }}", (None, None)),
-            ("NousResearch/Hermes-3-Llama-3.1-8B", "<tool_call>", (Some(T::Hermes), None)),
+            (
+                "NousResearch/Hermes-3-Llama-3.1-8B",
+                "<tool_call>",
+                (Some(T::Hermes), None),
+            ),
         ];
         for (name, template, want) in cases {
             assert_eq!(infer(name, template), want, "{name}");
@@ -231,7 +298,10 @@ mod tests {
     fn parser_composes_reasoning_and_calls() {
         let make = || parser(Some(T::Hermes), Some(R::Think), true);
         let text = "Need a call.</think>\n<tool_call>\n{\"name\": \"f\", \"arguments\": {}}\n</tool_call>";
-        assert_eq!(parse_all_splits(&make, text), expect("", "Need a call.", &[call("f", "{}")]));
+        assert_eq!(
+            parse_all_splits(&make, text),
+            expect("", "Need a call.", &[call("f", "{}")])
+        );
         let none = || parser(None, None, false);
         let text = "<tool_call>{\"name\": \"f\"}</tool_call> <think>x</think>";
         assert_eq!(parse_all_splits(&none, text), expect(text, "", &[]));

@@ -73,7 +73,9 @@ impl Tagged {
                             let len = markers[which].len();
                             self.buf.drain(..at + len);
                             self.state = match (which, self.state) {
-                                (0, s) => State::Call { in_section: s == State::Section },
+                                (0, s) => State::Call {
+                                    in_section: s == State::Section,
+                                },
                                 (_, State::Text) => State::Section,
                                 _ => State::Text,
                             };
@@ -94,7 +96,11 @@ impl Tagged {
                     self.buf = body[end + close.len()..].to_string();
                     match (self.decode)(&body[..end]) {
                         Some((name, arguments)) => {
-                            out.calls.push(ToolCallPiece { index: self.calls, name: Some(name), arguments });
+                            out.calls.push(ToolCallPiece {
+                                index: self.calls,
+                                name: Some(name),
+                                arguments,
+                            });
                             self.calls += 1;
                             self.content.call_boundary();
                         }

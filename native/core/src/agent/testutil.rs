@@ -66,7 +66,11 @@ pub(crate) fn call(name: &str, args: &str) -> (String, String) {
 
 /// The expected merged result.
 pub(crate) fn expect(content: &str, reasoning: &str, calls: &[(String, String)]) -> Merged {
-    Merged { content: content.into(), reasoning: reasoning.into(), calls: calls.to_vec() }
+    Merged {
+        content: content.into(),
+        reasoning: reasoning.into(),
+        calls: calls.to_vec(),
+    }
 }
 
 /// Pushes a long plain text one char at a time and checks the parser passed it all through as content.
@@ -84,4 +88,26 @@ pub(crate) fn long_plain_text_streams(make: &dyn Fn() -> Box<dyn OutputParser>) 
     assert!(merged.content.len() + 64 >= text.trim_end().len());
     merged.add(parser.finish());
     assert_eq!(merged.content, text);
+}
+
+/// Pushes `prefix`, then 100 000 filler chars, then `suffix`, one char at a time, and asserts the parsers'
+/// searches examined a bounded number of bytes per byte of output (a parser that re-scanned its buffer per
+/// delta would examine billions), and that the result is the whole-text result.
+pub(crate) fn assert_linear(make: &dyn Fn() -> Box<dyn OutputParser>, prefix: &str, suffix: &str) {
+    let text = format!("{prefix}{}{suffix}", "ab cd ".repeat(100_000 / 6));
+    let whole = run(make().as_mut(), &[&text]);
+    super::scan::WORK.with(|w| w.set(0));
+    let mut parser = make();
+    let mut merged = Merged::default();
+    for c in text.chars() {
+        merged.add(parser.push(c.encode_utf8(&mut [0u8; 4])));
+    }
+    merged.add(parser.finish());
+    let work = super::scan::WORK.with(|w| w.get());
+    assert!(
+        work < 80 * text.len(),
+        "{work} bytes examined for {} bytes of output",
+        text.len()
+    );
+    assert_eq!(merged, whole);
 }

@@ -40,14 +40,18 @@ impl Think {
         reasoning.call_boundary();
         Think {
             inner,
-            state: if prompt_opens_think { State::Reasoning } else { State::Start },
+            state: if prompt_opens_think {
+                State::Reasoning
+            } else {
+                State::Start
+            },
             buf: String::new(),
             reasoning,
             trim_content: false,
         }
     }
 
-    fn to_inner(&mut self, text: &str, out: &mut Parsed) {
+    fn feed_inner(&mut self, text: &str, out: &mut Parsed) {
         let text = if self.trim_content {
             let t = text.trim_start();
             if t.is_empty() {
@@ -92,7 +96,7 @@ impl Think {
                 },
                 State::After => {
                     let rest = std::mem::take(&mut self.buf);
-                    self.to_inner(&rest, out);
+                    self.feed_inner(&rest, out);
                     return;
                 }
             }
@@ -122,7 +126,7 @@ impl OutputParser for Think {
                 self.reasoning.text(&rest, &mut out.reasoning);
                 self.reasoning.finish(&mut out.reasoning);
             }
-            _ => self.to_inner(&rest, &mut out),
+            _ => self.feed_inner(&rest, &mut out),
         }
         merge(&mut out, self.inner.finish());
         self.state = State::After;
@@ -132,7 +136,7 @@ impl OutputParser for Think {
 
 #[cfg(test)]
 mod tests {
-    use super::super::testutil::{call, expect, long_plain_text_streams, parse_all_splits};
+    use super::super::testutil::{assert_linear, call, expect, long_plain_text_streams, parse_all_splits};
     use super::super::{hermes, OutputParser, PassThrough};
     use super::Think;
 
@@ -149,7 +153,10 @@ mod tests {
     #[test]
     fn reasoning_then_content() {
         let text = "<think>\nThe user greets.\n</think>\n\nHello!";
-        assert_eq!(parse_all_splits(&plain, text), expect("Hello!", "The user greets.", &[]));
+        assert_eq!(
+            parse_all_splits(&plain, text),
+            expect("Hello!", "The user greets.", &[])
+        );
     }
 
     #[test]
@@ -181,10 +188,18 @@ mod tests {
         // Qwen3's rendering of an assistant turn with reasoning and a call.
         let text = "<think>\nNeed weather.\n</think>\n\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>";
         let got = parse_all_splits(&with_tools, text);
-        assert_eq!(got, expect("", "Need weather.", &[call("get_weather", r#"{"city":"Paris"}"#)]));
+        assert_eq!(
+            got,
+            expect("", "Need weather.", &[call("get_weather", r#"{"city":"Paris"}"#)])
+        );
         // Markup in the reasoning is reasoning, not a call.
         let text = "<think>maybe <tool_call>{\"name\": \"x\"}</tool_call></think>ok";
         let got = parse_all_splits(&with_tools, text);
         assert_eq!(got, expect("ok", "maybe <tool_call>{\"name\": \"x\"}</tool_call>", &[]));
+    }
+    #[test]
+    fn linear_in_the_output_length() {
+        assert_linear(&with_tools, "", "");
+        assert_linear(&with_tools, "<think>", "</think>");
     }
 }
