@@ -10,6 +10,7 @@ The engine starts once per session (30-100 s; `real_vllm`, shared with the contr
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import openai
@@ -208,3 +209,63 @@ def test_invalid_values_are_refused_with_their_param(vllm_gateway: Gateway, api:
         with pytest.raises(openai.BadRequestError) as caught:
             ask(vllm_gateway, api, stream, max_tokens=2, **fields)
         assert isinstance(caught.value.body, dict) and caught.value.body["param"] == param, caught.value.body
+
+
+# Structured outputs on the real engine: its grammar backend applies the constraint the gateway sent in
+# `SamplingParams.constraint`, so even random weights write only what the constraint allows.
+YES_NO_SCHEMA = {
+    "type": "object",
+    "properties": {"answer": {"type": "string", "enum": ["yes", "no"]}},
+    "required": ["answer"],
+    "additionalProperties": False,
+}
+
+
+def whitespace_tokens(gw: Gateway) -> list[int]:
+    """The ids of the model's tokens that decode to whitespace only."""
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(gw.model_dir / "tokenizer.json"))
+    return [i for i in range(tokenizer.get_vocab_size()) if (t := tokenizer.decode([i])) and t.isspace()]
+
+
+@pytest.mark.parametrize(
+    ("extra", "valid"),
+    [
+        (
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "yes_no", "schema": YES_NO_SCHEMA, "strict": True},
+                }
+            },
+            lambda text: json.loads(text)["answer"] in ("yes", "no") and set(json.loads(text)) == {"answer"},
+        ),
+        ({"guided_choice": ["sunny", "rainy"]}, lambda text: text in ("sunny", "rainy")),
+        ({"structured_outputs": {"regex": "[0-9]{3}"}}, lambda text: len(text) == 3 and text.isdigit()),
+    ],
+    ids=["json_schema", "choice", "regex"],
+)
+def test_the_real_engine_honours_the_constraint(
+    vllm_gateway: Gateway, api: str, extra: dict[str, Any], valid: Any
+) -> None:
+    # Random weights favour whitespace, which JSON allows between tokens without end: banning the
+    # whitespace-only tokens leaves the grammar nothing but the JSON's own characters to choose from.
+    no_whitespace = {str(i): -100 for i in whitespace_tokens(vllm_gateway)}
+    body: dict[str, Any] = {
+        "model": vllm_gateway.model,
+        "max_tokens": 200,
+        "seed": 3,
+        "logit_bias": no_whitespace,
+        **extra,
+    }
+    if api == "chat":
+        body["messages"] = [{"role": "user", "content": "Will it rain?"}]
+    else:
+        body["prompt"] = "Will it rain? Answer:"
+    status, answer = vllm_gateway.post(PATHS[api], body)
+    assert status == 200, answer
+    choice = answer["choices"][0]
+    text = choice["message"]["content"] if api == "chat" else choice["text"]
+    assert choice["finish_reason"] == "stop", (choice["finish_reason"], text)
+    assert valid(text), text

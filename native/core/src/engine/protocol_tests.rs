@@ -3,7 +3,7 @@
 use prost::Message;
 
 use super::{GenerateCall, Output, Protocol, TokenLogprob};
-use crate::openai::request::Sampling;
+use crate::openai::request::{Constraint, Sampling};
 use crate::pb::{sglang, vllm};
 
 fn call(sampling: &Sampling) -> GenerateCall<'_> {
@@ -331,4 +331,118 @@ fn sglang_complete_with_logprobs_round_trips() {
         .unwrap()
         .unwrap();
     assert_eq!(out.logprobs, expected_logprobs());
+}
+
+/// A length-delimited field: its key, its length and its bytes (short values only).
+fn bytes_field(tag: u32, value: &[u8]) -> Vec<u8> {
+    let mut key = Vec::new();
+    let mut k = (tag << 3) | 2;
+    while k >= 0x80 {
+        key.push((k as u8 & 0x7f) | 0x80);
+        k >>= 7;
+    }
+    key.push(k as u8);
+    key.push(value.len() as u8);
+    key.extend_from_slice(value);
+    key
+}
+
+#[test]
+fn each_constraint_travels_in_each_protocols_own_field() {
+    use sglang::sampling_params::Constraint as G;
+    use vllm::sampling_params::Constraint as V;
+    let s = sampling();
+    let encode = |protocol: Protocol, c: &Constraint| {
+        protocol.encode_generate(GenerateCall {
+            constraint: Some(c),
+            ..call(&s)
+        })
+    };
+    let choice = Constraint::Choice(vec!["a.b".into(), "c".into()]);
+    // (constraint, vLLM's field and number, SGLang's field and number) as in smg-grpc-proto.
+    let cases = [
+        (
+            Constraint::JsonSchema("{}".into()),
+            V::JsonSchema("{}".into()),
+            16,
+            G::JsonSchema("{}".into()),
+            14,
+        ),
+        (
+            Constraint::Regex("a+".into()),
+            V::Regex("a+".into()),
+            17,
+            G::Regex("a+".into()),
+            13,
+        ),
+        (
+            Constraint::Grammar("g".into()),
+            V::Grammar("g".into()),
+            18,
+            G::EbnfGrammar("g".into()),
+            15,
+        ),
+        (
+            Constraint::StructuralTag("t".into()),
+            V::StructuralTag("t".into()),
+            19,
+            G::StructuralTag("t".into()),
+            16,
+        ),
+    ];
+    for (c, v, v_tag, g, g_tag) in cases {
+        let vb = encode(Protocol::Vllm, &c);
+        let vp = vllm::GenerateRequest::decode(vb.as_slice())
+            .unwrap()
+            .sampling_params
+            .unwrap();
+        assert_eq!(vp.constraint, Some(v.clone()), "{c:?}");
+        let text = match &v {
+            V::JsonSchema(t) | V::Regex(t) | V::Grammar(t) | V::StructuralTag(t) => t.clone(),
+            V::Choice(_) => unreachable!(),
+        };
+        assert!(contains(&vb, &bytes_field(v_tag, text.as_bytes())), "{c:?}: {vb:?}");
+        let gb = encode(Protocol::Sglang, &c);
+        let gp = sglang::GenerateRequest::decode(gb.as_slice())
+            .unwrap()
+            .sampling_params
+            .unwrap();
+        assert_eq!(gp.constraint, Some(g), "{c:?}");
+        assert!(contains(&gb, &bytes_field(g_tag, text.as_bytes())), "{c:?}: {gb:?}");
+    }
+    // vLLM has a choice field (21, a ChoiceConstraint); SGLang gets the regex of exactly those choices.
+    let vb = encode(Protocol::Vllm, &choice);
+    let vp = vllm::GenerateRequest::decode(vb.as_slice())
+        .unwrap()
+        .sampling_params
+        .unwrap();
+    let wanted = vllm::ChoiceConstraint {
+        choices: vec!["a.b".into(), "c".into()],
+    };
+    assert_eq!(vp.constraint, Some(V::Choice(wanted.clone())));
+    assert!(contains(&vb, &bytes_field(21, &wanted.encode_to_vec())));
+    let gb = encode(Protocol::Sglang, &choice);
+    let gp = sglang::GenerateRequest::decode(gb.as_slice())
+        .unwrap()
+        .sampling_params
+        .unwrap();
+    assert_eq!(gp.constraint, Some(G::Regex(r"(a\.b|c)".into())));
+    // No constraint: neither protocol sends one.
+    let none = |p: Protocol| p.encode_generate(call(&s));
+    assert_eq!(
+        vllm::GenerateRequest::decode(none(Protocol::Vllm).as_slice())
+            .unwrap()
+            .sampling_params
+            .unwrap()
+            .constraint,
+        None
+    );
+    assert_eq!(
+        sglang::GenerateRequest::decode(none(Protocol::Sglang).as_slice())
+            .unwrap()
+            .sampling_params
+            .unwrap()
+            .constraint,
+        None
+    );
 }

@@ -295,7 +295,9 @@ pub(crate) fn parse_chat_input(obj: &Object) -> Result<ChatInput, ApiError> {
     let tools = match obj.get("tools") {
         None | Some(Value::Null) => None,
         Some(tools @ Value::Array(_)) => Some(tools.clone()),
-        Some(_) => return Err(ApiError::invalid_param("tools", "'tools' must be a list")),
+        Some(_) => {
+            return Err(ApiError::invalid_param("tools", "'tools' must be a list").with_code(super::codes::INVALID_TYPE))
+        }
     };
     let mut chat_template_kwargs = opt_object(obj, "chat_template_kwargs")?.cloned().unwrap_or_default();
     apply_reasoning_effort(obj, &mut chat_template_kwargs)?;

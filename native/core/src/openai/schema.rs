@@ -52,14 +52,12 @@ fn check_subschema(value: &Value, param: &str) -> Result<(), ApiError> {
         let at = format!("{param}.{key}");
         match key.as_str() {
             "type" => check_type(v, &at)?,
-            "required" => {
-                if !v.as_array().is_some_and(|items| items.iter().all(Value::is_string)) {
-                    return Err(refuse(
-                        &at,
-                        INVALID_TYPE,
-                        format!("'{at}' must be a list of property names"),
-                    ));
-                }
+            "required" if !v.as_array().is_some_and(|items| items.iter().all(Value::is_string)) => {
+                return Err(refuse(
+                    &at,
+                    INVALID_TYPE,
+                    format!("'{at}' must be a list of property names"),
+                ));
             }
             "enum" if !v.is_array() => {
                 return Err(refuse(&at, INVALID_TYPE, format!("'{at}' must be a list")));

@@ -340,3 +340,196 @@ pub fn choice_regex(choices: &[String]) -> String {
         .collect();
     format!("({})", escaped.join("|"))
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::openai::request::{parse_chat_request, parse_completion_request};
+
+    fn chat(extra: Value) -> Result<Option<Constraint>, ApiError> {
+        let mut body = json!({"model": "m", "messages": [{"role": "user", "content": "x"}]});
+        for (k, v) in extra.as_object().unwrap() {
+            body[k] = v.clone();
+        }
+        parse_chat_request(body.to_string().as_bytes()).map(|r| r.constraint)
+    }
+
+    fn schema_of(s: &str) -> Value {
+        serde_json::from_str(s).unwrap()
+    }
+
+    #[test]
+    fn every_source_maps_to_its_constraint() {
+        let person = json!({"type": "object", "properties": {"name": {"type": "string"}}});
+        let js = |c: Option<Constraint>| match c {
+            Some(Constraint::JsonSchema(s)) => schema_of(&s),
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(chat(json!({"response_format": {"type": "text"}})).unwrap(), None);
+        assert_eq!(
+            js(chat(json!({"response_format": {"type": "json_object"}})).unwrap()),
+            json!({"type": "object"})
+        );
+        let rf = json!({"type": "json_schema", "json_schema": {"name": "person", "schema": person, "strict": true}});
+        assert_eq!(js(chat(json!({"response_format": rf})).unwrap()), person);
+        assert_eq!(
+            js(chat(json!({"structured_outputs": {"json": person}})).unwrap()),
+            person
+        );
+        assert_eq!(
+            js(chat(json!({"structured_outputs": {"json": person.to_string()}})).unwrap()),
+            person
+        );
+        assert_eq!(
+            js(chat(json!({"structured_outputs": {"json_object": true}})).unwrap()),
+            json!({"type": "object"})
+        );
+        assert_eq!(
+            chat(json!({"structured_outputs": {"regex": "[a-z]+", "disable_fallback": false}})).unwrap(),
+            Some(Constraint::Regex("[a-z]+".into()))
+        );
+        assert_eq!(
+            chat(json!({"structured_outputs": {"choice": ["yes", "no"]}})).unwrap(),
+            Some(Constraint::Choice(vec!["yes".into(), "no".into()]))
+        );
+        assert_eq!(
+            chat(json!({"structured_outputs": {"grammar": "root ::= \"a\""}})).unwrap(),
+            Some(Constraint::Grammar("root ::= \"a\"".into()))
+        );
+        assert_eq!(
+            chat(json!({"structured_outputs": {"structural_tag": "{}"}})).unwrap(),
+            Some(Constraint::StructuralTag("{}".into()))
+        );
+        assert_eq!(js(chat(json!({"guided_json": person})).unwrap()), person);
+        assert_eq!(
+            chat(json!({"guided_regex": "\\d+"})).unwrap(),
+            Some(Constraint::Regex("\\d+".into()))
+        );
+        assert_eq!(
+            chat(json!({"guided_choice": ["a"]})).unwrap(),
+            Some(Constraint::Choice(vec!["a".into()]))
+        );
+        assert_eq!(
+            chat(json!({"guided_grammar": "root ::= \"x\""})).unwrap(),
+            Some(Constraint::Grammar("root ::= \"x\"".into()))
+        );
+        let tag = json!({"type": "structural_tag", "format": {"type": "const_string", "value": "hi"}});
+        match chat(json!({"response_format": tag})).unwrap() {
+            Some(Constraint::StructuralTag(s)) => assert_eq!(schema_of(&s), tag),
+            other => panic!("{other:?}"),
+        }
+        // Completions take the same constraints.
+        let c = parse_completion_request(br#"{"model":"m","prompt":"x","guided_choice":["a","b"]}"#).unwrap();
+        assert_eq!(c.constraint, Some(Constraint::Choice(vec!["a".into(), "b".into()])));
+    }
+
+    #[test]
+    fn invalid_or_second_constraints_name_the_parameter_with_a_code() {
+        let schema = json!({"type": "object"});
+        let tools = json!([{"type": "function", "function": {"name": "f"}}]);
+        let cases = [
+            (json!({"response_format": "json"}), "response_format"),
+            (json!({"response_format": {}}), "response_format.type"),
+            (json!({"response_format": {"type": "xml"}}), "response_format.type"),
+            (
+                json!({"response_format": {"type": "json_schema"}}),
+                "response_format.json_schema",
+            ),
+            (
+                json!({"response_format": {"type": "json_schema", "json_schema": {"schema": schema}}}),
+                "response_format.json_schema.name",
+            ),
+            (
+                json!({"response_format": {"type": "json_schema", "json_schema": {"name": "a b", "schema": schema}}}),
+                "response_format.json_schema.name",
+            ),
+            (
+                json!({"response_format": {"type": "json_schema", "json_schema": {"name": "p"}}}),
+                "response_format.json_schema.schema",
+            ),
+            (
+                json!({"response_format": {"type": "json_schema", "json_schema": {"name": "p", "schema": [1]}}}),
+                "response_format.json_schema.schema",
+            ),
+            (
+                json!({"response_format": {"type": "json_schema",
+                                           "json_schema": {"name": "p", "schema": schema, "strict": "yes"}}}),
+                "response_format.json_schema.strict",
+            ),
+            (
+                json!({"response_format": {"type": "structural_tag"}}),
+                "response_format",
+            ),
+            (json!({"structured_outputs": {}}), "structured_outputs"),
+            (json!({"structured_outputs": "json"}), "structured_outputs"),
+            (
+                json!({"structured_outputs": {"json": schema, "regex": "a"}}),
+                "structured_outputs.regex",
+            ),
+            (
+                json!({"structured_outputs": {"choice": []}}),
+                "structured_outputs.choice",
+            ),
+            (
+                json!({"structured_outputs": {"choice": [1]}}),
+                "structured_outputs.choice",
+            ),
+            (json!({"structured_outputs": {"regex": ""}}), "structured_outputs.regex"),
+            (
+                json!({"structured_outputs": {"json": "{nope"}}),
+                "structured_outputs.json",
+            ),
+            (
+                json!({"structured_outputs": {"json": schema, "disable_any_whitespace": true}}),
+                "structured_outputs.disable_any_whitespace",
+            ),
+            (json!({"guided_json": 5}), "guided_json"),
+            (json!({"guided_choice": "a"}), "guided_choice"),
+            (json!({"guided_grammar": ""}), "guided_grammar"),
+            (json!({"guided_regex": "a", "guided_choice": ["a"]}), "guided_choice"),
+            (
+                json!({"response_format": {"type": "json_object"}, "guided_regex": "a"}),
+                "guided_regex",
+            ),
+            (
+                json!({"response_format": {"type": "json_object"}, "structured_outputs": {"regex": "a"}}),
+                "structured_outputs.regex",
+            ),
+            (
+                json!({"tools": tools, "tool_choice": "required", "response_format": {"type": "json_object"}}),
+                "response_format",
+            ),
+            (
+                json!({"tools": tools, "tool_choice": {"type": "function", "function": {"name": "f"}},
+                    "guided_json": schema}),
+                "guided_json",
+            ),
+        ];
+        for (extra, param) in cases {
+            let e = chat(extra.clone()).unwrap_err();
+            assert_eq!(
+                (e.status, e.param.as_deref()),
+                (400, Some(param)),
+                "{extra}: {}",
+                e.message
+            );
+            assert!(e.code.is_some(), "{extra}");
+        }
+        // `text` is no constraint: it combines with anything.
+        assert!(chat(json!({"response_format": {"type": "text"}, "guided_regex": "a"})).is_ok());
+        assert!(
+            chat(json!({"tools": tools, "tool_choice": "auto", "response_format": {"type": "json_object"}})).is_ok()
+        );
+    }
+
+    #[test]
+    fn choice_regex_escapes_every_metacharacter() {
+        let choices = ["a.b", "(x|y)", "1+1=2?", "plain", "$[0]^{2}*\\"].map(String::from);
+        assert_eq!(
+            choice_regex(&choices),
+            r"(a\.b|\(x\|y\)|1\+1=2\?|plain|\$\[0\]\^\{2\}\*\\)"
+        );
+    }
+}

@@ -288,13 +288,15 @@ fn call_schema(
                 .expect("an object");
             for (name, def) in found {
                 match root.get(&name) {
-                    Some(existing) if existing != &def => return Err(refuse(
-                        &format!("tools[{index}].function.parameters.{key}.{name}"),
-                        CONFLICT,
-                        format!(
+                    Some(existing) if existing != &def => {
+                        return Err(refuse(
+                            &format!("tools[{index}].function.parameters.{key}.{name}"),
+                            CONFLICT,
+                            format!(
                             "tools define '{key}.{name}' differently; a forced tool choice needs one definition of it"
                         ),
-                    )),
+                        ))
+                    }
                     _ => {
                         root.insert(name, def);
                     }
@@ -307,4 +309,200 @@ fn call_schema(
         "properties": {"name": name_schema, "parameters": parameters},
         "required": ["name", "parameters"],
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use crate::openai::request::{parse_chat_request, Constraint, GenerationRequest, ToolChoice};
+
+    fn chat(extra: serde_json::Value) -> Result<GenerationRequest, crate::error::ApiError> {
+        let mut body = json!({"model": "m", "messages": [{"role": "user", "content": "x"}]});
+        for (k, v) in extra.as_object().unwrap() {
+            body[k] = v.clone();
+        }
+        parse_chat_request(body.to_string().as_bytes())
+    }
+
+    fn tool(name: &str, parameters: serde_json::Value) -> serde_json::Value {
+        json!({"type": "function", "function": {"name": name, "parameters": parameters}})
+    }
+
+    fn weather() -> serde_json::Value {
+        tool(
+            "get_weather",
+            json!({"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}),
+        )
+    }
+
+    fn schema(r: &GenerationRequest) -> serde_json::Value {
+        match &r.constraint {
+            Some(Constraint::JsonSchema(s)) => serde_json::from_str(s).unwrap(),
+            other => panic!("expected a JSON schema constraint, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn tool_choice_defaults_follow_the_tools() {
+        let r = chat(json!({})).unwrap();
+        assert_eq!(
+            (r.tool_choice, r.parallel_tool_calls, r.constraint),
+            (ToolChoice::None, true, None)
+        );
+        let r = chat(json!({"tools": [weather()]})).unwrap();
+        assert_eq!((r.tool_choice, r.constraint), (ToolChoice::Auto, None));
+        let r = chat(json!({"tools": [weather()], "tool_choice": "none", "parallel_tool_calls": false})).unwrap();
+        assert_eq!((r.tool_choice, r.parallel_tool_calls), (ToolChoice::None, false));
+        // "auto" and "none" without tools ask for nothing a request cannot do.
+        assert_eq!(
+            chat(json!({"tool_choice": "auto"})).unwrap().tool_choice,
+            ToolChoice::Auto
+        );
+    }
+
+    #[test]
+    fn a_named_choice_constrains_to_one_call_object() {
+        let r = chat(json!({"tools": [weather(), tool("other", json!({"type": "object"}))],
+                            "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}))
+        .unwrap();
+        assert_eq!(r.tool_choice, ToolChoice::Named("get_weather".into()));
+        assert_eq!(
+            schema(&r),
+            json!({"type": "object",
+                   "properties": {"name": {"type": "string", "const": "get_weather"},
+                                  "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                                                 "required": ["city"]}},
+                   "required": ["name", "parameters"]})
+        );
+    }
+
+    #[test]
+    fn required_constrains_to_an_array_of_calls_one_when_not_parallel() {
+        let tools = json!([weather(), {"type": "function", "function": {"name": "now"}}]);
+        let r = chat(json!({"tools": tools, "tool_choice": "required"})).unwrap();
+        assert_eq!(r.tool_choice, ToolChoice::Required);
+        let s = schema(&r);
+        assert_eq!((s["type"].clone(), s["minItems"].clone()), (json!("array"), json!(1)));
+        assert!(s.get("maxItems").is_none());
+        let calls = s["items"]["anyOf"].as_array().unwrap();
+        assert_eq!(calls.len(), 2);
+        assert_eq!(
+            calls[0]["properties"]["name"],
+            json!({"type": "string", "enum": ["get_weather"]})
+        );
+        assert_eq!(calls[0]["properties"]["parameters"]["required"], json!(["city"]));
+        // A tool without parameters takes an object of no particular properties.
+        assert_eq!(
+            calls[1]["properties"]["parameters"],
+            json!({"type": "object", "properties": {}})
+        );
+        let one = chat(json!({"tools": tools, "tool_choice": "required", "parallel_tool_calls": false})).unwrap();
+        assert_eq!(schema(&one)["maxItems"], json!(1));
+    }
+
+    #[test]
+    fn definitions_move_to_the_root_and_may_not_conflict() {
+        let with_defs = |name: &str, def: serde_json::Value| {
+            tool(
+                name,
+                json!({"type": "object", "properties": {"u": {"$ref": "#/$defs/Unit"}},
+                              "$defs": {"Unit": def}}),
+            )
+        };
+        let same = json!({"enum": ["C", "F"]});
+        let r = chat(
+            json!({"tools": [with_defs("a", same.clone()), with_defs("b", same.clone())],
+                            "tool_choice": "required"}),
+        )
+        .unwrap();
+        let s = schema(&r);
+        assert_eq!(s["$defs"], json!({"Unit": same}));
+        assert!(s["items"]["anyOf"][0]["properties"]["parameters"]
+            .get("$defs")
+            .is_none());
+        let named = chat(json!({"tools": [with_defs("a", same.clone())],
+                                "tool_choice": {"type": "function", "function": {"name": "a"}}}))
+        .unwrap();
+        assert_eq!(schema(&named)["$defs"], json!({"Unit": same}));
+        let e = chat(
+            json!({"tools": [with_defs("a", same), with_defs("b", json!({"enum": ["K"]}))],
+                            "tool_choice": "required"}),
+        )
+        .unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("tools[1].function.parameters.$defs.Unit"));
+        assert_eq!(e.code, Some("conflicting_parameters"));
+    }
+
+    #[test]
+    fn invalid_tools_and_choices_name_the_parameter_with_a_code() {
+        let cases = [
+            (json!({"tools": {}}), "tools"),
+            (json!({"tools": []}), "tools"),
+            (json!({"tools": [5]}), "tools[0]"),
+            (json!({"tools": [{"function": {"name": "f"}}]}), "tools[0].type"),
+            (
+                json!({"tools": [{"type": "retrieval", "function": {"name": "f"}}]}),
+                "tools[0].type",
+            ),
+            (json!({"tools": [{"type": "function"}]}), "tools[0].function"),
+            (
+                json!({"tools": [{"type": "function", "function": {}}]}),
+                "tools[0].function.name",
+            ),
+            (
+                json!({"tools": [{"type": "function", "function": {"name": 3}}]}),
+                "tools[0].function.name",
+            ),
+            (
+                json!({"tools": [tool("get weather", json!({}))]}),
+                "tools[0].function.name",
+            ),
+            (
+                json!({"tools": [tool(&"x".repeat(65), json!({}))]}),
+                "tools[0].function.name",
+            ),
+            (json!({"tools": [weather(), weather()]}), "tools[1].function.name"),
+            (
+                json!({"tools": [tool("f", json!("object"))]}),
+                "tools[0].function.parameters",
+            ),
+            (
+                json!({"tools": [tool("f", json!({"type": "dict"}))]}),
+                "tools[0].function.parameters.type",
+            ),
+            (
+                json!({"tools": [{"type": "function", "function": {"name": "f", "strict": "yes"}}]}),
+                "tools[0].function.strict",
+            ),
+            (json!({"tools": [weather()], "tool_choice": "any"}), "tool_choice"),
+            (json!({"tools": [weather()], "tool_choice": 1}), "tool_choice"),
+            (json!({"tool_choice": "required"}), "tool_choice"),
+            (
+                json!({"tool_choice": {"type": "function", "function": {"name": "get_weather"}}}),
+                "tool_choice",
+            ),
+            (
+                json!({"tools": [weather()], "tool_choice": {"type": "function", "function": {"name": "nope"}}}),
+                "tool_choice.function.name",
+            ),
+            (
+                json!({"tools": [weather()], "tool_choice": {"type": "function"}}),
+                "tool_choice.function",
+            ),
+            (
+                json!({"tools": [weather()], "tool_choice": {"type": "x", "function": {"name": "get_weather"}}}),
+                "tool_choice.type",
+            ),
+            (
+                json!({"tools": [weather()], "parallel_tool_calls": "no"}),
+                "parallel_tool_calls",
+            ),
+        ];
+        for (extra, param) in cases {
+            let e = chat(extra.clone()).unwrap_err();
+            assert_eq!((e.status, e.param.as_deref()), (400, Some(param)), "{extra}");
+            assert!(e.code.is_some(), "{extra}: {e:?}");
+        }
+    }
 }

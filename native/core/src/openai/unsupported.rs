@@ -268,3 +268,121 @@ pub fn refuse_unimplemented(obj: &Object, api: Api, n: u32) -> Result<(), ApiErr
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::{json, Value};
+
+    use crate::openai::request::{parse_chat_request, parse_completion_request};
+
+    fn with(mut body: Value, extra: &Value) -> Vec<u8> {
+        for (k, v) in extra.as_object().unwrap() {
+            body[k] = v.clone();
+        }
+        body.to_string().into_bytes()
+    }
+    fn chat(extra: Value) -> Result<(), crate::error::ApiError> {
+        let body = json!({"model": "m", "messages": [{"role": "user", "content": "x"}]});
+        parse_chat_request(&with(body, &extra)).map(|_| ())
+    }
+    fn completion(extra: Value) -> Result<(), crate::error::ApiError> {
+        parse_completion_request(&with(json!({"model": "m", "prompt": "x"}), &extra)).map(|_| ())
+    }
+
+    #[test]
+    fn fields_that_would_change_the_answer_are_refused_by_name() {
+        let refused_chat = [
+            json!({"functions": [{"name": "f"}]}),
+            json!({"function_call": "auto"}),
+            json!({"audio": {"voice": "alloy", "format": "wav"}}),
+            json!({"modalities": ["text", "audio"]}),
+            json!({"prediction": {"type": "content", "content": "x"}}),
+            json!({"web_search_options": {}}),
+            json!({"verbosity": "low"}),
+            json!({"echo": true}),
+            json!({"chat_template": "{{ messages }}"}),
+            json!({"add_special_tokens": true}),
+            json!({"use_beam_search": true}),
+            json!({"length_penalty": 0.5}),
+            json!({"spaces_between_special_tokens": false}),
+            json!({"truncate_prompt_tokens": 5}),
+            json!({"prompt_logprobs": 0}),
+            json!({"allowed_token_ids": [1]}),
+            json!({"bad_words": ["x"]}),
+            json!({"return_tokens_as_token_ids": true}),
+            json!({"cache_salt": "s"}),
+            json!({"kv_transfer_params": {}}),
+            json!({"vllm_xargs": {"a": 1}}),
+            json!({"guided_whitespace_pattern": " "}),
+            json!({"best_of": 2}),
+            json!({"stream": true, "stream_options": {"continuous_usage_stats": true}}),
+        ];
+        for extra in refused_chat {
+            let name = extra.as_object().unwrap().keys().next_back().unwrap().clone();
+            let e = chat(extra.clone()).unwrap_err();
+            let param = e.param.clone().unwrap();
+            assert!(param.starts_with(&name), "{extra}: {param}");
+            assert!(
+                matches!(e.code, Some("unsupported_parameter" | "unsupported_value")),
+                "{extra}: {e:?}"
+            );
+        }
+        for (extra, param) in [
+            (json!({"suffix": "end"}), "suffix"),
+            (json!({"best_of": 3, "n": 2}), "best_of"),
+            (json!({"add_special_tokens": false}), "add_special_tokens"),
+            (json!({"prompt_embeds": "AAAA"}), "prompt_embeds"),
+        ] {
+            assert_eq!(
+                completion(extra.clone()).unwrap_err().param.as_deref(),
+                Some(param),
+                "{extra}"
+            );
+        }
+    }
+
+    #[test]
+    fn defaults_and_fields_that_do_not_change_the_answer_are_accepted() {
+        for extra in [
+            json!({"metadata": {"a": "b"}, "store": false, "service_tier": "auto", "user": "u",
+                   "prompt_cache_key": "k", "safety_identifier": "s", "priority": 3, "request_id": "r"}),
+            json!({"functions": [], "function_call": null, "audio": null, "modalities": ["text"]}),
+            json!({"echo": false, "add_special_tokens": false, "use_beam_search": false, "length_penalty": 1.0,
+                   "spaces_between_special_tokens": true, "bad_words": [], "allowed_token_ids": null}),
+            json!({"best_of": 1}),
+            json!({"n": 2, "best_of": 2}),
+            json!({"stream": true, "stream_options": {"include_usage": true, "continuous_usage_stats": false}}),
+            json!({"guided_decoding_backend": "xgrammar"}),
+        ] {
+            assert!(chat(extra.clone()).is_ok(), "{extra}");
+        }
+        // Chat-only refusals do not apply to completions, and the other way round.
+        assert!(completion(json!({"echo": true, "audio": {"voice": "x"}})).is_ok());
+        assert!(chat(json!({"suffix": "x", "prompt_embeds": "AAAA"})).is_ok());
+        assert!(completion(json!({"suffix": ""})).is_ok());
+    }
+
+    #[test]
+    fn reasoning_effort_reaches_the_template_as_vllm_renders_it() {
+        let kwargs = |extra: Value| {
+            let body = json!({"model": "m", "messages": [{"role": "user", "content": "x"}]});
+            parse_chat_request(&with(body, &extra)).map(|r| r.chat().unwrap().chat_template_kwargs.clone())
+        };
+        let k = kwargs(json!({"reasoning_effort": "low"})).unwrap();
+        assert_eq!(
+            (k["reasoning_effort"].clone(), k["enable_thinking"].clone()),
+            (json!("low"), json!(true))
+        );
+        let k = kwargs(json!({"reasoning_effort": "none"})).unwrap();
+        assert_eq!(k["enable_thinking"], json!(false));
+        let k =
+            kwargs(json!({"reasoning_effort": "high", "chat_template_kwargs": {"enable_thinking": false}})).unwrap();
+        assert_eq!(
+            (k["reasoning_effort"].clone(), k["enable_thinking"].clone()),
+            (json!("high"), json!(false))
+        );
+        assert!(kwargs(json!({})).unwrap().is_empty());
+        let e = kwargs(json!({"reasoning_effort": "extreme"})).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("reasoning_effort"));
+    }
+}
