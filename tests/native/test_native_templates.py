@@ -340,7 +340,7 @@ EARLIER_REASONING = [
     {"role": "user", "content": "Is 7 prime?"},
     {"role": "assistant", "content": "Yes.", "reasoning_content": "7 has no divisors but 1 and 7."},
     {"role": "user", "content": "And 9?"},
-    {"role": "assistant", "content": "<think>\n9 = 3 × 3.\n</think>\n\nNo."},
+    {"role": "assistant", "content": "<think>\n9 = 3 * 3.\n</think>\n\nNo."},
 ]
 TOOL_THEN_REASONING = [
     AGENT_USER,
@@ -449,10 +449,10 @@ FAMILIES: dict[str, tuple[str, list[Case]]] = {
 
 
 def vllm_prepared(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The messages as vLLM hands them to `apply_chat_template`: assistant tool calls' `arguments` JSON strings
-    parsed to objects ("" to {}), empty `tool_calls` lists dropped. `transformers` itself passes strings on as
-    they are (and templates that `tojson` them would double-encode), so extproc, which parses them the same
-    way, is compared with `transformers` given these prepared messages."""
+    """The messages as vLLM hands them to `apply_chat_template`: assistant tool calls' `arguments` JSON
+    strings parsed to objects ("" to {}), empty `tool_calls` lists dropped. `transformers` itself passes
+    strings on as they are (and templates that `tojson` them would double-encode), so extproc, which parses
+    them the same way, is compared with `transformers` given these prepared messages."""
     prepared = copy.deepcopy(messages)
     for message in prepared:
         if message.get("role") != "assistant" or "tool_calls" not in message:

@@ -5,11 +5,13 @@
 //! `namespace()` and `dict()`, and a `tojson` that is Python's `json.dumps(ensure_ascii=False)`; the
 //! same is set up here. Where minijinja and jinja2 disagree, jinja2's behaviour is restored: values
 //! print as Python prints them (`True`, `None`, `['a']`), `string`, `join` and `trim` use Python's
-//! `str()` and whitespace, `is sequence` and `is number` follow Python's types, string methods
-//! (`strip`, `split`, `join`, ...) are Python's, and `{% generation %}` blocks render their body.
+//! `str()` and whitespace, `is sequence` and `is number` follow Python's types, `is iterable` is false
+//! for none and `length` of undefined is 0, string methods (`strip`, `split`, `join`, ...) are
+//! Python's, and `{% generation %}` blocks render their body.
 //! Known remaining differences: tuples (from `.items()`, `dictsort`) print as lists, strings inside
-//! a list or dict joined with `~` keep double quotes, and the `%` string-formatting operator is
-//! refused (the `format` filter works).
+//! a list or dict joined with `~` keep double quotes, the `%` string-formatting operator is
+//! refused (the `format` filter works), `+` with a `| safe` operand does not HTML-escape the other one
+//! (jinja2's Markup arithmetic does; `~` agrees), and looping over none renders nothing (jinja2 raises).
 
 mod hf;
 mod python;
@@ -91,7 +93,18 @@ impl ChatTemplate {
     /// Render with the given context (messages, add_generation_prompt, tools, bos_token, ...).
     pub fn render(&self, context: Value) -> Result<String, RenderError> {
         let template = self.env.get_template(TEMPLATE_NAME).expect("template was added");
-        template.render(context).map_err(|e| {
+        // minijinja 2.24 panics on some inputs (a reversed slice of an empty list, `[][::-1]`, as Qwen3's
+        // `messages[::-1]` would be over an empty list): a template failure, not a crashed request thread.
+        let rendered =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| template.render(context))).map_err(|panic| {
+                let why = panic
+                    .downcast_ref::<String>()
+                    .map(String::as_str)
+                    .or_else(|| panic.downcast_ref::<&str>().copied())
+                    .unwrap_or("unknown");
+                RenderError::Failed(format!("the template engine failed: {why}"))
+            })?;
+        rendered.map_err(|e| {
             if e.kind() == ErrorKind::InvalidOperation {
                 if let Some(msg) = e.detail().and_then(|d| d.strip_prefix(RAISED_PREFIX)) {
                     return RenderError::Raised(msg.to_string());
@@ -477,6 +490,19 @@ mod tests {
             panic!("invalid arguments are refused")
         };
         assert_eq!(param, "messages[1].tool_calls[1].function.arguments");
+    }
+
+    #[test]
+    fn an_engine_panic_is_a_render_failure() {
+        let t = ChatTemplate::compile("{{ items[::-1] }}").unwrap();
+        assert_eq!(
+            t.render(Value::from_serialize(serde_json::json!({"items": [1, 2]}))),
+            Ok("[2, 1]".into())
+        );
+        let Err(RenderError::Failed(e)) = t.render(Value::from_serialize(serde_json::json!({"items": []}))) else {
+            panic!("refused, not panicked")
+        };
+        assert!(e.contains("template engine failed"), "{e}");
     }
 
     #[test]

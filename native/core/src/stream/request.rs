@@ -273,6 +273,34 @@ mod tests {
     }
 
     #[test]
+    fn a_past_tool_call_with_arguments_that_are_not_json_is_a_400_naming_them() {
+        let gateway = gateway();
+        let model = gateway.model("m").unwrap();
+        let chat = |arguments: &str| {
+            let body = serde_json::json!({"model": "m", "messages": [
+                {"role": "user", "content": "weather?"},
+                {"role": "assistant", "content": null, "tool_calls": [
+                    {"id": "a", "type": "function", "function": {"name": "w", "arguments": arguments}}]},
+                {"role": "tool", "tool_call_id": "a", "content": "18C"},
+            ]});
+            parse_chat_request(body.to_string().as_bytes()).unwrap()
+        };
+        let bad = chat("{\"city\": Paris}");
+        let PromptInput::Chat(input) = &bad.input else {
+            unreachable!()
+        };
+        let e = chat_prompt(&model, input).err().unwrap();
+        assert_eq!(e.status, 400);
+        assert_eq!(e.param.as_deref(), Some("messages[1].tool_calls[0].function.arguments"));
+        assert!(e.message.contains("is not valid JSON"), "{}", e.message);
+        let good = chat("{\"city\": \"Paris\"}");
+        let PromptInput::Chat(input) = &good.input else {
+            unreachable!()
+        };
+        assert!(chat_prompt(&model, input).is_ok());
+    }
+
+    #[test]
     fn the_output_budget_counts_prompts_choices_tokens_and_top_logprobs() {
         let gateway = gateway();
         let model = gateway.model("m").unwrap();

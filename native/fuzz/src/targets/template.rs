@@ -22,7 +22,7 @@ pub const TARGET: Target = Target {
 };
 
 /// The test templates, compiled once.
-const SOURCES: [(&str, &str); 7] = [
+const SOURCES: [(&str, &str); 18] = [
     ("deepseek", include_str!("../../../../tests/templates/deepseek.jinja")),
     ("documents", include_str!("../../../../tests/templates/documents.jinja")),
     ("parts", include_str!("../../../../tests/templates/parts.jinja")),
@@ -33,6 +33,35 @@ const SOURCES: [(&str, &str); 7] = [
     ("reasoning", include_str!("../../../../tests/templates/reasoning.jinja")),
     ("tools", include_str!("../../../../tests/templates/tools.jinja")),
     ("turns", include_str!("../../../../tests/templates/turns.jinja")),
+    (
+        "hermes_qwen25",
+        include_str!("../../../../tests/templates/hermes_qwen25.jinja"),
+    ),
+    ("qwen3", include_str!("../../../../tests/templates/qwen3.jinja")),
+    (
+        "qwen3_coder",
+        include_str!("../../../../tests/templates/qwen3_coder.jinja"),
+    ),
+    (
+        "llama31_json",
+        include_str!("../../../../tests/templates/llama31_json.jinja"),
+    ),
+    (
+        "llama4_pythonic",
+        include_str!("../../../../tests/templates/llama4_pythonic.jinja"),
+    ),
+    ("mistral", include_str!("../../../../tests/templates/mistral.jinja")),
+    (
+        "deepseek_r1",
+        include_str!("../../../../tests/templates/deepseek_r1.jinja"),
+    ),
+    ("kimi_k2", include_str!("../../../../tests/templates/kimi_k2.jinja")),
+    ("glm45", include_str!("../../../../tests/templates/glm45.jinja")),
+    (
+        "gpt_oss_harmony",
+        include_str!("../../../../tests/templates/gpt_oss_harmony.jinja"),
+    ),
+    ("nemotron", include_str!("../../../../tests/templates/nemotron.jinja")),
 ];
 
 fn templates() -> &'static [ChatTemplate] {
@@ -57,6 +86,7 @@ fn outcome(result: Result<String, RenderError>) -> String {
     match result {
         Ok(text) => format!("ok:{}", text.len().min(1)),
         Err(RenderError::Raised(m)) => format!("raised:{m}"),
+        Err(RenderError::Invalid { param, message }) => format!("invalid:{param}:{message}"),
         Err(RenderError::Failed(m)) => format!("failed:{m}"),
     }
 }
