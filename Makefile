@@ -25,7 +25,7 @@ FUZZ := $(CARGO) run --release --quiet $(MANIFEST) -p extproc-fuzz --
 FUZZ_TEST_ARGS := --seconds 5 --seed 15
 
 .DEFAULT_GOAL := help
-.PHONY: help venv .venv run test test-rust test-python lint envoy-configs docs bench bench-routing vllm-engine fuzz clean
+.PHONY: help venv .venv run test test-rust test-python lint envoy-configs docs bench bench-routing vllm-engine fuzz soak clean
 
 help: ## list the targets
 	@echo "usage: make TARGET"
@@ -58,6 +58,9 @@ test-rust: $(TEST_STAMP) ## Rust unit tests of the core crate (no Python; reads 
 
 fuzz: ## fuzz the core's input surfaces, 10 s per target; ARGS="--seconds 600 --target request --seed N" (--help)
 	$(FUZZ) $(ARGS)
+
+soak: $(RUNTIME_STAMP) ## minutes of mixed load with engine faults, disconnects and an extproc restart (not in test); ARGS="--minutes 10"
+	$(BIN)/python -m load.soak $(ARGS)
 
 vllm-engine: $(RUNTIME_STAMP) ## build the real vLLM engine the tests run (its venv + tiny model, cached in ~/.cache/extproc/vllm)
 	$(BIN)/python -m load.vllm_engine prepare

@@ -117,7 +117,17 @@ class ExtProcServer:
         worker_threads: int = 1,
         request_workers: int = 0,
         summary_capacity: int = 4096,
-    ) -> None: ...
+        tls_cert: str | PathLike[str] | None = None,
+        tls_key: str | PathLike[str] | None = None,
+        tls_client_ca: str | PathLike[str] | None = None,
+        engine_tls_ca: str | PathLike[str] | None = None,
+        engine_tls_cert: str | PathLike[str] | None = None,
+        engine_tls_key: str | PathLike[str] | None = None,
+        engine_tls_server_name: str | None = None,
+    ) -> None:
+        """`tls_cert`/`tls_key`: the port over TLS (`tls_client_ca`: mutual TLS). `engine_tls_*`: the
+        server's own engine calls (Abort, batched completions) over TLS. ValueError on a bad combination;
+        unreadable files raise OSError at `start`."""
     def start(self) -> str:
         """Bind `listen` ("host:port", port 0 for any; or "unix:/path") and serve; returns the address."""
     def stop(self, grace_s: float) -> None:

@@ -7,7 +7,8 @@ The file holds one JSON object per line, one per key, and never the key itself:
 `models` lists the served model names the key may use (`"*"`: every one); `requests_per_minute` is its rate
 (a burst of up to that many, then one every 60/N s; 0 for none). Blank lines and lines starting with `#`
 are skipped. The native gateway checks each request's `Authorization: Bearer <key>` against these entries
-before reading its body (native/core/src/auth.rs); this module only reads and writes the file.
+before reading its body (native/core/src/auth.rs); this module only reads and writes the file
+(extproc.keys_reload follows it while extproc runs).
 """
 
 from __future__ import annotations

@@ -521,7 +521,9 @@ def _engine_retry_policy(opts: EnvoyOptions) -> dict[str, Any]:
         return {"num_retries": 0}
     return {
         # Failures before the engine started answering; a generation is never retried once it streams.
-        "retry_on": "connect-failure,refused-stream,reset-before-request,unavailable",
+        # gRPC statuses count only in a trailers-only reply (the engine refused before any message): an
+        # engine that is full (RESOURCE_EXHAUSTED) leaves the request to another one that may have room.
+        "retry_on": "connect-failure,refused-stream,reset-before-request,unavailable,resource-exhausted",
         "num_retries": opts.engine_retries,
         # Once extproc's list is spent, the policy's round robin must not pick a failed engine again.
         "retry_host_predicate": [
@@ -713,6 +715,16 @@ def edge_options(settings: Settings) -> dict[str, Any]:
         )
     elif settings.extproc_tls_cert or settings.extproc_tls_key:
         raise ValueError("a client certificate for extproc needs extproc_tls_ca (TLS to extproc)")
+    engine_tls = None
+    if settings.engine_tls_ca:
+        engine_tls = UpstreamTls(
+            settings.engine_tls_ca,
+            settings.engine_tls_cert,
+            settings.engine_tls_key,
+            settings.engine_tls_server_name,
+        )
+    elif settings.engine_tls_cert or settings.engine_tls_key or settings.engine_tls_server_name:
+        raise ValueError("engine_tls_cert, engine_tls_key and engine_tls_server_name need engine_tls_ca")
     return {
         "request_headers_timeout_s": settings.request_headers_timeout,
         "request_timeout_s": settings.request_timeout,
@@ -721,6 +733,7 @@ def edge_options(settings: Settings) -> dict[str, Any]:
         "max_downstream_connections": client_connection_limit(settings.max_client_connections),
         "tls": tls,
         "extproc_tls": extproc_tls,
+        "engine_tls": engine_tls,
     }
 
 

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 import grpc
 import structlog
 
-from extproc import _native
+from extproc import _native, grpc_tls
 from extproc.config import EngineConfig, engine_address, is_zmq_source
 from extproc.engine_client import (
     EngineClient,
@@ -39,6 +39,7 @@ from extproc.engine_client import (
     detect_protocol,
     subscribe_method,
 )
+from extproc.grpc_tls import ClientTls
 from extproc.kv_events import KvEventSubscriber, KvEventSubscriptions
 
 if TYPE_CHECKING:  # imported at run time only when an engine uses ZMQ: it brings pyzmq
@@ -106,14 +107,16 @@ class EnginePool:
         *,
         kv_events: bool = True,
         load_interval_s: float = LOAD_INTERVAL_S,
+        tls: ClientTls | None = None,
     ) -> EnginePool:
         """`engines`: URLs (protocol detected, KV events over gRPC) or EngineConfigs (protocol "auto", "vllm"
-        or "sglang"; kv_events "grpc", "off" or a ZMQ URL, None meaning "grpc")."""
+        or "sglang"; kv_events "grpc", "off" or a ZMQ URL, None meaning "grpc"). `tls`: every engine's
+        channel over TLS (the KV-event subscription shares it)."""
         pool = cls(gateway=gateway, model=model, kv_events=kv_events, load_interval_s=load_interval_s)
         for item in engines:
             config = item if isinstance(item, EngineConfig) else EngineConfig(item)
             address = engine_address(config.url)
-            channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+            channel = grpc_tls.channel(address, tls, list(CHANNEL_OPTIONS))
             configured = configured_protocol(config.protocol)
             engine = Engine(address, channel, configured, kv_events=config.kv_events or "grpc")
             if configured is not None:

@@ -15,8 +15,9 @@ from dataclasses import dataclass, field
 
 import structlog
 
-from extproc import _native, api_keys
+from extproc import _native, api_keys, grpc_tls
 from extproc.config import ConfigError, Settings, served_models
+from extproc.keys_reload import KeysReloader
 from extproc.pool import EnginePool
 
 log = structlog.get_logger("extproc.server")
@@ -37,6 +38,8 @@ class Running:
     gateway: _native.Gateway
     address: str
     reporter: Reporter | None = field(default=None, repr=False)
+    # Follows the API keys file (None without one).
+    keys: KeysReloader | None = field(default=None, repr=False)
 
     @property
     def model(self) -> str:
@@ -52,6 +55,8 @@ class Running:
         await asyncio.to_thread(self.server.stop, grace)
         if self.reporter is not None:
             await self.reporter.stop()
+        if self.keys is not None:
+            await self.keys.stop()
         await asyncio.gather(*(pool.close() for pool in self.pools.values()))
 
 
@@ -109,6 +114,13 @@ async def start(settings: Settings, *, engine_wait_s: float = ENGINE_WAIT_S) -> 
             raise ConfigError(f"api_keys_file: {e}") from None
         gateway.set_api_keys([k.as_native() for k in keys])
         log.info("API keys required", keys=len(keys), file=str(settings.api_keys_file))
+    try:
+        tls_to_engines = grpc_tls.engine_tls(
+            settings.engine_tls_ca, settings.engine_tls_cert, settings.engine_tls_key,
+            settings.engine_tls_server_name,
+        )  # fmt: skip
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     pools: dict[str, EnginePool] = {}
     for model in served_models(settings):
         try:
@@ -123,7 +135,7 @@ async def start(settings: Settings, *, engine_wait_s: float = ENGINE_WAIT_S) -> 
         except ValueError as e:  # the router refused its settings, or the model directory is unusable
             raise ConfigError(f"model {model.name!r}: {e}") from None
         pools[model.name] = EnginePool.create(
-            gateway, model.name, model.engines, load_interval_s=settings.load_interval
+            gateway, model.name, model.engines, load_interval_s=settings.load_interval, tls=tls_to_engines
         )
     try:
         await asyncio.gather(*(pool.start(wait_s=engine_wait_s) for pool in pools.values()))
@@ -132,6 +144,13 @@ async def start(settings: Settings, *, engine_wait_s: float = ENGINE_WAIT_S) -> 
             settings.listen,
             worker_threads=WORKER_THREADS,
             request_workers=settings.request_workers,
+            tls_cert=settings.listen_tls_cert,
+            tls_key=settings.listen_tls_key,
+            tls_client_ca=settings.listen_tls_client_ca,
+            engine_tls_ca=settings.engine_tls_ca,
+            engine_tls_cert=settings.engine_tls_cert,
+            engine_tls_key=settings.engine_tls_key,
+            engine_tls_server_name=settings.engine_tls_server_name,
         )
         try:
             address = server.start()
@@ -142,11 +161,15 @@ async def start(settings: Settings, *, engine_wait_s: float = ENGINE_WAIT_S) -> 
         raise
     reporter = Reporter(server)
     reporter.start()
+    keys = None
+    if settings.api_keys_file is not None:
+        keys = KeysReloader(gateway, settings.api_keys_file)
+        keys.start()
     for name, pool in pools.items():
         ready = gateway.endpoints(name)
         log.info("serving model", model=name, engines=len(pool.engines), ready=len(ready))
     log.info("ext_proc server listening", address=address, models=list(pools))
-    return Running(server, pools, gateway, address, reporter)
+    return Running(server, pools, gateway, address, reporter, keys)
 
 
 async def serve(settings: Settings) -> None:
@@ -156,6 +179,15 @@ async def serve(settings: Settings) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     starting = asyncio.create_task(start(settings))
+
+    def on_hangup() -> None:
+        # Re-read the API keys file now (it is also polled); before the start, or without keys: nothing.
+        if starting.done() and not starting.cancelled() and starting.exception() is None:
+            keys = starting.result().keys
+            if keys is not None:
+                keys.reload_now()
+
+    loop.add_signal_handler(signal.SIGHUP, on_hangup)
     stopping = asyncio.create_task(stop.wait())
     await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
     if not starting.done():

@@ -191,6 +191,19 @@ def parse_name(raw: Any) -> str:
     return raw.strip()
 
 
+_DNS_NAME = re.compile(
+    r"(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*"
+)
+
+
+def parse_dns_name(raw: Any) -> str:
+    """A DNS name (a TLS server name), lower-cased."""
+    name = parse_name(raw)
+    if not _DNS_NAME.fullmatch(name):
+        raise BadValue("expected a DNS name (letters, digits, hyphens and dots)")
+    return name.lower()
+
+
 def parse_host_port(raw: Any) -> tuple[str, int]:
     """'host:port' or '[v6]:port' -> (host without brackets, port)."""
     expected = "expected host:port"

@@ -373,8 +373,8 @@ class Settings:
         "FILE",
         doc="API keys required of every request (`Authorization: Bearer <key>`): one JSON line per key "
         "with its SHA-256 (never the key), a name, the models it may use and a requests-per-minute "
-        "limit, as `extproc keys hash` prints it; read at startup. See [Headers and "
-        "authentication](reliability.md#headers-and-authentication)",
+        "limit, as `extproc keys hash` prints it; re-read when it changes (polled every 0.5 s, or on "
+        "SIGHUP). See [Headers and authentication](reliability.md#headers-and-authentication)",
         default_doc="none: no key required",
     )
     log_level: str = setting(
@@ -521,17 +521,18 @@ class Settings:
     extproc_tls_ca: str | None = setting(
         None,
         p.parse_file,
-        (ENVOY_CONFIG,),
+        _ENVOY,
         "PEM CA bundle: Envoy reaches extproc over TLS and verifies it against this",
         "FILE",
         doc="Envoy reaches extproc over TLS (HTTP/2 by ALPN) and verifies its certificate against this "
-        "CA bundle: for extproc behind a TLS-terminating proxy (extproc itself serves plaintext, see "
-        "[Securing the ports](#securing-the-ports))",
+        "CA bundle: for extproc serving TLS itself (`listen_tls_cert`) or behind a TLS-terminating proxy "
+        "(see [Securing the ports](#securing-the-ports)). `up` needs it with `listen_tls_cert`, and its "
+        "liveness probe uses it (and `extproc_tls_cert`) too",
     )
     extproc_tls_cert: str | None = setting(
         None,
         p.parse_file,
-        (ENVOY_CONFIG,),
+        _ENVOY,
         "PEM client certificate Envoy presents to extproc (mutual TLS; with --extproc-tls-key)",
         "FILE",
         doc="with `extproc_tls_key`: the client certificate Envoy presents to extproc (mutual TLS)",
@@ -539,10 +540,75 @@ class Settings:
     extproc_tls_key: str | None = setting(
         None,
         p.parse_file,
-        (ENVOY_CONFIG,),
+        _ENVOY,
         "PEM private key of --extproc-tls-cert",
         "FILE",
         doc="the private key of `extproc_tls_cert`",
+    )
+    listen_tls_cert: str | None = setting(
+        None,
+        p.parse_file,
+        _GATEWAY,
+        "PEM certificate chain: extproc serves its ext_proc port over TLS (with --listen-tls-key)",
+        "FILE",
+        doc="extproc serves its ext_proc port (`listen`) over TLS with this PEM certificate chain; needs "
+        "`listen_tls_key`; Envoy then needs `extproc_tls_ca` (`up` sets Envoy up from the same settings)",
+        default_doc="none (plaintext)",
+    )
+    listen_tls_key: str | None = setting(
+        None,
+        p.parse_file,
+        _GATEWAY,
+        "PEM private key of --listen-tls-cert",
+        "FILE",
+        doc="the private key of `listen_tls_cert`",
+    )
+    listen_tls_client_ca: str | None = setting(
+        None,
+        p.parse_file,
+        _GATEWAY,
+        "PEM CA bundle: ext_proc clients must present a certificate it signed (mutual TLS)",
+        "FILE",
+        doc="with `listen_tls_cert`: only clients presenting a certificate this PEM CA bundle signed get a "
+        "connection (mutual TLS; Envoy presents `extproc_tls_cert`)",
+    )
+    engine_tls_ca: str | None = setting(
+        None,
+        p.parse_file,
+        _ALL,
+        "PEM CA bundle: engines are reached over TLS and verified against this",
+        "FILE",
+        doc="every engine is reached over TLS (gRPC, HTTP/2 by ALPN) and its certificate verified against "
+        "this PEM CA bundle: by Envoy (the engines cluster) and by extproc itself (health checks, model "
+        "info, loads, KV events, Abort, batched completions)",
+        default_doc="none (plaintext)",
+    )
+    engine_tls_cert: str | None = setting(
+        None,
+        p.parse_file,
+        _ALL,
+        "PEM client certificate presented to engines (mutual TLS; with --engine-tls-key)",
+        "FILE",
+        doc="with `engine_tls_key`: the client certificate Envoy and extproc present to engines (mutual "
+        "TLS); needs `engine_tls_ca`",
+    )
+    engine_tls_key: str | None = setting(
+        None,
+        p.parse_file,
+        _ALL,
+        "PEM private key of --engine-tls-cert",
+        "FILE",
+        doc="the private key of `engine_tls_cert`",
+    )
+    engine_tls_server_name: str | None = setting(
+        None,
+        p.parse_dns_name,
+        _ALL,
+        "name sent as SNI to engines and required in their certificates",
+        "NAME",
+        doc="the name sent to engines as SNI and required in their certificates (a DNS name); without "
+        "it, extproc checks the engine's address (an IP SAN) and Envoy any name the CA signed",
+        default_doc="the engine's address",
     )
     shutdown_grace: float = setting(
         20.0,

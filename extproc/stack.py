@@ -16,13 +16,14 @@ from __future__ import annotations
 import ipaddress
 import os
 import re
+import signal
 import socket
 import sys
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from extproc import envoy_bootstrap, models
 from extproc.config import (
@@ -180,11 +181,26 @@ def stack_specs(
     sims = plan_sims(served, settings.sim_port)
     filled = {plan.model.name: plan.engines for plan in sims}
     served = tuple(replace(m, engines=filled.get(m.name, m.engines)) for m in served)
+    if sims and settings.engine_tls_ca:
+        raise StackError(
+            "engine_tls_ca is for engines given with --engine: the simulators `up` starts serve plaintext"
+        )
+    if settings.listen_tls_cert and not settings.extproc_tls_ca:
+        raise StackError(
+            "listen_tls_cert needs extproc_tls_ca: the CA Envoy verifies extproc's certificate with"
+        )
+    if settings.listen_tls_client_ca and not settings.extproc_tls_cert:
+        raise StackError(
+            "listen_tls_client_ca needs extproc_tls_cert and extproc_tls_key: Envoy's certificate"
+        )
     for plan in sims:
         specs.append(_sim_spec(plan, "sim" if len(sims) == 1 else _child_name(plan.model.name), env))
 
     common = ("listen", "max_body_bytes", "log_level", "load_interval", "kv_events", "shutdown_grace")
     common = (*common, "api_keys_file", "max_buffered_output_tokens", "request_workers")
+    common = (*common, "first_token_timeout", "inter_token_timeout")
+    common = (*common, "listen_tls_cert", "listen_tls_key", "listen_tls_client_ca")
+    common = (*common, "engine_tls_ca", "engine_tls_cert", "engine_tls_key", "engine_tls_server_name")
     if settings.models:
         # Tables have no flag form: the server reads the resolved models from a file of their own.
         models_file = run_dir / "models.toml"
@@ -225,7 +241,13 @@ def server_spec(settings: Settings, argv: list[str], env: dict[str, str]) -> Chi
     liveness = None
     if settings.liveness_interval > 0:
         check = f"a gRPC call on {settings.listen}"
-        liveness = Liveness(grpc_answers(target), settings.liveness_interval, check, LIVENESS_FAILURES)
+        tls = None
+        if settings.listen_tls_cert and settings.extproc_tls_ca:
+            from extproc.grpc_tls import ClientTls  # grpc: only once `up` runs
+
+            # The probe speaks TLS as Envoy does, with Envoy's client certificate where extproc wants one.
+            tls = ClientTls(settings.extproc_tls_ca, settings.extproc_tls_cert, settings.extproc_tls_key)
+        liveness = Liveness(grpc_answers(target, tls), settings.liveness_interval, check, LIVENESS_FAILURES)
     stop_timeout = settings.shutdown_grace + SERVER_STOP_MARGIN_S
     return ChildSpec(SERVER, argv, probe, desc, env, RESTART, liveness, stop_timeout)
 
@@ -318,6 +340,18 @@ def envoy_options(
     )
 
 
+def hangup_forwarder(supervisor: Supervisor) -> Callable[[int, object], None]:
+    """A SIGHUP handler for `up`: the signal goes to extproc (it re-reads its API keys file) instead of
+    ending the stack."""
+
+    def on_hangup(signum: int, frame: object) -> None:
+        for child in supervisor.children:
+            if child.name == SERVER and child.proc.poll() is None:
+                child.proc.send_signal(signal.SIGHUP)
+
+    return on_hangup
+
+
 def _say(out: IO[str], text: str) -> None:
     try:
         out.write(text + "\n")
@@ -332,6 +366,7 @@ def run_stack(settings: Settings, out: IO[str] | None = None, err: IO[str] | Non
     err = err or sys.stderr
     with stop_on_signals() as stop:
         supervisor: Supervisor | None = None
+        previous_hangup: Any = None
         try:
             check_ports(settings, plan_sims(served_models(settings), settings.sim_port))
             run_dir = run_dir_for(settings)
@@ -343,6 +378,7 @@ def run_stack(settings: Settings, out: IO[str] | None = None, err: IO[str] | Non
                 urgent=stop.urgent,
                 startup_timeout_s=settings.startup_timeout,
             )
+            previous_hangup = signal.signal(signal.SIGHUP, hangup_forwarder(supervisor))
             for spec in specs:
                 supervisor.start(spec, settings.startup_timeout)
             url = f"http://{_url_host(settings.host)}:{settings.port}/v1"
@@ -370,6 +406,8 @@ def run_stack(settings: Settings, out: IO[str] | None = None, err: IO[str] | Non
             _say(err, f"extproc: {exc}")
             return 1
         finally:
+            if previous_hangup is not None:
+                signal.signal(signal.SIGHUP, previous_hangup)
             if supervisor is not None:
                 # extproc first: its open streams finish through Envoy, which still serves them; then
                 # Envoy; the engines last, so that the aborts of cut streams reach them.

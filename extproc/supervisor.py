@@ -24,7 +24,10 @@ import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from extproc.grpc_tls import ClientTls
 
 TAIL_LINES = 20
 STOP_GRACE_S = 10.0
@@ -116,7 +119,7 @@ def http_ok(url: str) -> Callable[[], bool]:
 GRPC_HEALTH_CHECK = "/grpc.health.v1.Health/Check"
 
 
-def grpc_answers(target: str) -> Callable[[float], bool]:
+def grpc_answers(target: str, tls: ClientTls | None = None) -> Callable[[float], bool]:
     """A liveness probe of the gRPC server at `target` (a gRPC target: "host:port", "unix:/path"): a
     grpc.health.v1 Check that must be answered within the deadline. Any answer counts, UNIMPLEMENTED
     included: it proves the server's request loop is running, which a TCP connect (answered by the
@@ -125,8 +128,13 @@ def grpc_answers(target: str) -> Callable[[float], bool]:
 
     alive_codes = (grpc.StatusCode.OK, grpc.StatusCode.UNIMPLEMENTED)
 
+    def open_channel() -> grpc.Channel:
+        if tls is None:
+            return grpc.insecure_channel(target)
+        return grpc.secure_channel(target, tls.credentials(), options=tls.options())
+
     def probe(deadline_s: float) -> bool:
-        with grpc.insecure_channel(target) as channel:
+        with open_channel() as channel:
             # The empty HealthCheckRequest (all service) is zero bytes; the answer is not read.
             check = channel.unary_unary(GRPC_HEALTH_CHECK)
             try:

@@ -1,7 +1,9 @@
-"""The API keys file (extproc.api_keys) and `extproc keys hash`, which writes its lines."""
+"""The API keys file (extproc.api_keys), `extproc keys hash`, which writes its lines, and its reloader
+(extproc.keys_reload)."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import io
 import json
@@ -12,6 +14,7 @@ import pytest
 from extproc import cli
 from extproc.api_keys import KeyEntry, KeysFileError, key_digest, load_keys, parse_keys
 from extproc.config import ConfigError, load_settings
+from extproc.keys_reload import KeysReloader
 
 DIGEST = hashlib.sha256(b"sk-test").hexdigest()
 
@@ -84,3 +87,38 @@ def test_the_setting_checks_the_file_at_startup(tmp_path: Path) -> None:
         load_settings({"api_keys_file": str(path)})
     with pytest.raises(ConfigError, match=r"--api-keys-file .*: cannot read it"):
         load_settings({"api_keys_file": str(tmp_path / "missing")})
+
+
+class RecordingGateway:
+    """Stands in for _native.Gateway: the key sets handed over."""
+
+    def __init__(self) -> None:
+        self.key_sets: list[list[tuple[str, str, list[str], int]]] = []
+
+    def set_api_keys(self, keys: list[tuple[str, str, list[str], int]]) -> None:
+        self.key_sets.append(keys)
+
+
+async def test_sighup_reloads_at_once_and_a_broken_file_keeps_the_keys(tmp_path: Path) -> None:
+    path = tmp_path / "keys.jsonl"
+    path.write_text(KeyEntry(key_digest("sk-one"), "one", ("*",), 0).line() + "\n")
+    gateway = RecordingGateway()
+    # A poll interval far beyond the test: only the SIGHUP path can reload in time.
+    reloader = KeysReloader(gateway, path, poll_interval_s=3600)  # type: ignore[arg-type]
+    reloader.start()
+    try:
+        path.write_text(path.read_text() + KeyEntry(key_digest("sk-two"), "two", ("*",), 0).line() + "\n")
+        reloader.reload_now()
+        for _ in range(100):
+            if gateway.key_sets:
+                break
+            await asyncio.sleep(0.01)
+        assert [[name for _, name, _, _ in keys] for keys in gateway.key_sets] == [["one", "two"]]
+
+        path.write_text('{"sha256": "half-writ')
+        reloader.reload_now()
+        await asyncio.sleep(0.3)
+        assert len(gateway.key_sets) == 1, "a broken file replaced the keys"
+        assert not reloader.check(), "a file already seen is not read again"
+    finally:
+        await reloader.stop()

@@ -190,7 +190,8 @@ def test_engines_cluster_retries_with_a_budget_and_ejects_failing_engines() -> N
     # The fallback route retries only refusals before the engine answered.
     hcm = _hcm(eb.build_bootstrap(eb.EnvoyOptions(engines=("10.0.0.1:1",), engine_retries=1)))
     policy = hcm["route_config"]["virtual_hosts"][0]["routes"][0]["route"]["retry_policy"]
-    assert policy["retry_on"] == "connect-failure,refused-stream,reset-before-request,unavailable"
+    retried = "connect-failure,refused-stream,reset-before-request,unavailable,resource-exhausted"
+    assert policy["retry_on"] == retried
 
 
 def test_edge_settings_reach_the_listener() -> None:

@@ -70,6 +70,13 @@ def samples(model_dir: Path) -> dict[str, tuple[str, Any]]:
         "extproc_tls_ca": ("/etc/tls/extproc-ca.pem", "/etc/tls/extproc-ca.pem"),
         "extproc_tls_cert": ("/etc/tls/envoy.pem", "/etc/tls/envoy.pem"),
         "extproc_tls_key": ("/etc/tls/envoy.key", "/etc/tls/envoy.key"),
+        "listen_tls_cert": ("/etc/tls/extproc.pem", "/etc/tls/extproc.pem"),
+        "listen_tls_key": ("/etc/tls/extproc.key", "/etc/tls/extproc.key"),
+        "listen_tls_client_ca": ("/etc/tls/envoy-ca.pem", "/etc/tls/envoy-ca.pem"),
+        "engine_tls_ca": ("/etc/tls/engine-ca.pem", "/etc/tls/engine-ca.pem"),
+        "engine_tls_cert": ("/etc/tls/gateway-client.pem", "/etc/tls/gateway-client.pem"),
+        "engine_tls_key": ("/etc/tls/gateway-client.key", "/etc/tls/gateway-client.key"),
+        "engine_tls_server_name": ("engines.internal", "engines.internal"),
         "api_keys_file": (str(model_dir.parent / "keys.jsonl"), (model_dir.parent / "keys.jsonl").resolve()),
     }
 

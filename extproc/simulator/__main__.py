@@ -62,6 +62,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=None,
         help="serve /metrics and /faults on this port + i (0: free ports)",
     )
+    tls = parser.add_argument_group("TLS (PEM files; plaintext without them)")
+    tls.add_argument("--tls-cert", default=None, help="serve gRPC over TLS with this certificate chain")
+    tls.add_argument("--tls-key", default=None, help="the private key of --tls-cert")
+    tls.add_argument("--tls-client-ca", default=None, help="require client certificates this CA signed")
     parser.add_argument("--faults", default=None, help='fault settings for every engine, JSON: {"slow": 2}')
     zmq_events = parser.add_argument_group("vLLM's ZMQ KV-event channel (needs pyzmq and msgpack)")
     zmq_events.add_argument(
@@ -100,6 +104,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
             kv_events_zmq_replay=args.kv_events_zmq_replay,
             kv_events_zmq_topic=args.kv_events_zmq_topic,
             script=load_script_arg(args.script) if args.script else (),
+            tls_cert=args.tls_cert,
+            tls_key=args.tls_key,
+            tls_client_ca=args.tls_client_ca,
         )
         args.fault_settings = json.loads(args.faults) if args.faults else {}
         if not isinstance(args.fault_settings, dict):

@@ -147,8 +147,12 @@ async def _bind(
     else:
         sglang_scheduler_pb2_grpc.add_SglangSchedulerServicer_to_server(servicer, server)
     await _health_service(server, protocol)
+    options = servicer.core.options
     try:
-        bound = server.add_insecure_port(format_address(host, port))
+        if options.tls_cert is not None and options.tls_key is not None:
+            bound = server.add_secure_port(format_address(host, port), _server_credentials(options))
+        else:
+            bound = server.add_insecure_port(format_address(host, port))
     except RuntimeError as e:  # recent grpcio raises where older ones returned 0
         raise OSError(f"cannot bind {format_address(host, port)}: {e}") from e
     if bound == 0:
@@ -156,6 +160,16 @@ async def _bind(
     await server.start()
     servicer.port = bound
     return server
+
+
+def _server_credentials(options: SimOptions) -> grpc.ServerCredentials:
+    """TLS from the options' PEM files (read at each bind, so a `refuse` cycle picks up new files)."""
+    assert options.tls_cert is not None and options.tls_key is not None
+    key, chain = Path(options.tls_key).read_bytes(), Path(options.tls_cert).read_bytes()
+    client_ca = Path(options.tls_client_ca).read_bytes() if options.tls_client_ca else None
+    return grpc.ssl_server_credentials(
+        [(key, chain)], root_certificates=client_ca, require_client_auth=client_ca is not None
+    )
 
 
 async def _serve(

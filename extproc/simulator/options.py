@@ -56,6 +56,11 @@ class SimOptions:
     # Scripted outputs (script.py): rules {match, text, model, count}, the first that matches a prompt
     # gives the answer's text; a list of rules or their dicts is accepted and kept as a tuple.
     script: tuple[ScriptRule, ...] = ()
+    # Serve gRPC over TLS with this PEM certificate chain and key; with tls_client_ca, clients must present
+    # a certificate it signed (mutual TLS). None: plaintext.
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    tls_client_ca: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.script, tuple) or not all(isinstance(r, ScriptRule) for r in self.script):
@@ -76,6 +81,10 @@ class SimOptions:
                 raise ValueError(f"{name} must start with one of {', '.join(ZMQ_SCHEMES)}: {endpoint!r}")
         if self.kv_events_zmq_replay is not None and self.kv_events_zmq is None:
             raise ValueError("kv_events_zmq_replay needs kv_events_zmq")
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("tls_cert and tls_key go together")
+        if self.tls_client_ca is not None and self.tls_cert is None:
+            raise ValueError("tls_client_ca needs tls_cert and tls_key")
 
 
 # The defaults, shared (the options are frozen) so signatures need not call SimOptions().

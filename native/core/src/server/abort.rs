@@ -9,7 +9,7 @@ use std::time::Duration;
 use http::uri::PathAndQuery;
 use tokio::runtime::Handle;
 use tokio::sync::Notify;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 use tonic::Status;
 
 use super::engine_codec::EngineCodec;
@@ -24,16 +24,19 @@ pub struct Aborter {
     runtime: Handle,
     telemetry: Arc<Telemetry>,
     channels: Mutex<HashMap<String, Channel>>,
+    // Engines over TLS (https, verified against its CA); None: plaintext h2c.
+    tls: Option<ClientTlsConfig>,
     in_flight: AtomicUsize,
     idle: Notify,
 }
 
 impl Aborter {
-    pub fn new(runtime: Handle, telemetry: Arc<Telemetry>) -> Arc<Self> {
+    pub fn new(runtime: Handle, telemetry: Arc<Telemetry>, tls: Option<ClientTlsConfig>) -> Arc<Self> {
         Arc::new(Aborter {
             runtime,
             telemetry,
             channels: Mutex::new(HashMap::new()),
+            tls,
             in_flight: AtomicUsize::new(0),
             idle: Notify::new(),
         })
@@ -86,11 +89,17 @@ impl Aborter {
         if channels.len() >= MAX_CHANNELS {
             channels.clear();
         }
-        let channel = Endpoint::from_shared(format!("http://{endpoint}"))
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        let mut builder = Endpoint::from_shared(format!("{scheme}://{endpoint}"))
             .map_err(|e| Status::invalid_argument(format!("bad engine endpoint {endpoint}: {e}")))?
             .connect_timeout(ABORT_TIMEOUT)
-            .tcp_nodelay(true)
-            .connect_lazy();
+            .tcp_nodelay(true);
+        if let Some(tls) = &self.tls {
+            builder = builder
+                .tls_config(tls.clone())
+                .map_err(|e| Status::invalid_argument(format!("engine TLS for {endpoint}: {e}")))?;
+        }
+        let channel = builder.connect_lazy();
         channels.insert(endpoint.to_string(), channel.clone());
         Ok(channel)
     }
@@ -222,7 +231,7 @@ mod tests {
             .to_string();
 
         let telemetry = Arc::new(Telemetry::new(0));
-        let aborter = Aborter::new(rt.handle().clone(), telemetry.clone());
+        let aborter = Aborter::new(rt.handle().clone(), telemetry.clone(), None);
         aborter.abort(&endpoint, Protocol::Vllm, "req-7");
         aborter.abort(&endpoint, Protocol::Sglang, "req-8");
         aborter.abort(&closed, Protocol::Vllm, "req-9");

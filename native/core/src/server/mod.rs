@@ -8,6 +8,7 @@ mod fanout;
 mod listen;
 mod service;
 mod stats;
+mod tls;
 mod workers;
 
 use std::future::Future;
@@ -20,12 +21,13 @@ use std::time::Duration;
 use tokio::sync::{oneshot, watch};
 use tokio_stream::wrappers::UnixListenerStream;
 use tonic::transport::server::TcpIncoming;
-use tonic::transport::Server;
+use tonic::transport::{Server, ServerTlsConfig};
 
 pub use abort::ABORT_TIMEOUT;
 pub use listen::ListenAddr;
 pub use service::MAX_MESSAGE_BYTES;
 pub use stats::{Counters, Finished, Telemetry};
+pub use tls::{EngineTls, ServerTls};
 pub use workers::pool_size;
 
 use abort::Aborter;
@@ -54,6 +56,10 @@ pub struct ServerConfig {
     /// Threads that process large request bodies (parse, template, tokenize) off the runtime's
     /// threads; 0: one per CPU.
     pub request_workers: usize,
+    /// The ext_proc port over TLS (mutual with a client CA); None: plaintext.
+    pub tls: Option<ServerTls>,
+    /// The server's own engine calls (Abort, batched completions) over TLS; None: plaintext.
+    pub engine_tls: Option<EngineTls>,
 }
 
 /// A running server; `stop` (or dropping it) shuts it down.
@@ -67,6 +73,10 @@ impl ExtProcServer {
     /// Bind and start serving; returns once the socket listens.
     pub fn start(gateway: Arc<Gateway>, telemetry: Arc<Telemetry>, config: &ServerConfig) -> io::Result<Self> {
         let addr = ListenAddr::parse(&config.listen)?;
+        // Bad TLS files fail here, before anything listens.
+        let tls = config.tls.as_ref().map(ServerTls::config).transpose()?;
+        let engine_tls = config.engine_tls.as_ref().map(EngineTls::config).transpose()?;
+        let server = http2_server(tls)?;
         let runtime = build_runtime(config.worker_threads)?;
         let (listener, address) = {
             let _context = runtime.enter();
@@ -75,14 +85,14 @@ impl ExtProcServer {
         let (cancel_tx, cancel_rx) = watch::channel(false);
         let shared = Arc::new(Shared {
             gateway,
-            aborter: Aborter::new(runtime.handle().clone(), telemetry.clone()),
+            aborter: Aborter::new(runtime.handle().clone(), telemetry.clone(), engine_tls),
             telemetry,
             cancel: cancel_rx,
             workers: Workers::new(pool_size(config.request_workers)),
         });
         let (stop_tx, stop_rx) = oneshot::channel();
         let thread = std::thread::Builder::new().name("extproc-grpc".into()).spawn(move || {
-            runtime.block_on(serve(listener, shared, stop_rx, cancel_tx));
+            runtime.block_on(serve(server, listener, shared, stop_rx, cancel_tx));
             runtime.shutdown_timeout(Duration::from_millis(100));
         })?;
         Ok(ExtProcServer {
@@ -138,17 +148,25 @@ fn build_runtime(worker_threads: usize) -> io::Result<tokio::runtime::Runtime> {
     builder.enable_io().enable_time().thread_name("extproc-grpc").build()
 }
 
-fn http2_server() -> Server {
-    Server::builder()
+fn http2_server(tls: Option<ServerTlsConfig>) -> io::Result<Server> {
+    let server = Server::builder()
         .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
         .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
         .initial_connection_window_size(CONNECTION_WINDOW)
-        .initial_stream_window_size(STREAM_WINDOW)
+        .initial_stream_window_size(STREAM_WINDOW);
+    match tls {
+        None => Ok(server),
+        // A failed handshake (no or a foreign client certificate) closes that connection only.
+        Some(tls) => server
+            .tls_config(tls)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, format!("TLS: {e}"))),
+    }
 }
 
 type Serving = Pin<Box<dyn Future<Output = Result<(), tonic::transport::Error>> + Send>>;
 
 async fn serve(
+    server: Server,
     listener: Listener,
     shared: Arc<Shared>,
     stop: oneshot::Receiver<Duration>,
@@ -168,12 +186,12 @@ async fn serve(
             let incoming = TcpIncoming::from(l)
                 .with_nodelay(Some(true))
                 .with_keepalive(Some(TCP_KEEPALIVE));
-            Box::pin(http2_server().serve_with_incoming_shutdown(service, incoming, signal))
+            Box::pin(server.serve_with_incoming_shutdown(service, incoming, signal))
         }
         Listener::Unix(l, path) => {
             socket_file = Some(path);
             let incoming = UnixListenerStream::new(l);
-            Box::pin(http2_server().serve_with_incoming_shutdown(service, incoming, signal))
+            Box::pin(server.serve_with_incoming_shutdown(service, incoming, signal))
         }
     };
     tokio::select! {
@@ -240,6 +258,8 @@ mod tests {
             listen: listen.into(),
             worker_threads: 1,
             request_workers: 1,
+            tls: None,
+            engine_tls: None,
         };
         (
             ExtProcServer::start(gateway(), telemetry.clone(), &config).unwrap(),
@@ -436,6 +456,8 @@ mod tests {
                 listen: listen.into(),
                 worker_threads: 1,
                 request_workers: 1,
+                tls: None,
+                engine_tls: None,
             };
             // Port 1 needs privileges the tests do not run with; if they do, it binds, and that is fine.
             if listen == "127.0.0.1:1" && std::net::TcpListener::bind(listen).is_ok() {
@@ -575,6 +597,8 @@ mod tests {
             listen: "127.0.0.1:0".into(),
             worker_threads: 1,
             request_workers: 1,
+            tls: None,
+            engine_tls: None,
         };
         let _server = ExtProcServer::start(gateway, telemetry, &config).unwrap();
         let address = _server.address().to_string();

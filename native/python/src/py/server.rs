@@ -1,5 +1,6 @@
 //! `ExtProcServer`: the native ext_proc gRPC server, as Python starts, stops and watches it.
 
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -9,7 +10,7 @@ use pyo3::types::{PyDict, PyList};
 
 use super::PyGateway;
 use extproc_core::gateway::Gateway;
-use extproc_core::server::{ExtProcServer, ServerConfig, Telemetry};
+use extproc_core::server::{EngineTls, ExtProcServer, ServerConfig, ServerTls, Telemetry};
 
 /// Serves Envoy's ext_proc streams with the gateway's state machine, on its own thread(s).
 #[pyclass(name = "ExtProcServer", module = "extproc._native", frozen)]
@@ -23,24 +24,69 @@ pub struct PyExtProcServer {
 #[pymethods]
 impl PyExtProcServer {
     #[new]
-    /// `request_workers`: threads processing large request bodies (0: one per CPU).
-    #[pyo3(signature = (gateway, listen, *, worker_threads = 1, request_workers = 0, summary_capacity = 4096))]
+    /// `request_workers`: threads processing large request bodies (0: one per CPU). `tls_cert`/`tls_key`
+    /// (PEM files): serve the port over TLS, with `tls_client_ca` requiring client certificates it
+    /// signed. `engine_tls_ca`: the server's own engine calls over TLS, engines verified against it,
+    /// presenting `engine_tls_cert`/`engine_tls_key` if given, `engine_tls_server_name` as SNI.
+    #[pyo3(signature = (
+        gateway, listen, *, worker_threads = 1, request_workers = 0, summary_capacity = 4096,
+        tls_cert = None, tls_key = None, tls_client_ca = None,
+        engine_tls_ca = None, engine_tls_cert = None, engine_tls_key = None, engine_tls_server_name = None,
+    ))]
+    #[allow(clippy::too_many_arguments)]
     fn new(
         gateway: &Bound<'_, PyGateway>,
         listen: String,
         worker_threads: usize,
         request_workers: usize,
         summary_capacity: usize,
+        tls_cert: Option<PathBuf>,
+        tls_key: Option<PathBuf>,
+        tls_client_ca: Option<PathBuf>,
+        engine_tls_ca: Option<PathBuf>,
+        engine_tls_cert: Option<PathBuf>,
+        engine_tls_key: Option<PathBuf>,
+        engine_tls_server_name: Option<String>,
     ) -> PyResult<Self> {
         if worker_threads == 0 {
             return Err(PyValueError::new_err("worker_threads must be at least 1"));
         }
+        let tls = match (tls_cert, tls_key) {
+            (Some(cert), Some(key)) => Some(ServerTls {
+                cert,
+                key,
+                client_ca: tls_client_ca,
+            }),
+            (None, None) if tls_client_ca.is_none() => None,
+            _ => {
+                return Err(PyValueError::new_err(
+                    "TLS needs both tls_cert and tls_key (tls_client_ca needs them too)",
+                ))
+            }
+        };
+        let engine_tls = match engine_tls_ca {
+            Some(ca) => {
+                if engine_tls_cert.is_some() != engine_tls_key.is_some() {
+                    return Err(PyValueError::new_err("engine_tls_cert and engine_tls_key go together"));
+                }
+                Some(EngineTls {
+                    ca,
+                    cert: engine_tls_cert,
+                    key: engine_tls_key,
+                    server_name: engine_tls_server_name,
+                })
+            }
+            None if engine_tls_cert.is_none() && engine_tls_key.is_none() && engine_tls_server_name.is_none() => None,
+            None => return Err(PyValueError::new_err("engine TLS settings need engine_tls_ca")),
+        };
         Ok(PyExtProcServer {
             gateway: gateway.get().inner.clone(),
             config: ServerConfig {
                 listen,
                 worker_threads,
                 request_workers,
+                tls,
+                engine_tls,
             },
             telemetry: Arc::new(Telemetry::new(summary_capacity)),
             running: Mutex::new(None),
