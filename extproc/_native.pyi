@@ -68,6 +68,8 @@ class Gateway:
         max_context: int | None = None,
         policy: str = "kv_events",
         routing_config: str | None = None,
+        tool_parser: str | None = None,
+        reasoning_parser: str | None = None,
     ) -> None: ...
     def set_endpoints(
         self,

@@ -241,6 +241,9 @@ class ServedModel:
     # The model's KV-event source ("grpc" or "off") for engines without their own; each engine's is
     # resolved in `engines`.
     kv_events: str = "grpc"
+    # Its chat answers' tool-call and reasoning parsers: a format name, "none" or "auto".
+    tool_parser: str = "auto"
+    reasoning_parser: str = "auto"
 
     @property
     def sim_protocol(self) -> str:
@@ -280,6 +283,8 @@ def served_models(settings: Settings) -> tuple[ServedModel, ...]:
                 engine_protocol=protocol,
                 sim=settings.sim if table.sim is None else table.sim,
                 kv_events=kv_events,
+                tool_parser=table.tool_parser or settings.tool_parser,
+                reasoning_parser=table.reasoning_parser or settings.reasoning_parser,
             )
         )
     return tuple(served)
@@ -308,6 +313,8 @@ def models_toml(models: Iterable[ServedModel]) -> str:
             *([f"routing_config = {_toml_string(model.routing_config)}"] if model.routing_config else []),
             f"engine_protocol = {_toml_string(model.engine_protocol)}",
             f"kv_events = {_toml_string(model.kv_events)}",
+            f"tool_parser = {_toml_string(model.tool_parser)}",
+            f"reasoning_parser = {_toml_string(model.reasoning_parser)}",
             "",
         ]
     return "\n".join(lines)

@@ -159,6 +159,8 @@ async def start(settings: Settings, *, engine_wait_s: float = ENGINE_WAIT_S) -> 
                 str(model.model_dir),
                 policy=model.routing_policy,
                 routing_config=model.routing_config,
+                tool_parser=model.tool_parser,
+                reasoning_parser=model.reasoning_parser,
             )
         except ValueError as e:  # the router refused its settings, or the model directory is unusable
             raise ConfigError(f"model {model.name!r}: {e}") from None

@@ -163,6 +163,19 @@ def parse_bool(raw: Any) -> bool:
     raise BadValue("expected true or false")
 
 
+# A model's tool-call or reasoning parser: a format name (the native core knows the formats and refuses an
+# unknown one at startup), "none", or "auto" (inferred from the model's name and chat template).
+_PARSER_NAME = re.compile(r"[a-z0-9][a-z0-9_.-]{0,63}")
+
+
+def parse_parser_name(raw: Any) -> str:
+    """A parser format name, "none" or "auto" (lowercased)."""
+    value = raw.strip().lower() if isinstance(raw, str) else ""
+    if not _PARSER_NAME.fullmatch(value):
+        raise BadValue('expected a parser name (docs/agents.md), "none" or "auto"')
+    return value
+
+
 def choice(options: tuple[str, ...]) -> Callable[[Any], str]:
     """One of `options`, case-insensitive ("warn" reads as "warning")."""
 

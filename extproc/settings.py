@@ -144,6 +144,8 @@ class ModelConfig:
     sim: int | None = None
     # "grpc" or "off" for the engines that do not name their own source.
     kv_events: str | None = None
+    tool_parser: str | None = None
+    reasoning_parser: str | None = None
 
     def served_name(self) -> str:
         """The name clients ask for, without touching the disk."""
@@ -272,6 +274,29 @@ class Settings:
         "engine)",
         model_key="kv_events",
         model_doc="`grpc` or `off` for its engines without their own, see [KV events](#kv-events)",
+    )
+    tool_parser: str = setting(
+        "auto",
+        p.parse_parser_name,
+        _GATEWAY,
+        "tool-call format of chat answers: a parser name, none, or auto (inferred from the model name and "
+        "chat template)",
+        "NAME",
+        doc="how tool calls are read from chat answers into `message.tool_calls`: a format name (table in "
+        "[agents.md](agents.md)), `none` (calls stay text), or `auto` (inferred from the model's name and "
+        "chat template); unknown names are refused at startup",
+        model_key="tool_parser",
+    )
+    reasoning_parser: str = setting(
+        "auto",
+        p.parse_parser_name,
+        _GATEWAY,
+        "reasoning format of chat answers: a parser name, none, or auto (inferred from the model name and "
+        "chat template)",
+        "NAME",
+        doc="how reasoning is read from chat answers into `reasoning_content`: a format name (table in "
+        "[agents.md](agents.md)), `none`, or `auto` (inferred from the model's name and chat template)",
+        model_key="reasoning_parser",
     )
     load_interval: float = setting(
         0.5,

@@ -234,6 +234,7 @@ name = "chat"
 model_dir = "my-model"
 engines = ["grpc://10.0.0.1:1", { url = "grpc://10.0.0.2:2", protocol = "sglang" }]
 routing_policy = "round_robin"
+tool_parser = "Hermes"
 
 [[models]]
 engine_protocol = "auto"
@@ -256,6 +257,9 @@ def test_models_tables_resolve_with_the_global_settings(tmp_path: Path, model_di
         routing_config=None,
         engine_protocol="vllm",
         sim=3,
+        # A model's own parser, else the global one ("auto": inferred by the native core).
+        tool_parser="hermes",
+        reasoning_parser="auto",
     )
     # No name and no directory: the default model under its own name.
     assert (default.name, default.model_dir.name) == ("llama3-default", "llama3-default")

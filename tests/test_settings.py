@@ -41,6 +41,8 @@ def samples(model_dir: Path) -> dict[str, tuple[str, Any]]:
         "routing_policy": ("least_load", "least_load"),
         "engine_protocol": ("SGLANG", "sglang"),
         "kv_events": ("off", "off"),
+        "tool_parser": ("Hermes", "hermes"),
+        "reasoning_parser": ("none", "none"),
         "load_interval": ("2", 2.0),
         "first_token_timeout": ("1.5", 1.5),
         "inter_token_timeout": ("0", 0.0),

@@ -69,6 +69,9 @@ class SimModel:
     sim: SimOptions | None = None
     # What the gateway is told about the engines' protocol ("auto": it detects it).
     engine_protocol: str = "auto"
+    # The model's tool-call and reasoning parsers (None: the global setting, "auto").
+    tool_parser: str | None = None
+    reasoning_parser: str | None = None
 
 
 @dataclass
@@ -284,6 +287,8 @@ def local_stack(
                     EngineConfig(f"grpc://{a}", m.engine_protocol) for a in clusters[m.name].addresses
                 ),
                 routing_policy=m.routing_policy,
+                tool_parser=m.tool_parser,
+                reasoning_parser=m.reasoning_parser,
             )
             for m in models
         )

@@ -1,9 +1,9 @@
 //! The gateway's shared, read-mostly state: served models and their engine endpoints.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, OnceLock, RwLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::auth::ApiKeys;
@@ -11,6 +11,7 @@ use crate::engine::Protocol;
 use crate::model::ModelFiles;
 use crate::routing::endpoint::{engine_endpoint_names, split_name};
 use crate::routing::{Router, RouterConfig, RoutingError};
+use crate::stream::output_plan::{non_marker_special_ids, ModelParsers};
 use crate::stream::Deadlines;
 
 pub fn unix_now() -> u64 {
@@ -33,6 +34,10 @@ pub struct ServedModel {
     pub router: Router,
     /// The protocol each engine address speaks; the router itself only knows addresses.
     protocols: RwLock<HashMap<String, Protocol>>,
+    /// The tool-call and reasoning parsers of its chat answers.
+    parsers: RwLock<ModelParsers>,
+    /// The special tokens parsed answers drop (computed at the first parsed answer: a vocabulary scan).
+    dropped_special_ids: OnceLock<Arc<HashSet<u32>>>,
 }
 
 impl ServedModel {
@@ -87,6 +92,26 @@ impl ServedModel {
             .collect();
         all.sort();
         all
+    }
+
+    /// The tool-call and reasoning parsers of its chat answers.
+    pub fn parsers(&self) -> ModelParsers {
+        *self.parsers.read().expect("parsers lock")
+    }
+
+    /// Every special token but the parsers' markers (`output_plan::PARSER_MARKERS`).
+    pub fn non_marker_special_ids(&self) -> Arc<HashSet<u32>> {
+        self.dropped_special_ids
+            .get_or_init(|| Arc::new(non_marker_special_ids(&self.files)))
+            .clone()
+    }
+
+    /// Set the parsers by name (`tool_parser`, `reasoning_parser`: a format, `none`, or `auto`/None to
+    /// infer it from the model's name and chat template).
+    pub fn set_parsers(&self, tool_parser: Option<&str>, reasoning_parser: Option<&str>) -> Result<(), String> {
+        let parsers = ModelParsers::resolve(&self.name, &self.files, tool_parser, reasoning_parser)?;
+        *self.parsers.write().expect("parsers lock") = parsers;
+        Ok(())
     }
 
     /// Names of the healthy endpoints (addresses; `"{address}#{rank}"` for the ranks of a DP engine).
@@ -184,6 +209,7 @@ impl Gateway {
         let files = ModelFiles::load(dir)?;
         let max_context = max_context.or(files.max_context).unwrap_or(8192);
         let max_token_bytes = files.tokenizer.longest_token_bytes();
+        let parsers = ModelParsers::resolve(name, &files, None, None)?;
         let model = Arc::new(ServedModel {
             name: name.to_string(),
             files,
@@ -192,6 +218,8 @@ impl Gateway {
             created: unix_now(),
             router,
             protocols: RwLock::new(HashMap::new()),
+            parsers: RwLock::new(parsers),
+            dropped_special_ids: OnceLock::new(),
         });
         self.models
             .write()

@@ -55,17 +55,101 @@ impl Usage {
 
 pub const SSE_DONE: &[u8] = b"data: [DONE]\n\n";
 
-/// One choice of a non-streamed answer; `logprobs` is `null` unless asked for.
-pub fn choice_value(meta: &ResponseMeta, index: u32, text: &str, finish_reason: &str, logprobs: Value) -> Value {
-    match meta.api {
-        Api::Chat => json!({
+/// One tool call of an answer: `function.arguments` is the arguments' JSON object as a string.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ToolCall {
+    pub id: String,
+    pub name: String,
+    pub arguments: String,
+}
+
+impl ToolCall {
+    fn to_value(&self) -> Value {
+        json!({"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}})
+    }
+}
+
+/// A chat message split by an output parser: reasoning, content and tool calls.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ParsedMessage {
+    pub content: String,
+    pub reasoning: String,
+    pub tool_calls: Vec<ToolCall>,
+    /// The model's output is parsed for reasoning: the message carries `reasoning_content` (null when
+    /// there was none).
+    pub reasoning_parsed: bool,
+}
+
+/// One choice of a non-streamed answer; `logprobs` is `null` unless asked for. `parsed`: a chat choice
+/// whose output went through a parser (`text` is then unused).
+pub fn choice_value(
+    meta: &ResponseMeta,
+    index: u32,
+    text: &str,
+    parsed: Option<&ParsedMessage>,
+    finish_reason: &str,
+    logprobs: Value,
+) -> Value {
+    match (meta.api, parsed) {
+        (Api::Chat, None) => json!({
             "index": index,
             "message": {"role": "assistant", "content": text},
             "logprobs": logprobs,
             "finish_reason": finish_reason,
         }),
-        Api::Completion => {
+        (Api::Chat, Some(parsed)) => json!({
+            "index": index,
+            "message": parsed_message(parsed),
+            "logprobs": logprobs,
+            "finish_reason": finish_reason,
+        }),
+        (Api::Completion, _) => {
             json!({"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason})
+        }
+    }
+}
+
+/// The assistant message of a parsed choice: content null when the model only called tools; reasoning
+/// under both `reasoning_content` (DeepSeek's and vLLM's name) and `reasoning` (vLLM's newer one).
+fn parsed_message(parsed: &ParsedMessage) -> Value {
+    let content = if parsed.content.is_empty() && !parsed.tool_calls.is_empty() {
+        Value::Null
+    } else {
+        parsed.content.as_str().into()
+    };
+    let mut message = json!({"role": "assistant", "content": content});
+    if parsed.reasoning_parsed || !parsed.reasoning.is_empty() {
+        let reasoning = if parsed.reasoning.is_empty() {
+            Value::Null
+        } else {
+            parsed.reasoning.as_str().into()
+        };
+        message["reasoning_content"] = reasoning.clone();
+        message["reasoning"] = reasoning;
+    }
+    if !parsed.tool_calls.is_empty() {
+        message["tool_calls"] = parsed.tool_calls.iter().map(ToolCall::to_value).collect();
+    }
+    message
+}
+
+/// One entry of a streamed delta's `tool_calls`: a call's start (index, id, type and name, empty
+/// arguments) or a fragment of its arguments (index only).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ToolCallDelta<'a> {
+    Start { index: u32, id: &'a str, name: &'a str },
+    Arguments { index: u32, fragment: &'a str },
+}
+
+impl ToolCallDelta<'_> {
+    fn to_value(&self) -> Value {
+        match self {
+            ToolCallDelta::Start { index, id, name } => json!({
+                "index": index, "id": id, "type": "function", "function": {"name": name, "arguments": ""},
+            }),
+            ToolCallDelta::Arguments { index, fragment } => {
+                json!({"index": index, "function": {"arguments": fragment}})
+            }
         }
     }
 }
@@ -87,6 +171,10 @@ fn event(value: &Value, out: &mut Vec<u8>) {
 #[derive(Debug, Default)]
 pub struct Delta<'a> {
     pub text: Option<&'a str>,
+    /// Chat: reasoning text, sent as `reasoning_content` and `reasoning`.
+    pub reasoning: Option<&'a str>,
+    /// Chat: one tool call's start or arguments fragment.
+    pub tool_call: Option<ToolCallDelta<'a>>,
     /// Chat: the first chunk of a choice names the assistant role.
     pub role: bool,
     pub finish_reason: Option<&'a str>,
@@ -104,6 +192,13 @@ pub fn chunk_event(meta: &ResponseMeta, index: u32, delta: Delta<'_>, out: &mut 
             }
             if let Some(text) = delta.text {
                 content.insert("content".into(), text.into());
+            }
+            if let Some(reasoning) = delta.reasoning {
+                content.insert("reasoning_content".into(), reasoning.into());
+                content.insert("reasoning".into(), reasoning.into());
+            }
+            if let Some(call) = &delta.tool_call {
+                content.insert("tool_calls".into(), json!([call.to_value()]));
             }
             json!({"index": index, "delta": content, "logprobs": delta.logprobs, "finish_reason": delta.finish_reason})
         }
@@ -168,7 +263,7 @@ mod tests {
             cached_tokens: 1,
         };
         let m = meta(Api::Chat);
-        let choices = vec![choice_value(&m, 0, "hi", "stop", Value::Null)];
+        let choices = vec![choice_value(&m, 0, "hi", None, "stop", Value::Null)];
         let v: Value = serde_json::from_slice(&completion_json(&m, choices, usage)).unwrap();
         assert_eq!(v["object"], "chat.completion");
         assert_eq!(v["choices"][0]["message"]["content"], "hi");
@@ -179,7 +274,7 @@ mod tests {
     #[test]
     fn text_completion_has_openai_shape() {
         let m = meta(Api::Completion);
-        let choices = vec![choice_value(&m, 0, "hi", "length", Value::Null)];
+        let choices = vec![choice_value(&m, 0, "hi", None, "length", Value::Null)];
         let v: Value = serde_json::from_slice(&completion_json(&m, choices, Usage::default())).unwrap();
         assert_eq!(v["object"], "text_completion");
         assert_eq!(v["choices"][0]["text"], "hi");

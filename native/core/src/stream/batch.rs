@@ -125,6 +125,8 @@ impl Batch {
                 echo,
                 n: req.sampling.n,
                 logprobs: req.sampling.logprobs,
+                // Batches are completions: their text is never parsed.
+                parsing: None,
             };
             parts.push(Part {
                 target,

@@ -11,10 +11,13 @@ mod batch;
 mod deadline;
 mod engine_id;
 mod epp;
+mod forced_calls;
 mod health_answer;
 mod http_api;
 mod local_reply;
 mod observe;
+pub mod output_plan;
+mod parsed_output;
 mod replies;
 mod request;
 mod response;
@@ -490,6 +493,7 @@ impl RequestStream {
         )?;
         let encoding = Instant::now();
         let prompt_tokens = prompt.input_ids.len() as u64;
+        let parsing = output_plan::plan(&model, &req, prompt.opens_think);
         let echo = req.echo.then(|| model.files.tokenizer.decode(&prompt.input_ids, false));
         let generate = target.protocol.encode_generate(GenerateCall {
             request_id: &engine_request_id,
@@ -519,6 +523,7 @@ impl RequestStream {
             echo,
             n: req.sampling.n,
             logprobs: req.sampling.logprobs,
+            parsing,
         };
         let translator = ResponseTranslator::new(model.clone(), shape, self.gateway.limits.max_engine_message);
         // Envoy connects to the engine's address; the rank travels in the request.

@@ -6,11 +6,14 @@ use crate::error::ApiError;
 use crate::gateway::ServedModel;
 use crate::metrics::Phase;
 use crate::openai::request::{ChatInput, GenerationRequest, PromptInput};
+use crate::stream::output_plan::prompt_opens_think;
 use crate::template::{ChatInputs, RenderError};
 
 /// The prompt as token ids, ready to send.
 pub struct Prompt {
     pub input_ids: Vec<u32>,
+    /// A chat whose rendered prompt ends inside a think block the template opened.
+    pub opens_think: bool,
 }
 
 /// The prompt of any generation request but a batch, as token ids.
@@ -24,11 +27,15 @@ pub fn prompt(model: &ServedModel, input: &PromptInput) -> Result<Prompt, ApiErr
             Phase::Tokenize.observe(began);
             Ok(Prompt {
                 input_ids: input_ids.map_err(ApiError::internal)?,
+                opens_think: false,
             })
         }
         PromptInput::Tokens(ids) => {
             check_token_ids(model, ids, "prompt")?;
-            Ok(Prompt { input_ids: ids.clone() })
+            Ok(Prompt {
+                input_ids: ids.clone(),
+                opens_think: false,
+            })
         }
         PromptInput::Batch(_) => Err(ApiError::internal("a batch has one prompt per part")),
     }
@@ -76,6 +83,7 @@ pub fn chat_prompt(model: &ServedModel, request: &ChatInput) -> Result<Prompt, A
     Phase::Tokenize.observe(tokenizing);
     Ok(Prompt {
         input_ids: input_ids.map_err(ApiError::internal)?,
+        opens_think: prompt_opens_think(&text),
     })
 }
 

@@ -12,10 +12,12 @@ use crate::grpc_frame::{FrameDecoder, FrameError};
 use crate::openai::logprobs::{chat_content, chat_logprobs, CompletionLogprobs};
 use crate::openai::request::Api;
 use crate::openai::response::{
-    choice_value, chunk_event, completion_json, error_event, start_event, usage_event, Delta, ResponseMeta, Usage,
-    SSE_DONE,
+    choice_value, chunk_event, completion_json, error_event, start_event, usage_event, Delta, ResponseMeta,
+    ToolCallDelta, Usage, SSE_DONE,
 };
 use crate::stop::StopMatcher;
+use crate::stream::output_plan::ParsingPlan;
+use crate::stream::parsed_output::{ChoiceOutput, StreamPiece};
 use crate::tokenize::TextTokenizer;
 
 /// How the client wants the answer.
@@ -35,6 +37,8 @@ pub struct ResponseShape {
     pub n: u32,
     /// Logprobs with this many top alternatives per token, when asked for.
     pub logprobs: Option<u32>,
+    /// Chat choices whose text goes through tool-call and reasoning parsers (None: plain text).
+    pub parsing: Option<ParsingPlan>,
 }
 
 /// One choice's progress: its own detokenizer, stop matcher, text and logprobs.
@@ -49,6 +53,8 @@ struct Choice {
     offset: usize,
     started: bool,
     finish_reason: Option<String>,
+    /// The parsed message, when the choice's text is parsed.
+    output: Option<ChoiceOutput>,
 }
 
 /// What the engine has said so far, translated.
@@ -65,7 +71,9 @@ impl ResponseTranslator {
         let echo = shape.echo.clone().unwrap_or_default();
         let choices = (0..shape.n.max(1))
             .map(|_| Choice {
-                decoder: IncrementalDecoder::new(shape.skip_special_tokens),
+                // Parsed text keeps the special tokens that mark calls and reasoning (the others are
+                // dropped before decoding, as `skip_special_tokens` would).
+                decoder: IncrementalDecoder::new(shape.skip_special_tokens && shape.parsing.is_none()),
                 stop: StopMatcher::new(shape.stop.clone(), shape.include_stop_str_in_output),
                 text: if shape.stream { String::new() } else { echo.clone() },
                 chat_logprobs: Vec::new(),
@@ -73,6 +81,10 @@ impl ResponseTranslator {
                 offset: 0,
                 started: false,
                 finish_reason: None,
+                output: shape
+                    .parsing
+                    .as_ref()
+                    .map(|plan| ChoiceOutput::new(plan.parser(), plan.reasoning_parsed)),
             })
             .collect();
         ResponseTranslator {
@@ -152,6 +164,16 @@ impl ResponseTranslator {
                 ids = &ids[..end];
             }
         }
+        let kept: Vec<u32>;
+        if let Some(dropped) = self
+            .shape
+            .parsing
+            .as_ref()
+            .and_then(|p| p.dropped_ids(self.shape.skip_special_tokens))
+        {
+            kept = ids.iter().copied().filter(|id| !dropped.contains(id)).collect();
+            ids = &kept;
+        }
         let delta = choice.decoder.push(tokenizer, ids);
         let mut text = choice.stop.push(&delta);
         let finish = o.finish_reason.map(|reason| {
@@ -216,7 +238,8 @@ impl ResponseTranslator {
                     (Some(_), Api::Completion) => c.completion_logprobs.to_value(),
                 };
                 let reason = c.finish_reason.as_deref().unwrap_or("stop");
-                choice_value(meta, i as u32, &c.text, reason, logprobs)
+                let parsed = c.output.as_ref().map(|o| &o.message);
+                choice_value(meta, i as u32, &c.text, parsed, reason, logprobs)
             })
             .collect()
     }
@@ -254,6 +277,19 @@ fn emit(
 ) {
     let top = shape.logprobs.unwrap_or(0) as usize;
     let wants_logprobs = shape.logprobs.is_some();
+    // Parsed choices: the text becomes reasoning, content and calls; a choice that called tools and
+    // ended on its own finished with "tool_calls".
+    let mut pieces = Vec::new();
+    let mut finish = finish;
+    if let Some(output) = choice.output.as_mut() {
+        pieces = output.push(text);
+        if let Some(reason) = finish.as_mut() {
+            pieces.extend(output.finish());
+            if reason == "stop" && output.made_calls() {
+                *reason = "tool_calls".to_string();
+            }
+        }
+    }
     if !shape.stream {
         choice.text.push_str(text);
         if wants_logprobs {
@@ -280,7 +316,7 @@ fn emit(
         }
     }
     let has_logprobs = wants_logprobs && !logprobs.is_empty();
-    if text.is_empty() && !has_logprobs && finish.is_none() {
+    if choice.output.is_none() && text.is_empty() && !has_logprobs && finish.is_none() {
         return;
     }
     let logprobs = match (has_logprobs, meta.api) {
@@ -292,14 +328,62 @@ fn emit(
             lp.to_value()
         }
     };
+    if choice.output.is_some() {
+        emit_pieces(meta, index, &pieces, logprobs, finish.as_deref(), out);
+        choice.finish_reason = finish;
+        return;
+    }
     let delta = Delta {
         text: (!text.is_empty() || meta.api == Api::Completion).then_some(text),
-        role: false,
         finish_reason: finish.as_deref(),
         logprobs,
+        ..Delta::default()
     };
     chunk_event(meta, index, delta, out);
     choice.finish_reason = finish;
+}
+
+/// A parsed choice's events: one per piece (the token logprobs ride on the first), then the finish.
+fn emit_pieces(
+    meta: &ResponseMeta,
+    index: u32,
+    pieces: &[StreamPiece],
+    mut logprobs: Value,
+    finish: Option<&str>,
+    out: &mut Vec<u8>,
+) {
+    for piece in pieces {
+        let mut delta = Delta {
+            logprobs: std::mem::take(&mut logprobs),
+            ..Delta::default()
+        };
+        match piece {
+            StreamPiece::Reasoning(text) => delta.reasoning = Some(text),
+            StreamPiece::Content(text) => delta.text = Some(text),
+            StreamPiece::CallStart { index, id, name } => {
+                delta.tool_call = Some(ToolCallDelta::Start {
+                    index: *index,
+                    id,
+                    name,
+                })
+            }
+            StreamPiece::CallArguments { index, fragment } => {
+                delta.tool_call = Some(ToolCallDelta::Arguments {
+                    index: *index,
+                    fragment,
+                })
+            }
+        }
+        chunk_event(meta, index, delta, out);
+    }
+    if finish.is_some() || !logprobs.is_null() {
+        let delta = Delta {
+            finish_reason: finish,
+            logprobs,
+            ..Delta::default()
+        };
+        chunk_event(meta, index, delta, out);
+    }
 }
 
 #[cfg(test)]
@@ -315,10 +399,11 @@ mod tests {
     use crate::engine::Protocol;
     use crate::gateway::{Gateway, Limits, ServedModel};
     use crate::grpc_frame;
-    use crate::openai::request::Api;
+    use crate::openai::request::{parse_chat_request, Api, GenerationRequest, ToolChoice};
     use crate::openai::response::ResponseMeta;
     use crate::pb::{sglang, vllm};
     use crate::routing::RouterConfig;
+    use crate::stream::output_plan::{plan, ModelParsers};
     use crate::test_assets::llama3_model_dir;
 
     /// One model for every test (they run in parallel; the directory is written once).
@@ -388,6 +473,7 @@ mod tests {
             echo: None,
             n: s.n,
             logprobs: s.logprobs,
+            parsing: None,
         };
         ResponseTranslator::new(model.clone(), shape, 1 << 20)
     }
@@ -708,6 +794,364 @@ mod tests {
             assert!(top.contains_key(*s), "the sampled token is among its alternatives");
             assert!(top.len() <= 2);
         }
+    }
+
+    /// A chat request with one tool and `tool_choice` set (as w5-req's validation sets it).
+    fn tool_request(choice: ToolChoice) -> GenerationRequest {
+        let body = serde_json::json!({
+            "model": "m",
+            "messages": [{"role": "user", "content": "weather?"}],
+            "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}],
+        });
+        let mut req = parse_chat_request(&serde_json::to_vec(&body).unwrap()).unwrap();
+        req.tool_choice = choice;
+        req
+    }
+
+    fn parsed_translator(m: &Arc<ServedModel>, stream: bool, n: u32, req: &GenerationRequest) -> ResponseTranslator {
+        let mut t = translator(
+            m,
+            Setup {
+                api: Api::Chat,
+                stream,
+                n,
+                ..Setup::default()
+            },
+        );
+        t.shape.parsing = plan(m, req, false);
+        assert!(t.shape.parsing.is_some());
+        // The parsers are made per choice at construction: make them again with the plan.
+        ResponseTranslator::new(m.clone(), t.shape, 1 << 20)
+    }
+
+    const CALLS: &str = r#"[{"name": "get_weather", "parameters": {"city": "Paris", "unit": "c"}}, {"name": "get_weather", "parameters": {"city": "Oslo"}}]"#;
+
+    /// The message a stream's deltas add up to, per choice: content, reasoning and calls by index.
+    fn streamed_messages(events: &[Value], n: usize) -> (Vec<Value>, Vec<Option<String>>) {
+        let mut messages = vec![serde_json::json!({"content": "", "tool_calls": []}); n];
+        let mut reasons = vec![None; n];
+        for e in events {
+            for c in e["choices"].as_array().unwrap() {
+                let i = c["index"].as_u64().unwrap() as usize;
+                let delta = &c["delta"];
+                if let Some(text) = delta["content"].as_str() {
+                    let m = &mut messages[i];
+                    m["content"] = (m["content"].as_str().unwrap().to_string() + text).into();
+                }
+                for call in delta["tool_calls"].as_array().into_iter().flatten() {
+                    let index = call["index"].as_u64().unwrap() as usize;
+                    let calls = messages[i]["tool_calls"].as_array_mut().unwrap();
+                    if index == calls.len() {
+                        // A call's first delta: id, type and name, with empty arguments.
+                        assert!(call["id"].as_str().unwrap().starts_with("call_"), "{call}");
+                        assert_eq!(call["type"], "function");
+                        assert_eq!(call["function"]["arguments"], "");
+                        calls.push(call.clone());
+                    } else {
+                        assert!(
+                            call.get("id").is_none() && call["function"].get("name").is_none(),
+                            "{call}"
+                        );
+                        let args = calls[index]["function"]["arguments"].as_str().unwrap().to_string();
+                        let fragment = call["function"]["arguments"].as_str().unwrap();
+                        calls[index]["function"]["arguments"] = (args + fragment).into();
+                    }
+                }
+                if let Some(r) = c["finish_reason"].as_str() {
+                    reasons[i] = Some(r.to_string());
+                }
+            }
+        }
+        (messages, reasons)
+    }
+
+    /// A call without its id (ids differ between answers) and with its arguments parsed.
+    fn call_shape(call: &Value) -> Value {
+        let args: Value = serde_json::from_str(call["function"]["arguments"].as_str().unwrap()).unwrap();
+        serde_json::json!({"type": call["type"], "name": call["function"]["name"], "arguments": args})
+    }
+
+    #[test]
+    fn forced_tool_calls_have_openai_shape_when_not_streamed() {
+        let m = model();
+        let mut t = parsed_translator(&m, false, 1, &tool_request(ToolChoice::Required));
+        t.push(&complete(Protocol::Vllm, 0, &ids(&m, CALLS), "stop", false))
+            .unwrap();
+        let v: Value = serde_json::from_slice(&t.finish()).unwrap();
+        let choice = &v["choices"][0];
+        assert_eq!(choice["finish_reason"], "tool_calls");
+        let message = &choice["message"];
+        assert_eq!(message["role"], "assistant");
+        assert!(message["content"].is_null(), "only calls: content is null");
+        assert!(message.get("reasoning_content").is_none(), "no reasoning parser");
+        let calls = message["tool_calls"].as_array().unwrap();
+        assert_eq!(calls.len(), 2);
+        for call in calls {
+            let id = call["id"].as_str().unwrap();
+            assert_eq!(id.len(), "call_".len() + 24);
+            assert!(id["call_".len()..].bytes().all(|b| b.is_ascii_alphanumeric()));
+        }
+        assert_ne!(calls[0]["id"], calls[1]["id"]);
+        assert_eq!(
+            call_shape(&calls[0]),
+            serde_json::json!({"type": "function", "name": "get_weather", "arguments": {"city": "Paris", "unit": "c"}})
+        );
+        assert!(
+            calls[1]["function"]["arguments"].is_string(),
+            "arguments are a JSON string"
+        );
+    }
+
+    #[test]
+    fn streamed_tool_calls_add_up_to_the_non_streamed_message_per_choice() {
+        let m = model();
+        let req = tool_request(ToolChoice::Named("get_weather".into()));
+        let one = r#"{"name": "get_weather", "parameters": {"city": "Lyon"}}"#;
+        let texts = [CALLS, one];
+        let mut whole = parsed_translator(&m, false, 2, &tool_request(ToolChoice::Required));
+        let mut streamed = parsed_translator(&m, true, 2, &req);
+        let tokens: Vec<Vec<u32>> = texts.iter().map(|x| ids(&m, x)).collect();
+        let mut sse = Vec::new();
+        for (i, toks) in tokens.iter().enumerate() {
+            whole
+                .push(&complete(Protocol::Vllm, i as u32, toks, "stop", false))
+                .unwrap();
+        }
+        let longest = tokens.iter().map(Vec::len).max().unwrap();
+        for step in 0..longest {
+            for (i, toks) in tokens.iter().enumerate() {
+                if let Some(&tok) = toks.get(step) {
+                    sse.extend(streamed.push(&chunk(Protocol::Vllm, i as u32, &[tok], false)).unwrap());
+                    if step + 1 == toks.len() {
+                        sse.extend(
+                            streamed
+                                .push(&complete(Protocol::Vllm, i as u32, &[], "stop", false))
+                                .unwrap(),
+                        );
+                    }
+                }
+            }
+        }
+        sse.extend(streamed.finish());
+        let evs = events(&sse);
+        // A call's start comes before any of its arguments, and the first event of each choice names the role.
+        let (messages, reasons) = streamed_messages(&evs, 2);
+        assert_eq!(
+            reasons,
+            [Some("tool_calls".to_string()), Some("tool_calls".to_string())]
+        );
+        let v: Value = serde_json::from_slice(&whole.finish()).unwrap();
+        for (i, message) in messages.iter().enumerate() {
+            let expected = &v["choices"][i]["message"];
+            assert_eq!(message["content"], "", "no content streamed");
+            assert!(expected["content"].is_null());
+            let got: Vec<Value> = message["tool_calls"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(call_shape)
+                .collect();
+            let want: Vec<Value> = expected["tool_calls"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(call_shape)
+                .collect();
+            assert_eq!(got, want, "choice {i}");
+        }
+        assert_eq!(messages[0]["tool_calls"].as_array().unwrap().len(), 2);
+        assert_eq!(messages[1]["tool_calls"].as_array().unwrap().len(), 1);
+    }
+
+    #[test]
+    fn a_call_cut_short_by_the_length_limit_is_text_and_finishes_with_length() {
+        let m = model();
+        for stream in [false, true] {
+            let mut t = parsed_translator(&m, stream, 1, &tool_request(ToolChoice::Required));
+            let cut = &CALLS[..40];
+            let tokens = ids(&m, cut);
+            let mut out = Vec::new();
+            if stream {
+                out.extend(t.push(&chunk(Protocol::Vllm, 0, &tokens, false)).unwrap());
+            }
+            out.extend(t.push(&complete(Protocol::Vllm, 0, &tokens, "length", false)).unwrap());
+            out.extend(t.finish());
+            if stream {
+                let (messages, reasons) = streamed_messages(&events(&out), 1);
+                assert_eq!(messages[0]["content"], cut);
+                assert_eq!(reasons[0].as_deref(), Some("length"));
+            } else {
+                let v: Value = serde_json::from_slice(&out).unwrap();
+                assert_eq!(v["choices"][0]["message"]["content"], cut);
+                assert!(v["choices"][0]["message"].get("tool_calls").is_none());
+                assert_eq!(v["choices"][0]["finish_reason"], "length");
+            }
+        }
+    }
+
+    #[test]
+    fn parsed_text_keeps_marker_special_tokens_and_drops_the_others() {
+        let dir = crate::test_assets::llama31_model_dir("markers");
+        let m = Gateway::new(Limits::default())
+            .add_model("m", &dir, Some(4096), "round_robin", RouterConfig::default())
+            .unwrap();
+        // <|python_tag|> marks Llama's calls; <|start_header_id|> is no format's marker.
+        let text = "<|python_tag|>hi<|start_header_id|> there";
+        let tokens = ids(&m, text);
+        assert!(tokens.contains(&m.files.tokenizer.token_to_id("<|python_tag|>").unwrap()));
+        let mut t = parsed_translator(&m, false, 1, &tool_request(ToolChoice::Required));
+        t.push(&complete(Protocol::Vllm, 0, &tokens, "stop", false)).unwrap();
+        let v: Value = serde_json::from_slice(&t.finish()).unwrap();
+        assert_eq!(v["choices"][0]["message"]["content"], "<|python_tag|>hi there");
+        // Unparsed chat drops every special token, as before.
+        let mut t = translator(
+            &m,
+            Setup {
+                api: Api::Chat,
+                stream: false,
+                ..Setup::default()
+            },
+        );
+        t.push(&complete(Protocol::Vllm, 0, &tokens, "stop", false)).unwrap();
+        let v: Value = serde_json::from_slice(&t.finish()).unwrap();
+        assert_eq!(v["choices"][0]["message"]["content"], "hi there");
+    }
+
+    #[test]
+    fn only_chat_requests_with_something_to_parse_are_parsed() {
+        let m = model();
+        // The Llama 3 tokenizer alone (no template, a plain name) infers no format.
+        assert_eq!(m.parsers(), ModelParsers::default());
+        assert!(plan(&m, &tool_request(ToolChoice::Auto), false).is_none());
+        assert!(plan(&m, &tool_request(ToolChoice::None), false).is_none());
+        assert!(plan(&m, &tool_request(ToolChoice::Required), false).is_some());
+        let mut completion = tool_request(ToolChoice::Required);
+        completion.api = Api::Completion;
+        assert!(plan(&m, &completion, false).is_none());
+    }
+
+    /// A model whose answers go through the Hermes tool parser and `<think>` reasoning.
+    fn hermes_think_model() -> Arc<ServedModel> {
+        let dir = llama3_model_dir("hermes-think");
+        let m = Gateway::new(Limits::default())
+            .add_model("m", &dir, Some(4096), "round_robin", RouterConfig::default())
+            .unwrap();
+        m.set_parsers(Some("hermes"), Some("think")).unwrap();
+        m
+    }
+
+    /// The answer to `req` of a model saying `text`, whole and streamed a token at a time.
+    fn whole_and_streamed(
+        m: &Arc<ServedModel>,
+        req: &GenerationRequest,
+        text: &str,
+        opens_think: bool,
+    ) -> (Value, Value) {
+        let tokens = ids(m, text);
+        let make = |stream| {
+            let mut t = translator(
+                m,
+                Setup {
+                    api: Api::Chat,
+                    stream,
+                    ..Setup::default()
+                },
+            );
+            t.shape.parsing = plan(m, req, opens_think);
+            ResponseTranslator::new(m.clone(), t.shape, 1 << 20)
+        };
+        let mut whole = make(false);
+        whole
+            .push(&complete(Protocol::Vllm, 0, &tokens, "stop", false))
+            .unwrap();
+        let whole: Value = serde_json::from_slice(&whole.finish()).unwrap();
+        let mut streamed = make(true);
+        let mut sse = Vec::new();
+        for &tok in &tokens {
+            sse.extend(streamed.push(&chunk(Protocol::Vllm, 0, &[tok], false)).unwrap());
+        }
+        sse.extend(streamed.push(&complete(Protocol::Vllm, 0, &[], "stop", false)).unwrap());
+        sse.extend(streamed.finish());
+        let evs = events(&sse);
+        let mut reasoning = String::new();
+        for e in &evs {
+            let delta = &e["choices"][0]["delta"];
+            assert_eq!(delta["reasoning"], delta["reasoning_content"]);
+            reasoning.push_str(delta["reasoning_content"].as_str().unwrap_or(""));
+        }
+        let (mut messages, reasons) = streamed_messages(&evs, 1);
+        messages[0]["reasoning"] = reasoning.into();
+        messages[0]["finish_reason"] = reasons[0].clone().into();
+        (whole["choices"][0].clone(), messages.remove(0))
+    }
+
+    #[test]
+    fn text_reasoning_and_calls_stream_as_they_come_whole() {
+        let m = hermes_think_model();
+        let text = "<think>The user wants weather.</think>Sure.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>\nDone.";
+        let (whole, streamed) = whole_and_streamed(&m, &tool_request(ToolChoice::Auto), text, false);
+        let message = &whole["message"];
+        assert_eq!(whole["finish_reason"], "tool_calls");
+        assert_eq!(message["reasoning_content"], "The user wants weather.");
+        assert_eq!(message["reasoning"], message["reasoning_content"]);
+        let content = message["content"].as_str().unwrap();
+        assert!(
+            content.starts_with("Sure.") && content.trim_end().ends_with("Done."),
+            "{content:?}"
+        );
+        assert!(!content.contains('<'), "no markup in content: {content:?}");
+        let calls = message["tool_calls"].as_array().unwrap();
+        assert_eq!(
+            call_shape(&calls[0]),
+            serde_json::json!({"type": "function", "name": "get_weather", "arguments": {"city": "Paris"}})
+        );
+        // The stream adds up to the same message.
+        assert_eq!(streamed["content"], message["content"]);
+        assert_eq!(streamed["reasoning"], message["reasoning_content"]);
+        assert_eq!(streamed["finish_reason"], "tool_calls");
+        let got: Vec<Value> = streamed["tool_calls"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(call_shape)
+            .collect();
+        assert_eq!(got, calls.iter().map(call_shape).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn reasoning_starts_in_the_think_block_the_prompt_opened_and_is_off_when_asked() {
+        let m = hermes_think_model();
+        let plain = |kwargs: Value| {
+            let body = serde_json::json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "chat_template_kwargs": kwargs});
+            parse_chat_request(&serde_json::to_vec(&body).unwrap()).unwrap()
+        };
+        let (whole, streamed) = whole_and_streamed(&m, &plain(serde_json::json!({})), "Thinking.</think>Hello.", true);
+        assert_eq!(whole["message"]["reasoning_content"], "Thinking.");
+        assert_eq!(whole["message"]["content"], "Hello.");
+        assert_eq!(whole["finish_reason"], "stop");
+        assert!(whole["message"].get("tool_calls").is_none());
+        assert_eq!(
+            (streamed["reasoning"].as_str(), streamed["content"].as_str()),
+            (Some("Thinking."), Some("Hello."))
+        );
+        // No tools: the tool parser is off, the text of a call is content.
+        let (whole, _) = whole_and_streamed(&m, &plain(serde_json::json!({})), "<tool_call>x</tool_call>", false);
+        assert_eq!(whole["message"]["content"], "<tool_call>x</tool_call>");
+        assert!(
+            whole["message"]["reasoning_content"].is_null(),
+            "a reasoning parser ran: null, not absent"
+        );
+        // Thinking turned off: nothing is reasoning.
+        let off = plain(serde_json::json!({"enable_thinking": false}));
+        assert!(plan(&m, &off, false).is_none());
+    }
+
+    #[test]
+    fn unknown_parser_names_are_refused_with_the_known_ones() {
+        let m = hermes_think_model();
+        let e = m.set_parsers(Some("nope"), None).unwrap_err();
+        assert!(e.contains("hermes") && e.contains("none, auto"), "{e}");
+        assert!(m.set_parsers(Some("none"), Some("auto")).is_ok());
     }
 
     #[test]

@@ -82,8 +82,13 @@ impl PyGateway {
     }
 
     /// Load `model_dir` (tokenizer, chat template) and serve it as `name`, its engines picked by
-    /// `policy` with `routing_config` (JSON object of `RouterConfig` fields; docs/routing.md).
-    #[pyo3(signature = (name, model_dir, *, max_context = None, policy = DEFAULT_POLICY, routing_config = None))]
+    /// `policy` with `routing_config` (JSON object of `RouterConfig` fields; docs/routing.md). `tool_parser`,
+    /// `reasoning_parser`: the formats of its chat answers (a name, "none", or "auto"/None to infer them).
+    #[pyo3(signature = (
+        name, model_dir, *, max_context = None, policy = DEFAULT_POLICY, routing_config = None,
+        tool_parser = None, reasoning_parser = None
+    ))]
+    #[allow(clippy::too_many_arguments)]
     fn add_model(
         &self,
         py: Python<'_>,
@@ -92,6 +97,8 @@ impl PyGateway {
         max_context: Option<u32>,
         policy: &str,
         routing_config: Option<&str>,
+        tool_parser: Option<String>,
+        reasoning_parser: Option<String>,
     ) -> PyResult<()> {
         let config = match routing_config {
             Some(json) => RouterConfig::from_json(json).map_err(|e| PyValueError::new_err(e.to_string()))?,
@@ -100,9 +107,8 @@ impl PyGateway {
         let gateway = self.inner.clone();
         let policy = policy.to_string();
         py.detach(move || {
-            gateway
-                .add_model(&name, &model_dir, max_context, &policy, config)
-                .map(|_| ())
+            let model = gateway.add_model(&name, &model_dir, max_context, &policy, config)?;
+            model.set_parsers(tool_parser.as_deref(), reasoning_parser.as_deref())
         })
         .map_err(PyValueError::new_err)
     }
