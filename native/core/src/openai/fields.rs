@@ -40,10 +40,20 @@ pub fn opt_f32(obj: &Object, name: &str, min: f64, max: f64) -> Result<Option<f3
     if !(min..=max).contains(&x) {
         return Err(ApiError::invalid_param(
             name,
-            format!("'{name}' must be between {min} and {max}, got {x}"),
+            format!("'{name}' must be {}, got {x}", float_range(min, max)),
         ));
     }
     Ok(Some(x as f32))
+}
+
+/// `[min, max]` in words; a lower bound of the smallest positive float reads "> 0" (it stands for an
+/// open interval, and printed in full it is 300 digits long).
+fn float_range(min: f64, max: f64) -> String {
+    if min == f64::MIN_POSITIVE {
+        format!("greater than 0 and at most {max}")
+    } else {
+        format!("between {min} and {max}")
+    }
 }
 
 /// An integer within `[min, max]` (JSON floats with no fraction are accepted, as Python does).

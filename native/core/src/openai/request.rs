@@ -500,6 +500,12 @@ mod tests {
     }
 
     #[test]
+    fn an_open_lower_bound_reads_as_greater_than_zero() {
+        let e = err(r#"{"model":"m","messages":[{"role":"user","content":"x"}],"top_p":1.5}"#);
+        assert_eq!(e.message, "'top_p' must be greater than 0 and at most 1, got 1.5");
+    }
+
+    #[test]
     fn rejects_bad_input_naming_the_parameter() {
         let cases = [
             ("{", None),
