@@ -48,7 +48,13 @@ pub struct Harmony {
     /// The header being read, or the body of a call being read.
     body: Body,
     calls: u32,
+    /// Whether the start of the output has been read: the prompt ends with `<|start|>assistant`, so the
+    /// model may go on with that header's recipient (` to=functions.NAME<|channel|>…`) before any marker.
+    started: bool,
 }
+
+/// How the output begins when it continues the prompt's open header with a recipient.
+const RECIPIENT: &str = "to=";
 
 pub fn parser() -> Box<dyn OutputParser> {
     Box::new(Harmony {
@@ -56,6 +62,7 @@ pub fn parser() -> Box<dyn OutputParser> {
         buf: String::new(),
         body: Body::default(),
         calls: 0,
+        started: false,
     })
 }
 
@@ -87,6 +94,15 @@ fn kind(header: &str) -> Kind {
 impl Harmony {
     fn run(&mut self, out: &mut Parsed) {
         loop {
+            if !self.started {
+                let head = self.buf.trim_start();
+                if head.starts_with(RECIPIENT) {
+                    self.state = State::Header;
+                } else if RECIPIENT.starts_with(head) {
+                    return; // still as much a recipient's start as text
+                }
+                self.started = true;
+            }
             match self.state.clone() {
                 State::Text => match scan(&self.buf, &BODY_ENDS) {
                     Scan::Found { at, which } => {
@@ -224,6 +240,17 @@ mod tests {
         // A marker inside a JSON string still ends the message (special tokens are not text): b's body is cut.
         assert_eq!(got.content, "Checking two things.{\"x\": [1, \"\"]}");
         assert_eq!(got.calls, vec![call("a", "{}")]);
+    }
+
+    #[test]
+    fn output_that_continues_the_prompts_header_with_a_recipient_is_a_call() {
+        // The prompt ends with `<|start|>assistant`; gpt-oss's template writes past calls this way too.
+        let text = " to=functions.get_weather<|channel|>commentary json<|message|>{\"city\": \"Paris\"}<|call|>";
+        let got = parse_all_splits(&parser, text);
+        assert_eq!(got.calls, vec![call("get_weather", "{\"city\":\"Paris\"}")]);
+        assert_eq!(got.content, "");
+        // Text that merely starts like a recipient is text.
+        assert_eq!(parse_all_splits(&parser, "tomorrow").content, "tomorrow");
     }
 
     #[test]

@@ -58,6 +58,8 @@ mod scan;
 mod select;
 mod tagged;
 #[cfg(test)]
+mod template_roundtrip_tests;
+#[cfg(test)]
 mod testutil;
 mod think;
 
