@@ -16,7 +16,7 @@
 //! Streaming: reasoning and content as they arrive, holding back only what may start a marker; each call
 //! whole when `<|call|>` arrives.
 
-use super::scan::{json_object, scan, Body, Scan};
+use super::scan::{json_object, opening, scan, Body, Opening, Scan};
 use super::{OutputParser, Parsed, ToolCallPiece};
 
 const START: &str = "<|start|>";
@@ -95,11 +95,10 @@ impl Harmony {
     fn run(&mut self, out: &mut Parsed) {
         loop {
             if !self.started {
-                let head = self.buf.trim_start();
-                if head.starts_with(RECIPIENT) {
-                    self.state = State::Header;
-                } else if RECIPIENT.starts_with(head) {
-                    return; // still as much a recipient's start as text
+                match opening(&self.buf, &[RECIPIENT]) {
+                    Opening::Opens { .. } => self.state = State::Header,
+                    Opening::Undecided => return,
+                    Opening::Not => {}
                 }
                 self.started = true;
             }

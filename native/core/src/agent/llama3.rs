@@ -7,7 +7,7 @@
 //! Streaming: content as it arrives; each call whole when its JSON object closes (the object's extent is
 //! tracked as it streams, strings and escapes included, so each byte is looked at once).
 
-use super::scan::{call_from_json, scan, Content, Extent, Scan};
+use super::scan::{call_from_json, opening, scan, Content, Extent, Opening, Scan};
 use super::{OutputParser, Parsed, ToolCallPiece};
 
 const TAG: &str = "<|python_tag|>";
@@ -48,20 +48,16 @@ impl Llama3 {
     fn run(&mut self, out: &mut Parsed) {
         loop {
             match self.state {
-                State::Start => {
-                    let t = self.buf.trim_start();
-                    let ws = self.buf.len() - t.len();
-                    if t.starts_with(TAG) || t.starts_with('{') {
-                        self.content.text(&self.buf[..ws], &mut out.content);
+                State::Start => match opening(&self.buf, &[TAG, "{"]) {
+                    Opening::Opens { whitespace } => {
+                        self.content.text(&self.buf[..whitespace], &mut out.content);
                         self.content.open_call();
-                        self.buf.drain(..ws);
+                        self.buf.drain(..whitespace);
                         self.state = State::Between;
-                    } else if t.is_empty() || TAG.starts_with(t) {
-                        return;
-                    } else {
-                        self.state = State::Text;
                     }
-                }
+                    Opening::Undecided => return,
+                    Opening::Not => self.state = State::Text,
+                },
                 State::Text => match scan(&self.buf, &[TAG]) {
                     Scan::Found { at, .. } => {
                         self.content.text(&self.buf[..at], &mut out.content);

@@ -65,6 +65,29 @@ pub(crate) fn scan(buf: &str, markers: &[&str]) -> Scan {
     }
 }
 
+/// How the output begins, for a parser whose format may open with one of `markers` (after whitespace).
+pub(crate) enum Opening {
+    /// A marker opens the output after `whitespace` bytes.
+    Opens { whitespace: usize },
+    /// Only whitespace or the start of a marker so far: wait for more.
+    Undecided,
+    /// The output is not opened by a marker.
+    Not,
+}
+
+pub(crate) fn opening(buf: &str, markers: &[&str]) -> Opening {
+    let head = buf.trim_start();
+    if markers.iter().any(|m| head.starts_with(m)) {
+        Opening::Opens {
+            whitespace: buf.len() - head.len(),
+        }
+    } else if head.is_empty() || markers.iter().any(|m| m.starts_with(head)) {
+        Opening::Undecided
+    } else {
+        Opening::Not
+    }
+}
+
 /// Largest char boundary of `s` at or below `i`.
 pub(crate) fn floor_boundary(s: &str, mut i: usize) -> usize {
     i = i.min(s.len());

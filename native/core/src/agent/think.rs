@@ -10,7 +10,7 @@
 //!
 //! Streaming: reasoning and content as they arrive, holding back only what may be the start of a marker.
 
-use super::scan::{scan, Content, Scan};
+use super::scan::{opening, scan, Content, Opening, Scan};
 use super::{OutputParser, Parsed};
 
 const OPEN: &str = "<think>";
@@ -68,18 +68,14 @@ impl Think {
     fn run(&mut self, out: &mut Parsed) {
         loop {
             match self.state {
-                State::Start => {
-                    let t = self.buf.trim_start();
-                    if t.starts_with(OPEN) {
-                        let skip = self.buf.len() - t.len() + OPEN.len();
-                        self.buf.drain(..skip);
+                State::Start => match opening(&self.buf, &[OPEN]) {
+                    Opening::Opens { whitespace } => {
+                        self.buf.drain(..whitespace + OPEN.len());
                         self.state = State::Reasoning;
-                    } else if t.is_empty() || OPEN.starts_with(t) {
-                        return;
-                    } else {
-                        self.state = State::After;
                     }
-                }
+                    Opening::Undecided => return,
+                    Opening::Not => self.state = State::After,
+                },
                 State::Reasoning => match scan(&self.buf, &[CLOSE]) {
                     Scan::Found { at, .. } => {
                         self.reasoning.text(&self.buf[..at], &mut out.reasoning);
