@@ -15,6 +15,7 @@ pub mod metrics;
 pub mod model;
 pub mod openai;
 pub mod pb;
+pub mod responses;
 pub mod routing;
 pub mod server;
 pub mod stop;

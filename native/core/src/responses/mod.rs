@@ -1,0 +1,5 @@
+//! The Responses API (`/v1/responses`, `/v1/conversations`): what is stored between requests lives behind
+//! one small interface (`store`), so the request path does not care whether it is SQLite, PostgreSQL or
+//! nothing at all.
+
+pub mod store;
