@@ -19,7 +19,7 @@ import subprocess
 from pathlib import Path
 
 from extproc.models import default_model_dir
-from load.vllm_engine.paths import tiny_model_dir
+from load.vllm_engine.paths import build_lock, tiny_model_dir
 from load.vllm_engine.venv import ensure_venv
 
 logger = logging.getLogger(__name__)
@@ -75,6 +75,16 @@ def ensure_tiny_model(*, force: bool = False) -> Path:
     if not force and stamp.is_file() and stamp.read_text().strip() == digest:
         return target
     python = ensure_venv()
+    with build_lock("tiny-llama"):
+        # Another process may have built it while this one waited for the lock.
+        if not force and stamp.is_file() and stamp.read_text().strip() == digest:
+            return target
+        _build_tiny_model(python, target, digest)
+    return target
+
+
+def _build_tiny_model(python: Path, target: Path, digest: str) -> None:
+    stamp = target / STAMP_NAME
     if target.exists():
         shutil.rmtree(target)
     target.mkdir(parents=True)
@@ -90,7 +100,6 @@ def ensure_tiny_model(*, force: bool = False) -> Path:
     _set_chat_template(target)
     # save_pretrained writes its own generation config; the default model's (copied above) wins.
     stamp.write_text(digest + "\n")
-    return target
 
 
 def _set_chat_template(target: Path) -> None:

@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-from load.vllm_engine.paths import venv_dir, venv_python
+from load.vllm_engine.paths import build_lock, venv_dir, venv_python
 
 logger = logging.getLogger(__name__)
 
@@ -104,6 +104,14 @@ def ensure_venv(*, force: bool = False) -> Path:
     """The venv's python, building the venv first unless a finished build of this recipe is there."""
     if is_ready() and not force:
         return venv_python()
+    with build_lock("vllm-venv"):
+        # Another process may have finished the build while this one waited for the lock.
+        if is_ready() and not force:
+            return venv_python()
+        return _build_venv()
+
+
+def _build_venv() -> Path:
     target = venv_dir()
     if target.exists():
         shutil.rmtree(target)
