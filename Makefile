@@ -25,7 +25,7 @@ FUZZ := $(CARGO) run --release --quiet $(MANIFEST) -p extproc-fuzz --
 FUZZ_TEST_ARGS := --seconds 5 --seed 15
 
 .DEFAULT_GOAL := help
-.PHONY: help venv .venv run test test-rust test-python lint envoy-configs docs bench bench-routing vllm-engine fuzz soak clean
+.PHONY: help venv .venv run test test-rust test-python lint envoy-configs deploy-configs docs bench bench-routing vllm-engine fuzz soak clean
 
 help: ## list the targets
 	@echo "usage: make TARGET"
@@ -76,6 +76,10 @@ lint: $(TEST_STAMP) ## ruff check + format check, clippy -D warnings, rustfmt ch
 
 envoy-configs: $(RUNTIME_STAMP) ## regenerate the reference Envoy configs in envoy/ (and validate them)
 	$(BIN)/python -m extproc.envoy_bootstrap envoy
+
+deploy-configs: $(RUNTIME_STAMP) ## regenerate the Kubernetes gateway's Envoy bootstrap (deploy/kubernetes/envoy/envoy.json)
+	EXTPROC=$(BIN)/extproc sh deploy/kubernetes/envoy/generate.sh
+	$(BIN)/envoy --mode validate -c deploy/kubernetes/envoy/envoy.json
 
 docs: ## regenerate the settings tables in docs/operating.md from extproc/settings.py (no venv needed)
 	$(PYTHON) -m extproc.settings --write docs/operating.md

@@ -1,0 +1,1 @@
+"""Tests of the deployment manifests and configs under deploy/."""

