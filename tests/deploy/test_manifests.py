@@ -6,6 +6,8 @@ a cluster would need them to (selectors, ports, names, probes, permissions). No 
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
 import tomllib
 from functools import cache
 from pathlib import Path
@@ -14,6 +16,7 @@ from typing import Any
 import jsonschema
 import kubernetes_validate
 import pytest
+import yaml
 
 from tests.deploy.kustomize import kustomizations, listed_files, render
 
@@ -113,6 +116,22 @@ def test_the_renderer_refuses_what_it_does_not_know(tmp_path: Path) -> None:
     (tmp_path / "kustomization.yaml").write_text("resources: []\nnamespace: elsewhere\n")
     with pytest.raises(KustomizeError, match="namespace"):
         render(tmp_path)
+
+
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="needs kubectl (its built-in kustomize)")
+@pytest.mark.parametrize("kustomization", APPLIED)
+def test_the_renderer_agrees_with_kubectl_kustomize(kustomization: str) -> None:
+    """Where kubectl is installed, its kustomize renders exactly the objects these tests check."""
+    out = subprocess.run(
+        ["kubectl", "kustomize", str(DEPLOY / kustomization)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
+    theirs = sorted(json.dumps(d, sort_keys=True) for d in yaml.safe_load_all(out) if d)
+    ours = sorted(json.dumps(d, sort_keys=True) for d in objects(kustomization))
+    assert ours == theirs
 
 
 # --- the objects fit together ---------------------------------------------------------------------------
