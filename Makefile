@@ -77,9 +77,10 @@ lint: $(TEST_STAMP) ## ruff check + format check, clippy -D warnings, rustfmt ch
 envoy-configs: $(RUNTIME_STAMP) ## regenerate the reference Envoy configs in envoy/ (and validate them)
 	$(BIN)/python -m extproc.envoy_bootstrap envoy
 
-deploy-configs: $(RUNTIME_STAMP) ## regenerate the Kubernetes gateway's Envoy bootstrap (deploy/kubernetes/envoy/envoy.json)
+deploy-configs: $(RUNTIME_STAMP) ## regenerate deploy/'s generated Envoy configs (the gateway's bootstrap, the Istio EnvoyFilter)
 	EXTPROC=$(BIN)/extproc sh deploy/kubernetes/envoy/generate.sh
 	$(BIN)/envoy --mode validate -c deploy/kubernetes/envoy/envoy.json
+	$(BIN)/python deploy/istio/envoyfilter.py
 
 docs: ## regenerate the settings tables in docs/operating.md from extproc/settings.py (no venv needed)
 	$(PYTHON) -m extproc.settings --write docs/operating.md

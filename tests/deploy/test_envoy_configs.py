@@ -10,6 +10,7 @@ import copy
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -99,6 +100,10 @@ def test_gateway_bootstrap_reaches_extproc_and_engines_as_kubernetes_needs() -> 
 
 
 # --- the Istio EnvoyFilter ------------------------------------------------------------------------------
+
+
+def _hcm(config: dict[str, Any]) -> dict[str, Any]:
+    return config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
 
 
 def _envoy_filter() -> dict[str, Any]:
@@ -240,8 +245,20 @@ def test_envoyfilter_patch_that_envoy_refuses_fails_validation(tmp_path: Path) -
         eb.validate_config(path)
 
 
-def test_envoyfilter_configures_the_filter_extproc_envoy_config_does() -> None:
-    """Same processing modes, failure mode, mutation rules and metadata as the generated bootstrap; only
+def test_envoyfilter_is_what_its_generator_writes(tmp_path: Path) -> None:
+    """deploy/istio/envoyfilter.yaml is envoyfilter.py's output, built from the generator's own filter and
+    header mutation (regenerate: `make deploy-configs`)."""
+    out = tmp_path / "envoyfilter.yaml"
+    subprocess.run(
+        [sys.executable, str(REPO / "deploy/istio/envoyfilter.py"), str(out)], check=True, timeout=60
+    )
+    assert out.read_text() == (REPO / "deploy/istio/envoyfilter.yaml").read_text(), (
+        "run `make deploy-configs`"
+    )
+
+
+def test_envoyfilter_runs_extproc_as_the_generated_bootstrap_does() -> None:
+    """Same processing modes, failure mode, mutation rules and metadata as `extproc envoy-config`; only
     the cluster differs (Istio's cluster for the extproc Service)."""
     patch = _patch("HTTP_FILTER")
     assert (
@@ -249,20 +266,25 @@ def test_envoyfilter_configures_the_filter_extproc_envoy_config_does() -> None:
         == "envoy.filters.http.router"
     )
     assert patch["patch"]["operation"] == "INSERT_BEFORE"
-    ours = copy.deepcopy(patch["patch"]["value"])
-    assert ours["typed_config"]["grpc_service"]["envoy_grpc"]["cluster_name"] == (
-        "outbound|50051||extproc.llm-gateway.svc.cluster.local"
-    )
-    generated = eb._ext_proc_filter()
-    ours["typed_config"]["grpc_service"] = generated["typed_config"]["grpc_service"]
+    ours = copy.deepcopy(patch["patch"]["value"]["typed_config"])
+    [generated] = [
+        f["typed_config"]
+        for f in _hcm(_load(GATEWAY_ENVOY / "envoy.json"))["http_filters"]
+        if f["name"] == "envoy.filters.http.ext_proc"
+    ]
+    ours["grpc_service"] = generated["grpc_service"]
     assert ours == generated
-    assert generated["typed_config"]["failure_mode_allow"] is False
+    assert ours["failure_mode_allow"] is False
+    assert ours["processing_mode"]["request_body_mode"] == "FULL_DUPLEX_STREAMED"
 
 
 def test_envoyfilter_strips_the_headers_clients_must_not_send() -> None:
     hcm = _patch("NETWORK_FILTER")["patch"]["value"]["typed_config"]
+    assert (
+        hcm["early_header_mutation_extensions"]
+        == _hcm(_load(GATEWAY_ENVOY / "envoy.json"))["early_header_mutation_extensions"]
+    )
     [mutation] = hcm["early_header_mutation_extensions"]
-    assert mutation == eb._strip_client_routing_headers()
     assert [m["remove"] for m in mutation["typed_config"]["mutations"]] == list(CLIENT_HEADERS_REMOVED)
 
 
