@@ -99,6 +99,29 @@ def test_gateway_bootstrap_reaches_extproc_and_engines_as_kubernetes_needs() -> 
     assert json.loads(config_map["data"]["envoy.json"]) == config
 
 
+def test_gateway_container_command_line_is_accepted_by_envoy() -> None:
+    """The gateway Deployment's Envoy flags and mounted config, as Envoy 1.40 reads them."""
+    objs = render(REPO / "deploy/kubernetes/base")
+    gateway = next(o for o in objs if o["kind"] == "Deployment" and o["metadata"]["name"] == "gateway")
+    pod = gateway["spec"]["template"]["spec"]
+    [container] = pod["containers"]
+    command = container["command"]
+    assert command[0] == "envoy"
+    config = command[command.index("-c") + 1]
+    [mount] = [m for m in container["volumeMounts"] if config.startswith(m["mountPath"] + "/")]
+    [volume] = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+    assert volume["configMap"]["name"] == "envoy-config"
+    args = [a if a != config else str(GATEWAY_ENVOY / Path(config).name) for a in command[1:]]
+    proc = subprocess.run(
+        [eb.envoy_binary(), "--mode", "validate", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
 # --- the Istio EnvoyFilter ------------------------------------------------------------------------------
 
 
