@@ -84,6 +84,21 @@ def test_every_object_validates_against_its_schema(kustomization: str) -> None:
             pytest.fail(f"{where}: {e}")
 
 
+@pytest.mark.parametrize("schema", sorted(p.name for p in SCHEMAS.glob("*.json")))
+def test_crd_schemas_are_valid_and_used_and_refuse_what_the_api_refuses(schema: str) -> None:
+    """Each schema is a valid JSON Schema, some manifest is checked by it, and that manifest with its
+    spec missing, or with an unknown spec field, is refused."""
+    document = json.loads((SCHEMAS / schema).read_text())
+    jsonschema.Draft202012Validator.check_schema(document)
+    users = [o for k in APPLIED for o in objects(k) if _crd_schema(o) == document]
+    assert users, f"no manifest is a {document['title']}"
+    validator = jsonschema.Draft202012Validator(document)
+    obj = users[0]
+    assert validator.is_valid(obj)
+    assert not validator.is_valid({key: value for key, value in obj.items() if key != "spec"})
+    assert not validator.is_valid({**obj, "spec": {**obj["spec"], "noSuchField": 1}})
+
+
 @pytest.mark.parametrize("kustomization", KUSTOMIZATIONS)
 def test_objects_live_in_the_gateway_namespace(kustomization: str) -> None:
     for obj in objects(kustomization):
