@@ -117,12 +117,24 @@ def test_entry_points_produce_what_the_docs_promise(entry: str, kinds: set[str])
     assert kinds <= {o["kind"] for o in objects(entry)}
 
 
+def _is_kubernetes_manifest(path: Path) -> bool:
+    """A YAML file of Kubernetes objects (not an Envoy config, which test_envoy_configs.py checks)."""
+    documents = [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
+    return bool(documents) and all(
+        isinstance(d, dict) and "apiVersion" in d and "kind" in d for d in documents
+    )
+
+
 def test_every_manifest_file_is_part_of_a_kustomization() -> None:
-    """A YAML file no kustomization lists would be neither applied nor validated."""
+    """A file of Kubernetes objects no kustomization lists would be neither applied nor validated."""
     listed = set().union(*(listed_files(DEPLOY / k) for k in KUSTOMIZATIONS))
-    manifests = {p.resolve() for p in DEPLOY.rglob("*") if p.suffix in (".yaml", ".yml", ".toml", ".json")}
-    manifests -= {p.resolve() for p in (DEPLOY / "grafana").rglob("*")}
+    manifests = {
+        p.resolve() for p in DEPLOY.rglob("*") if p.suffix in (".yaml", ".yml") and _is_kubernetes_manifest(p)
+    }
+    assert manifests, "no manifests found"
     assert sorted(map(str, manifests - listed)) == []
+    # The generators' inputs (extproc.toml, envoy.json) are listed too: they exist, and nothing else is.
+    assert all(p.is_file() for p in listed)
 
 
 def test_the_renderer_refuses_what_it_does_not_know(tmp_path: Path) -> None:
