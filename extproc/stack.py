@@ -35,6 +35,7 @@ from extproc.config import (
     served_models,
     settings_to_flags,
 )
+from extproc.discovery.targets import is_static
 from extproc.setting_parsers import EngineConfig, parse_host_port
 from extproc.settings import CONFIG_ENV, SETTINGS
 from extproc.supervisor import (
@@ -204,6 +205,8 @@ def stack_specs(
     common = (*common, "listen_tls_cert", "listen_tls_key", "listen_tls_client_ca")
     common = (*common, "engine_tls_ca", "engine_tls_cert", "engine_tls_key", "engine_tls_server_name")
     common = (*common, "metrics_host", "metrics_port")
+    common = (*common, "dns_refresh_interval", "kubernetes_api", "kubernetes_token_file")
+    common = (*common, "kubernetes_ca_file")
     if settings.models:
         # Tables have no flag form: the server reads the resolved models from a file of their own.
         models_file = run_dir / "models.toml"
@@ -313,8 +316,14 @@ UP_FALLBACKS = 2
 def known_engines(served: tuple[ServedModel, ...]) -> tuple[tuple[str, ...], int]:
     """The engines `up` tells Envoy about (every model's, one cluster) and the fallbacks extproc then
     lists: up to UP_FALLBACKS of the request's own model. Each request carries Envoy's retry limit (one
-    per listed fallback), so Envoy never goes past the list to an engine of another model."""
-    addresses = tuple(engine_address(e.url) for model in served for e in model.engines)
+    per listed fallback), so Envoy never goes past the list to an engine of another model.
+
+    With any engine discovered at run time (a DNS name, a Kubernetes Service) Envoy cannot list them:
+    none are known to it (ORIGINAL_DST, one address per request) and there are no fallbacks."""
+    urls = [e.url for model in served for e in model.engines]
+    if not all(is_static(url) for url in urls):
+        return (), 0
+    addresses = tuple(engine_address(url) for url in urls)
     return addresses, up_fallbacks(max((len(model.engines) for model in served), default=0))
 
 

@@ -51,7 +51,7 @@ def test_missing_or_unknown_command_is_a_usage_error(capsys: pytest.CaptureFixtu
         (["up", "--sim", "-3"], "extproc: invalid --sim '-3': expected an integer 0-1024"),
         (
             ["serve", "--engine", "http://x:1"],
-            "extproc: invalid --engine 'http://x:1': expected grpc://host:port",
+            "extproc: invalid --engine 'http://x:1': expected grpc://IP:port",
         ),
         (
             ["serve"],
