@@ -60,5 +60,7 @@ def engine_view(gateway: _native.Gateway, pools: Mapping[str, EnginePool]) -> di
         engine = by_address.get((str(item["model"]), address))
         item["address"] = address
         item["problem"] = engine.problem if engine is not None else None
+        # A discovered engine taking no new requests (not ready, or terminating) while its open ones finish.
+        item["draining"] = engine.draining if engine is not None else False
         engines.append(item)
     return {"engines": engines}

@@ -349,3 +349,20 @@ def test_envoy_config_with_engines_follows_fallbacks(
     # Without engines Envoy cannot follow a list: refused in one line.
     assert cli.main(["envoy-config", "--destination-fallbacks", "2"]) == 2
     assert "needs the engines" in capsys.readouterr().err
+
+
+def test_envoy_config_with_discovered_engines_reaches_them_by_the_header(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """DNS names and Kubernetes Services cannot be listed in the config: Envoy takes each engine's
+    address from extproc's header (ORIGINAL_DST), so fallbacks cannot be followed."""
+    out = tmp_path / "envoy.json"
+    argv = ["envoy-config", "--engine", "grpc://10.0.0.1:1", "--engine", "k8s://ns/vllm:grpc", "-o", str(out)]
+    assert cli.main(argv) == 0
+    engines = next(
+        c for c in json.loads(out.read_text())["static_resources"]["clusters"] if c["name"] == "engines"
+    )
+    assert engines["type"] == "ORIGINAL_DST" and "load_assignment" not in engines
+    assert cli.main([*argv, "--destination-fallbacks", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "k8s://ns/vllm:grpc is discovered at run time" in err and err.count("\n") == 1

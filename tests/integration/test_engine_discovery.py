@@ -17,10 +17,11 @@ from typing import Any
 import openai
 import pytest
 
-from extproc import server
+from extproc import server, status
 from extproc.config import Settings, served_models
 from extproc.discovery.dns import Resolver, resolve_addresses
 from extproc.envoy_bootstrap import build_bootstrap
+from extproc.metrics import engine_view
 from extproc.models import default_model_dir
 from extproc.simulator import SimCluster, SimOptions, start_engines
 from extproc.simulator.cluster import SimEngine
@@ -190,6 +191,10 @@ def test_service_engines_added_drained_and_removed_are_routed_within_a_second(
         api.put(slice_of(draining, DRAINING))
         s.within(lambda: s.routable() == {other.address})
         assert draining.address in s.known(), "a draining engine stays known until it is gone"
+        view = {e["engine"]: e for e in engine_view(s.gateway.gateway, s.gateway.pools)["engines"]}
+        assert (view[draining.address]["draining"], view[other.address]["draining"]) == (True, False)
+        rows = [line.split() for line in status.table(list(view.values())).splitlines()[1:]]
+        assert [row[3] for row in rows if row[:2] == [s.model, draining.address]] == ["draining"]
         served = s.served_by(4)
         assert served[s.engines.index(draining)] == 0 and served[s.engines.index(other)] == 4
         finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
