@@ -300,9 +300,13 @@ def describe(served: tuple[ServedModel, ...], sims: list[SimPlan]) -> str:
     simulated = {plan.model.name for plan in sims}
 
     def engines(model: ServedModel) -> str:
-        n = len(model.engines)
+        found = [e.url for e in model.engines if not is_static(e.url)]
+        n = len(model.engines) - len(found)
         kind = "simulated engine" if model.name in simulated else "engine"
-        return f"{n} {kind}" + ("" if n == 1 else "s")
+        parts = [f"{n} {kind}" + ("" if n == 1 else "s")] if n or not found else []
+        if found:
+            parts.append("engines from " + ", ".join(found))
+        return " and ".join(parts)
 
     if len(served) == 1:
         return f"model {served[0].name}, {engines(served[0])}"

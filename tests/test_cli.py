@@ -366,3 +366,32 @@ def test_envoy_config_with_discovered_engines_reaches_them_by_the_header(
     assert cli.main([*argv, "--destination-fallbacks", "1"]) == 2
     err = capsys.readouterr().err
     assert "k8s://ns/vllm:grpc is discovered at run time" in err and err.count("\n") == 1
+
+
+def test_up_with_discovered_engines_gives_envoy_no_static_list(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from extproc import stack
+    from extproc.config import load_settings
+
+    monkeypatch.setenv("EXTPROC_CACHE_DIR", str(tmp_path / "cache"))
+    flags = {
+        "engines": ["grpc://10.0.0.1:1", "k8s://ns/vllm:grpc"],
+        "kubernetes_api": "http://127.0.0.1:8001",
+    }
+    specs, served, sims = stack.stack_specs(load_settings(flags, env={}), tmp_path)
+    assert [s.name for s in specs] == ["server", "envoy"]
+    server = specs[0].argv
+    assert [server[i + 1] for i, a in enumerate(server) if a == "--engine"] == [
+        "grpc://10.0.0.1:1",
+        "k8s://ns/vllm:grpc",
+    ]
+    assert server[server.index("--kubernetes-api") + 1] == "http://127.0.0.1:8001"
+    assert server[server.index("--destination-fallbacks") + 1] == "0"
+    assert stack.known_engines(served) == ((), 0)
+    envoy = json.loads((tmp_path / "envoy.json").read_text())
+    engines = next(c for c in envoy["static_resources"]["clusters"] if c["name"] == "engines")
+    assert engines["type"] == "ORIGINAL_DST"
+    assert (
+        stack.describe(served, sims) == "model llama3-default, 1 engine and engines from k8s://ns/vllm:grpc"
+    )
