@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -115,6 +115,8 @@ class EnginePool:
     # Probes of engines that just appeared or became ready again (not waiting for the health loop).
     _probes: set[asyncio.Task[None]] = field(default_factory=set)
     tls: ClientTls | None = None
+    # Called when engines join or leave (what Envoy's EDS engines cluster follows).
+    on_engines_changed: Callable[[], None] | None = None
 
     @classmethod
     def create(
@@ -194,6 +196,8 @@ class EnginePool:
         self.engines = [e for e in self.engines if not (e.discovered and e.address not in wanted)] + added
         if gone:
             self._publish_endpoints()
+        if (gone or added) and self.on_engines_changed is not None:
+            self.on_engines_changed()  # before the first probe: Envoy knows an engine before it is routed to
         for engine in added:
             log.info("engine discovered", model=self.model, engine=engine.address, draining=engine.draining)
             if not engine.draining:

@@ -14,6 +14,7 @@ import contextlib
 import signal
 from dataclasses import dataclass, field
 
+import grpc
 import structlog
 
 from extproc import _native, api_keys, grpc_tls, request_traces
@@ -50,6 +51,9 @@ class Running:
     metrics: MetricsServer | None = field(default=None, repr=False)
     # Per model with discovered engines (DNS names, Kubernetes Services).
     discoveries: dict[str, ModelDiscovery] = field(default_factory=dict, repr=False)
+    # Envoy's engines cluster over EDS (`xds_listen`), and where it is served.
+    eds_server: grpc.aio.Server | None = field(default=None, repr=False)
+    eds_address: str | None = None
 
     @property
     def model(self) -> str:
@@ -79,6 +83,8 @@ class Running:
         if self.keys is not None:
             await self.keys.stop()
         await asyncio.gather(*(d.close() for d in self.discoveries.values()))
+        if self.eds_server is not None:
+            await self.eds_server.stop(0)
         await asyncio.gather(*(pool.close() for pool in self.pools.values()))
 
 
@@ -194,7 +200,25 @@ async def start(
                 discoveries[model.name] = ModelDiscovery(model.name, found, pool.set_discovered, discovery)
             except ApiUnavailable as e:
                 raise ConfigError(f"model {model.name!r}: {e}") from None
+    eds_server: grpc.aio.Server | None = None
+    eds_address: str | None = None
     try:
+        if settings.xds_listen is not None:
+            from extproc.discovery import eds  # the Envoy protos: only when serving EDS
+
+            engine_endpoints = eds.EngineEndpoints()
+
+            def engines_changed() -> None:
+                engine_endpoints.set_engines(e.address for pool in pools.values() for e in pool.engines)
+
+            for pool in pools.values():
+                pool.on_engines_changed = engines_changed
+            engines_changed()
+            try:
+                eds_server, eds_address = await eds.serve(engine_endpoints, settings.xds_listen)
+            except (OSError, RuntimeError) as e:
+                raise RuntimeError(f"cannot serve EDS on {settings.xds_listen}: {e}") from e
+            log.info("engines served over EDS", address=eds_address)
         for running_discovery in discoveries.values():
             running_discovery.start()
         await asyncio.gather(*(pool.start(wait_s=engine_wait_s) for pool in pools.values()))
@@ -217,6 +241,8 @@ async def start(
             raise RuntimeError(f"cannot listen on {settings.listen}: {e}") from e
     except BaseException:
         await asyncio.gather(*(d.close() for d in discoveries.values()))
+        if eds_server is not None:
+            await eds_server.stop(0)
         await asyncio.gather(*(pool.close() for pool in pools.values()))
         raise
     reporter = Reporter(server, request_log=settings.request_log, spans=spans)
@@ -229,7 +255,10 @@ async def start(
         ready = gateway.endpoints(name)
         log.info("serving model", model=name, engines=len(pool.engines), ready=len(ready))
     log.info("ext_proc server listening", address=address, models=list(pools))
-    return Running(server, pools, gateway, address, reporter, keys, discoveries=discoveries)
+    return Running(
+        server, pools, gateway, address, reporter, keys,
+        discoveries=discoveries, eds_server=eds_server, eds_address=eds_address,
+    )  # fmt: skip
 
 
 async def serve(settings: Settings) -> None:

@@ -252,6 +252,15 @@ def parse_engine(raw: Any) -> str:
         raise BadValue(str(e)) from None
 
 
+def parse_xds_listen(raw: Any) -> str:
+    """host:port of extproc's EDS server (no Unix socket: Envoy's gRPC xDS client dials TCP here)."""
+    try:
+        host, port = parse_host_port(raw)
+    except BadValue:
+        raise BadValue("expected host:port") from None
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 def parse_http_url(raw: Any) -> str:
     """An http:// or https:// base URL (the Kubernetes API server), without a trailing slash."""
     expected = "expected http(s)://host[:port], e.g. https://10.96.0.1:443 or http://127.0.0.1:8001"

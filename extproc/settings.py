@@ -230,6 +230,19 @@ class Settings:
         default_doc="the service-account CA when it exists, else the system's",
     )
     # `setting` returns a dataclasses.field (which ruff cannot see); a Path default would be immutable too.
+    xds_listen: str | None = setting(
+        None,
+        p.parse_xds_listen,
+        _ALL,
+        "extproc serves Envoy's engines cluster over EDS on this host:port (envoy-config: where Envoy finds "
+        "it)",
+        "ADDR",
+        doc="extproc serves the engines cluster over EDS (xDS, plaintext gRPC) on this `host:port`: every "
+        "engine it knows, discovered ones included, so that Envoy's override_host policy can follow "
+        "`destination_fallbacks` with discovered engines; `envoy-config` and `up` then make the engines "
+        "cluster EDS from here; see [discovery.md](discovery.md#envoy)",
+        default_doc="off (ORIGINAL_DST for discovered engines)",
+    )
     model_dir: Path | None = setting(  # noqa: RUF009
         None,
         p.parse_model_dir,

@@ -395,3 +395,28 @@ def test_up_with_discovered_engines_gives_envoy_no_static_list(
     assert (
         stack.describe(served, sims) == "model llama3-default, 1 engine and engines from k8s://ns/vllm:grpc"
     )
+
+
+def test_envoy_config_with_eds_from_extproc_follows_fallbacks_to_discovered_engines(tmp_path: Path) -> None:
+    out = tmp_path / "envoy.json"
+    argv = [
+        "envoy-config",
+        "--engine",
+        "k8s://ns/vllm",
+        "--xds-listen",
+        "extproc.gw.svc:18000",
+        "-o",
+        str(out),
+    ]
+    assert cli.main([*argv, "--destination-fallbacks", "2"]) == 0
+    clusters = {c["name"]: c for c in json.loads(out.read_text())["static_resources"]["clusters"]}
+    assert clusters["engines"]["type"] == "EDS"
+    xds = clusters["extproc_xds"]
+    assert xds["type"] == "STRICT_DNS"
+    address = xds["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"][
+        "socket_address"
+    ]
+    assert (address["address"], address["port_value"]) == ("extproc.gw.svc", 18000)
+    written = json.loads(out.read_text())
+    route = written["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+    assert route["route_config"]["virtual_hosts"][0]["routes"][0]["route"]["retry_policy"]["num_retries"] == 2

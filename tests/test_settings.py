@@ -37,6 +37,7 @@ def samples(model_dir: Path) -> dict[str, tuple[str, Any]]:
         "kubernetes_api": ("https://10.96.0.1:443", "https://10.96.0.1:443"),
         "kubernetes_token_file": ("/etc/k8s/token", "/etc/k8s/token"),
         "kubernetes_ca_file": ("/etc/k8s/ca.crt", "/etc/k8s/ca.crt"),
+        "xds_listen": ("[::1]:18000", "[::1]:18000"),
         "model_dir": (str(model_dir), model_dir.resolve()),
         "model_name": ("served", "served"),
         "max_body_bytes": ("1MiB", 1024 * 1024),

@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import json
 import time
+import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +42,7 @@ async def _stop(clusters: list[SimCluster]) -> None:
 @dataclass
 class DiscoveryStack:
     base_url: str
+    admin_url: str
     model: str
     engines: list[SimEngine]
     gateway: server.Running
@@ -70,6 +72,14 @@ class DiscoveryStack:
         """Every engine the router knows, ready or draining."""
         return {str(e["engine"]) for e in self.gateway.gateway.engines() if e["model"] == self.model}
 
+    def envoy_engines(self) -> set[str]:
+        """The hosts of Envoy's engines cluster (admin /clusters)."""
+        with urllib.request.urlopen(f"{self.admin_url}/clusters", timeout=5) as reply:
+            lines = reply.read().decode().splitlines()
+        return {
+            line.split("::")[1] for line in lines if line.startswith("engines::") and "::cx_active::" in line
+        }
+
     def within(self, predicate: Callable[[], bool], seconds: float = ROUTING_WITHIN_S) -> float:
         """Seconds until `predicate` held; fails past `seconds`."""
         start = time.monotonic()
@@ -89,11 +99,13 @@ def discovery_stack(
     resolve: Resolver = resolve_addresses,
     sim: SimOptions | None = None,
     before_start: Callable[[list[SimEngine]], None] = lambda engines: None,
+    eds_fallbacks: int | None = None,
     **settings: Any,
 ) -> Iterator[DiscoveryStack]:
     """Simulated engines on `engine_hosts` (one each; `same_port`: all on that port), extproc told only
     `engines` (discovery sources), Envoy configured as `extproc up` would for them. `before_start` gets
-    the engines once they run, before extproc starts (to publish them)."""
+    the engines once they run, before extproc starts (to publish them). `eds_fallbacks`: extproc serves
+    Envoy's engines cluster over EDS and lists that many fallbacks, which Envoy follows."""
     ports = FreePorts()
     loop = LoopThread()
     port = same_port
@@ -108,9 +120,11 @@ def discovery_stack(
 
     clusters = loop.run(start())
     before_start([c.engines[0] for c in clusters])
+    if eds_fallbacks is not None:
+        settings.update(xds_listen="127.0.0.1:0", destination_fallbacks=eds_fallbacks)
     config = Settings(listen="127.0.0.1:0", engines=engines, routing_policy="round_robin", **settings)
-    # What `up` and `envoy-config` give Envoy for discovered engines: no static list, ORIGINAL_DST.
-    assert known_engines(served_models(config)) == ((), 0)
+    # What `up` and `envoy-config` give Envoy for discovered engines: no static list.
+    assert known_engines(served_models(config))[0] == ()
     try:
         running = loop.run(server.start(config, engine_wait_s=10, resolve=resolve))
     except BaseException:
@@ -118,15 +132,18 @@ def discovery_stack(
         loop.close()
         raise
     listen, admin = ports.one(), ports.one()
-    options = envoy_options(Settings(port=listen, admin_port=admin, listen=running.address))
-    bootstrap = build_bootstrap(options)
+    envoy_settings = Settings(
+        port=listen, admin_port=admin, listen=running.address, xds_listen=running.eds_address
+    )
+    bootstrap = build_bootstrap(envoy_options(envoy_settings, (), eds_fallbacks))
     engines_cluster = bootstrap["static_resources"]["clusters"][1]
-    assert engines_cluster["type"] == "ORIGINAL_DST"
+    assert engines_cluster["type"] == ("ORIGINAL_DST" if eds_fallbacks is None else "EDS")
     (tmp / "envoy.json").write_text(json.dumps(bootstrap))
     try:
         with envoy_running(tmp / "envoy.json", admin):
             yield DiscoveryStack(
                 f"http://127.0.0.1:{listen}",
+                f"http://127.0.0.1:{admin}",
                 running.model,
                 [c.engines[0] for c in clusters],
                 running,
@@ -263,3 +280,51 @@ def test_dns_engines_follow_the_names_addresses(tmp_path: Path) -> None:
         answer.remove("127.0.0.1")
         s.within(lambda: s.known() == {e2.address})
         assert s.served_by(2) == [0, 2]
+
+
+def test_over_eds_envoy_knows_the_discovered_engines_and_follows_fallbacks(
+    api: FakeKubeApi, tmp_path: Path
+) -> None:
+    def two(engines: list[SimEngine]) -> None:
+        for engine in engines[:2]:
+            api.put(slice_of(engine, READY))
+
+    hosts = ["127.0.0.1"] * 3
+    slow = SimOptions(itl_ms=20.0)
+    with discovery_stack(
+        tmp_path, hosts, (SERVICE,), sim=slow, before_start=two, eds_fallbacks=1, kubernetes_api=api.url
+    ) as s:
+        e0, e1, e2 = s.engines
+        s.within(lambda: s.envoy_engines() == {e0.address, e1.address}, 5.0)
+        # An engine Envoy learns over EDS as soon as the Service lists it (before it is routed to) and
+        # forgets when the Service drops it.
+        api.put(slice_of(e2, READY))
+        s.within(lambda: s.envoy_engines() == {e0.address, e1.address, e2.address})
+        s.within(lambda: e2.address in s.routable())
+        assert s.served_by(3) == [1, 1, 1]
+        # A stream open on an engine EDS then removes runs to its end (Envoy drains the host).
+        streams = []
+        while e2.stats.generate_requests < 2:
+            stream = iter(
+                s.client().chat.completions.create(
+                    model=s.model,
+                    messages=[{"role": "user", "content": "long"}],
+                    max_tokens=100,
+                    stream=True,
+                    extra_body={"ignore_eos": True},
+                )
+            )
+            next(stream)
+            streams.append(stream)
+        api.delete(slice_name(e2))
+        s.within(lambda: s.envoy_engines() == {e0.address, e1.address})
+        for stream in streams:
+            finish = [c.choices[0].finish_reason for c in stream if c.choices and c.choices[0].finish_reason]
+            assert finish == ["length"]
+        # One engine refuses every request: Envoy follows extproc's fallback to the other.
+        e0.faults.set(fail_code="UNAVAILABLE", fail_message="refusing")
+        removed_calls = e2.stats.generate_requests
+        for i in range(4):
+            s.chat(f"after the refusal {i}")
+        assert e0.stats.faults >= 1, "the refusing engine was picked"
+        assert e1.stats.completed >= 4 and e2.stats.generate_requests == removed_calls
