@@ -36,11 +36,11 @@ def control_plane_text(pools: Mapping[str, EnginePool]) -> str:
             labels = {"model": model, "engine": engine.address, "protocol": engine.protocol or "unknown"}
             out.append(_sample("extproc_health_check_up", labels, 1 if engine.healthy else 0))
     out += [
-        "# HELP extproc_model_ready 1 while the model has at least one healthy engine.\n",
+        "# HELP extproc_model_ready 1 while the model has a healthy engine that is not draining.\n",
         "# TYPE extproc_model_ready gauge\n",
     ]
     for model, pool in pools.items():
-        ready = any(e.healthy for e in pool.engines)
+        ready = any(e.healthy and not e.draining for e in pool.engines)
         out.append(_sample("extproc_model_ready", {"model": model}, 1 if ready else 0))
     return "".join(out)
 

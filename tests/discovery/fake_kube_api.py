@@ -253,7 +253,8 @@ class FakeKubeApi:
                     self._send_event("ERROR", self._status(410, "Expired", message))
                     self._chunk(b"")
                     return
-                api.open_watches += 1
+                with api._lock:
+                    api.open_watches += 1
                 try:
                     while True:
                         with api._lock:
@@ -283,6 +284,7 @@ class FakeKubeApi:
                 except OSError:
                     pass  # the client went away
                 finally:
-                    api.open_watches -= 1
+                    with api._lock:
+                        api.open_watches -= 1
 
         return Handler
