@@ -296,6 +296,10 @@ class EnginePool:
         engine.checking = True
         try:
             await self._check_once(engine)
+        except grpc.aio.UsageError:
+            if self._known(engine):
+                raise
+            # Removed by discovery mid-check: its channel was closed under the next call.
         finally:
             engine.checking = False
 
@@ -386,6 +390,10 @@ class EnginePool:
                 by_rank = dict(await engine.client.loads_by_rank(timeout_s))
             else:
                 by_rank = {None: await engine.client.loads(timeout_s)}
+        except grpc.aio.UsageError:
+            if self._known(engine):
+                raise
+            return  # removed by discovery mid-poll: its channel is closed
         except grpc.aio.AioRpcError as e:
             if e.code() == grpc.StatusCode.UNIMPLEMENTED:
                 engine.reports_load = False

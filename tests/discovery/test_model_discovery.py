@@ -60,3 +60,21 @@ async def test_a_discovered_engine_reaches_the_router_only_once_probed_and_confi
         assert [e.address for e in pool.engines] == ["127.0.0.1:1"]
     finally:
         await pool.close()
+
+
+async def test_an_engine_removed_while_it_is_being_checked_leaves_the_health_loop_running() -> None:
+    gateway = default_gateway()
+    pool = EnginePool.create(gateway, DEFAULT_MODEL, [], kv_events=False)
+    try:
+        vllm = EngineConfig("k8s://vllm", protocol="vllm")
+        await pool.set_discovered({"127.0.0.1:1": DiscoveredEngine(vllm, ready=True)})
+        (engine,) = pool.engines
+        engine.healthy = True  # as if its loads were being polled
+        await pool.set_discovered({})  # its channel is closed
+        # A check or load poll that was under way makes its next call on the closed channel: it ends
+        # quietly instead of ending the health (or load) loop that awaits it.
+        await pool._check(engine)
+        await pool._poll_load(engine)
+        assert pool.engines == [] and gateway.engines() == []
+    finally:
+        await pool.close()
