@@ -17,6 +17,7 @@ from typing import Any
 
 from extproc import __version__
 from extproc.config import ConfigError, engine_address, load_settings
+from extproc.discovery.targets import is_static
 from extproc.settings import (
     CONFIG_ENV,
     ENVOY_CONFIG,
@@ -179,12 +180,22 @@ def _cmd_envoy_config(args: argparse.Namespace) -> int:
     settings = _settings(args, ENVOY_CONFIG)
     # With engines given, Envoy knows them and follows extproc's fallback list: one retry per fallback
     # `extproc serve --destination-fallbacks N` lists (default: as many as `up` would).
-    engines = tuple(engine_address(url) for url in settings.engines)
-    if settings.destination_fallbacks and not engines:
+    # Engines discovered at run time (DNS names, Kubernetes Services) cannot be listed: ORIGINAL_DST, or
+    # EDS from extproc (`--xds-listen`), which also lets Envoy follow fallbacks.
+    discovered = [url for url in settings.engines if not is_static(url)]
+    engines = () if discovered else tuple(engine_address(url) for url in settings.engines)
+    eds = settings.xds_listen is not None
+    if settings.destination_fallbacks and discovered and not eds:
+        raise ConfigError(
+            f"--destination-fallbacks needs engines Envoy can list: {discovered[0]} is discovered at run "
+            "time (serve the engines over EDS with --xds-listen, or Envoy reaches each engine by the "
+            "address extproc names, without fallbacks)"
+        )
+    if settings.destination_fallbacks and not engines and not eds:
         raise ConfigError(
             "--destination-fallbacks needs the engines (--engine): Envoy must know them to follow it"
         )
-    retries = settings.destination_fallbacks or None
+    retries = settings.destination_fallbacks or (0 if eds and not engines else None)
     # The config is for an Envoy elsewhere: its connection cap is not derived from this machine's
     # open-file limit (see docs/reliability.md).
     cap = settings.max_client_connections or DEFAULT_CLIENT_CONNECTIONS

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from extproc import models as model_files
+from extproc.discovery.targets import StaticTarget, parse_target
 from extproc.setting_parsers import BadValue, EngineConfig, is_zmq_source, zmq_publisher
 from extproc.settings import (
     CONFIG_ENV,
@@ -34,11 +35,12 @@ from extproc.settings import (
 
 
 def engine_address(url: str) -> str:
-    """`grpc://host:port` → `host:port` (what Envoy's destination header carries)."""
-    prefix = "grpc://"
-    if not url.startswith(prefix) or ":" not in url[len(prefix) :]:
-        raise ValueError(f"engine URL must look like grpc://host:port, got {url!r}")
-    return url[len(prefix) :]
+    """`grpc://IP:port` → `IP:port` (what Envoy's destination header carries); ValueError for an engine
+    found by discovery (a DNS name, a Kubernetes Service), which has no one address."""
+    target = parse_target(url)
+    if not isinstance(target, StaticTarget):
+        raise ValueError(f"engine {url!r} is discovered at run time: it has no fixed address")
+    return target.address
 
 
 class ConfigError(ValueError):

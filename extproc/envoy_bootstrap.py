@@ -3,11 +3,13 @@
 Request flow the config encodes (see docs/operating.md):
   client -> listener (HTTP/1.1 or h2) -> ext_proc filter (extproc decides the engine, rewrites the request,
   sets `x-gateway-destination-endpoint` and clears the route cache) -> router -> `engines` cluster -> engine.
-The `engines` cluster takes one of two shapes:
+The `engines` cluster takes one of three shapes:
 - engines unknown to Envoy (the default): ORIGINAL_DST reads the one address in that header (h2c);
 - engines listed in the options: a STATIC cluster of them with the override_host load-balancing policy,
   which reads an ordered list `primary,fallback,...` (the endpoint-picker protocol) and retries a failed
-  connection or an UNAVAILABLE engine on the next address.
+  connection or an UNAVAILABLE engine on the next address;
+- engines served by extproc over EDS (`engines_xds`, for engines discovered at run time): the same
+  override_host policy over whatever engines extproc knows now.
 A request extproc never routed falls through to a direct 503: without the header an ORIGINAL_DST cluster
 would connect back to the listener's own address.
 
@@ -25,7 +27,7 @@ import json
 import os
 import shutil
 import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -46,6 +48,7 @@ if TYPE_CHECKING:
 
 EXTPROC_CLUSTER = "extproc"
 ENGINES_CLUSTER = "engines"
+XDS_CLUSTER = "extproc_xds"
 NO_ENGINE_BODY = {
     "error": {
         "message": "no engine was selected for this request",
@@ -138,7 +141,10 @@ class EnvoyOptions:
     # The engines as "ip:port": when given, Envoy knows them (STATIC cluster, override_host policy) and
     # follows extproc's fallback list on connection failures; empty means ORIGINAL_DST, one address.
     engines: tuple[str, ...] = ()
-    # Attempts after the first, each on the next address of the list (engines mode only).
+    # extproc's EDS server ("host:port"): the engines cluster is EDS from there (override_host policy),
+    # every engine extproc knows, discovered ones included; it replaces `engines`.
+    engines_xds: str | None = None
+    # Attempts after the first, each on the next address of the list (engines or EDS mode only).
     engine_retries: int = 0
     # Clients over TLS: certificate chain and key (PEM files) for the listener; with client_ca, clients
     # must also present a certificate it signed.
@@ -330,6 +336,16 @@ def _extproc_cluster(opts: EnvoyOptions) -> dict[str, Any]:
     return cluster
 
 
+def _xds_clusters(opts: EnvoyOptions) -> list[dict[str, Any]]:
+    """extproc's EDS server (plaintext HTTP/2), when the engines cluster comes from it."""
+    if opts.engines_xds is None:
+        return []
+    cluster = _extproc_cluster(replace(opts, extproc_target=opts.engines_xds, extproc_tls=None))
+    cluster["name"] = XDS_CLUSTER
+    cluster["load_assignment"]["cluster_name"] = XDS_CLUSTER
+    return [cluster]
+
+
 def _engines_cluster(opts: EnvoyOptions) -> dict[str, Any]:
     cluster: dict[str, Any] = {
         "name": ENGINES_CLUSTER,
@@ -343,6 +359,21 @@ def _engines_cluster(opts: EnvoyOptions) -> dict[str, Any]:
     if opts.engine_tls is not None:
         # gRPC over TLS negotiates HTTP/2 by ALPN.
         cluster["transport_socket"] = _upstream_tls_socket(opts.engine_tls, ["h2"])
+    if opts.engines_xds is not None:
+        cluster["type"] = "EDS"
+        cluster["eds_cluster_config"] = {
+            "service_name": ENGINES_CLUSTER,
+            "eds_config": {
+                "resource_api_version": "V3",
+                "api_config_source": {
+                    "api_type": "GRPC",
+                    "transport_api_version": "V3",
+                    "grpc_services": [{"envoy_grpc": {"cluster_name": XDS_CLUSTER}}],
+                },
+            },
+        }
+        cluster["load_balancing_policy"] = {"policies": [{"typed_extension_config": _override_host_policy()}]}
+        return cluster
     if not opts.engines:
         cluster["type"] = "ORIGINAL_DST"
         cluster["lb_policy"] = "CLUSTER_PROVIDED"
@@ -516,7 +547,7 @@ def _local_reply_config() -> dict[str, Any]:
 
 
 def _engine_retry_policy(opts: EnvoyOptions) -> dict[str, Any]:
-    if not opts.engines:
+    if not opts.engines and opts.engines_xds is None:
         # ORIGINAL_DST has one address: a retry would hit the same engine.
         return {"num_retries": 0}
     return {
@@ -680,7 +711,7 @@ def build_bootstrap(opts: EnvoyOptions) -> dict[str, Any]:
                     "filter_chains": [_filter_chain(opts)],
                 }
             ],
-            "clusters": [_extproc_cluster(opts), _engines_cluster(opts)],
+            "clusters": [_extproc_cluster(opts), _engines_cluster(opts), *_xds_clusters(opts)],
         },
         "overload_manager": {
             "resource_monitors": [

@@ -36,11 +36,11 @@ def control_plane_text(pools: Mapping[str, EnginePool]) -> str:
             labels = {"model": model, "engine": engine.address, "protocol": engine.protocol or "unknown"}
             out.append(_sample("extproc_health_check_up", labels, 1 if engine.healthy else 0))
     out += [
-        "# HELP extproc_model_ready 1 while the model has at least one healthy engine.\n",
+        "# HELP extproc_model_ready 1 while the model has a healthy engine that is not draining.\n",
         "# TYPE extproc_model_ready gauge\n",
     ]
     for model, pool in pools.items():
-        ready = any(e.healthy for e in pool.engines)
+        ready = any(e.healthy and not e.draining for e in pool.engines)
         out.append(_sample("extproc_model_ready", {"model": model}, 1 if ready else 0))
     return "".join(out)
 
@@ -60,5 +60,7 @@ def engine_view(gateway: _native.Gateway, pools: Mapping[str, EnginePool]) -> di
         engine = by_address.get((str(item["model"]), address))
         item["address"] = address
         item["problem"] = engine.problem if engine is not None else None
+        # A discovered engine taking no new requests (not ready, or terminating) while its open ones finish.
+        item["draining"] = engine.draining if engine is not None else False
         engines.append(item)
     return {"engines": engines}

@@ -15,13 +15,19 @@ An engine of DP size N > 1 is N router endpoints, `"{address}#{rank}"`, each ran
 load and event cursor: its GetLoads is reported rank by rank, its one SubscribeKvEvents stream carries
 every rank's batches (the router files each under its `dp_rank`), and health applies to all its ranks.
 A ZMQ publisher is one rank's (vLLM binds one per rank): only the ranks it publishes get events.
+
+Discovered engines (extproc.discovery) come and go while serving, through `set_discovered`: a new one is
+probed at once and reaches the router only once registered (so no request meets an engine not yet
+checked); a draining one stays known but unhealthy to the router (its open requests finish, new ones go
+elsewhere) until it is ready again or gone; a gone one is dropped from the router, its channel and KV-event
+subscription closed. Configured engines are never touched by discovery.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -43,6 +49,7 @@ from extproc.grpc_tls import ClientTls
 from extproc.kv_events import KvEventSubscriber, KvEventSubscriptions
 
 if TYPE_CHECKING:  # imported at run time only when an engine uses ZMQ: it brings pyzmq
+    from extproc.discovery.model_discovery import DiscoveredEngine
     from extproc.kv_events_zmq import ZmqKvEventSubscriber, ZmqKvEventSubscriptions
 
 log = structlog.get_logger("extproc.pool")
@@ -78,6 +85,14 @@ class Engine:
     kv_events: str = "grpc"
     # Whether the ZMQ source was refused for an SGLang engine (warned once).
     zmq_refused: bool = False
+    # Found by discovery (else configured): added, drained and removed while serving.
+    discovered: bool = False
+    # Takes no new requests (a discovered endpoint not ready, or terminating); open ones finish.
+    draining: bool = False
+    # Known to the router: configured engines from the start, discovered ones once first registered.
+    published: bool = True
+    # A health check of it is under way (a discovered engine's first probe may meet the health loop's).
+    checking: bool = False
 
     @property
     def protocol(self) -> Protocol | None:
@@ -97,6 +112,11 @@ class EnginePool:
     _subscriptions: KvEventSubscriptions | None = None
     _zmq_subscriptions: ZmqKvEventSubscriptions | None = None
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    # Probes of engines that just appeared or became ready again (not waiting for the health loop).
+    _probes: set[asyncio.Task[None]] = field(default_factory=set)
+    tls: ClientTls | None = None
+    # Called when engines join or leave (what Envoy's EDS engines cluster follows).
+    on_engines_changed: Callable[[], None] | None = None
 
     @classmethod
     def create(
@@ -112,31 +132,85 @@ class EnginePool:
         """`engines`: URLs (protocol detected, KV events over gRPC) or EngineConfigs (protocol "auto", "vllm"
         or "sglang"; kv_events "grpc", "off" or a ZMQ URL, None meaning "grpc"). `tls`: every engine's
         channel over TLS (the KV-event subscription shares it)."""
-        pool = cls(gateway=gateway, model=model, kv_events=kv_events, load_interval_s=load_interval_s)
+        pool = cls(
+            gateway=gateway, model=model, kv_events=kv_events, load_interval_s=load_interval_s, tls=tls
+        )
         for item in engines:
             config = item if isinstance(item, EngineConfig) else EngineConfig(item)
-            address = engine_address(config.url)
-            channel = grpc_tls.channel(address, tls, list(CHANNEL_OPTIONS))
-            configured = configured_protocol(config.protocol)
-            engine = Engine(address, channel, configured, kv_events=config.kv_events or "grpc")
-            if configured is not None:
-                engine.client = EngineClient(channel, configured)
-            pool.engines.append(engine)
+            pool.engines.append(pool._new_engine(engine_address(config.url), config))
         # Every configured engine is known to the router from the start, unhealthy until its first check.
         pool._publish_endpoints()
         for engine in pool.engines:
             gateway.set_health(model, engine.address, False)
         return pool
 
+    def _new_engine(self, address: str, config: EngineConfig, *, discovered: bool = False) -> Engine:
+        channel = grpc_tls.channel(address, self.tls, list(CHANNEL_OPTIONS))
+        configured = configured_protocol(config.protocol)
+        engine = Engine(address, channel, configured, kv_events=config.kv_events or "grpc")
+        if configured is not None:
+            engine.client = EngineClient(channel, configured)
+        engine.discovered = discovered
+        engine.published = not discovered
+        return engine
+
     def _publish_endpoints(self) -> None:
         # An engine whose protocol is still unknown is unhealthy, so the placeholder is never used.
-        endpoints = [(e.address, e.block_size, e.protocol or "vllm", e.dp_size) for e in self.engines]
+        endpoints = [
+            (e.address, e.block_size, e.protocol or "vllm", e.dp_size) for e in self.engines if e.published
+        ]
         self.gateway.set_endpoints(self.model, endpoints)
+
+    def _known(self, engine: Engine) -> bool:
+        """Still one of the pool's engines (not removed by discovery while it was being checked)."""
+        return any(e is engine for e in self.engines)
+
+    def _probe(self, engine: Engine) -> None:
+        """Check `engine` now rather than at the next health round."""
+        task = asyncio.create_task(self._check(engine), name=f"probe {engine.address}")
+        self._probes.add(task)
+        task.add_done_callback(self._probes.discard)
+
+    async def set_discovered(self, wanted: Mapping[str, DiscoveredEngine]) -> None:
+        """Make the discovered engines exactly `wanted` (by address): new ones are probed now, draining
+        ones stop taking requests at once, missing ones are dropped. Configured engines stay as they are."""
+        by_address = {e.address: e for e in self.engines}
+        added: list[Engine] = []
+        for address, found in wanted.items():
+            engine = by_address.get(address)
+            if engine is None:
+                engine = self._new_engine(address, found.config, discovered=True)
+                engine.draining = not found.ready
+                added.append(engine)
+            elif not engine.discovered:
+                continue  # a configured engine is never drained or removed by discovery
+            elif not found.ready and not engine.draining:
+                engine.draining = True
+                self.gateway.set_health(self.model, address, False)
+                log.info("engine draining: no new requests", model=self.model, engine=address)
+            elif found.ready and engine.draining:
+                engine.draining = False
+                log.info("engine ready again", model=self.model, engine=address)
+                self._probe(engine)
+        gone = [e for e in self.engines if e.discovered and e.address not in wanted]
+        self.engines = [e for e in self.engines if not (e.discovered and e.address not in wanted)] + added
+        if gone:
+            self._publish_endpoints()
+        if (gone or added) and self.on_engines_changed is not None:
+            self.on_engines_changed()  # before the first probe: Envoy knows an engine before it is routed to
+        for engine in added:
+            log.info("engine discovered", model=self.model, engine=engine.address, draining=engine.draining)
+            if not engine.draining:
+                self._probe(engine)
+        for engine in gone:
+            log.info("engine gone", model=self.model, engine=engine.address)
+            await self._unsubscribe(engine)
+            await engine.channel.close()
 
     async def start(self, *, wait_s: float = 0.0) -> None:
         """Probe every engine once (waiting up to `wait_s` for at least one), then keep checking."""
+        self._open_subscriptions()
         if self.kv_events:
-            self._subscriptions = KvEventSubscriptions(self._on_batch, self._on_reset)
             if any(is_zmq_source(e.kv_events) for e in self.engines):
                 from extproc.kv_events_zmq import ZmqKvEventSubscriptions
 
@@ -151,6 +225,11 @@ class EnginePool:
         self._tasks.append(asyncio.create_task(self._health_loop(), name=f"health {self.model}"))
         if self.load_interval_s > 0:
             self._tasks.append(asyncio.create_task(self._load_loop(), name=f"loads {self.model}"))
+
+    def _open_subscriptions(self) -> None:
+        # Also on a discovered engine's first probe, which may come before `start`.
+        if self.kv_events and self._subscriptions is None:
+            self._subscriptions = KvEventSubscriptions(self._on_batch, self._on_reset)
 
     def _on_batch(self, address: str, data: bytes) -> str:
         return self.gateway.apply_kv_events(self.model, address, data)
@@ -171,6 +250,7 @@ class EnginePool:
 
     def _subscribe(self, engine: Engine) -> None:
         """Subscribes a healthy engine of known protocol to its KV events on its one channel."""
+        self._open_subscriptions()
         if self._subscriptions is None or engine.protocol is None or engine.kv_events == "off":
             return
         if is_zmq_source(engine.kv_events):
@@ -211,6 +291,19 @@ class EnginePool:
         engine.problem = problem
 
     async def _check(self, engine: Engine) -> None:
+        if engine.checking or (engine.draining and not engine.published):
+            return  # checked already; or discovered not ready: nothing to learn until it is
+        engine.checking = True
+        try:
+            await self._check_once(engine)
+        except grpc.aio.UsageError:
+            if self._known(engine):
+                raise
+            # Removed by discovery mid-check: its channel was closed under the next call.
+        finally:
+            engine.checking = False
+
+    async def _check_once(self, engine: Engine) -> None:
         healthy = False
         try:
             client = await self._client(engine)
@@ -231,6 +324,8 @@ class EnginePool:
                     await self._unsubscribe(engine)
             else:
                 self._report_problem(engine, f"health check failed: {e.code().name}")
+        if not self._known(engine):
+            return  # removed by discovery meanwhile: its channel is closed, the router forgot it
         if healthy and not engine.healthy:
             log.info(
                 "engine ready",
@@ -246,7 +341,8 @@ class EnginePool:
             # Whatever comes back (a restart, another build) is registered afresh.
             engine.registered = False
         engine.healthy = healthy
-        self.gateway.set_health(self.model, engine.address, healthy)
+        if engine.published:
+            self.gateway.set_health(self.model, engine.address, healthy and not engine.draining)
 
     async def _client(self, engine: Engine) -> EngineClient:
         if engine.client is None:
@@ -264,7 +360,14 @@ class EnginePool:
         engine.dp_size = facts.dp_size
         engine.registered = True
         engine.reports_load = True
+        if not self._known(engine):
+            return
+        # A draining engine that registers again is published unhealthy: the router starts new ones healthy.
+        first = not engine.published
+        engine.published = True
         self._publish_endpoints()
+        if first and engine.draining:
+            self.gateway.set_health(self.model, engine.address, False)
 
     async def _load_loop(self) -> None:
         while True:
@@ -287,6 +390,10 @@ class EnginePool:
                 by_rank = dict(await engine.client.loads_by_rank(timeout_s))
             else:
                 by_rank = {None: await engine.client.loads(timeout_s)}
+        except grpc.aio.UsageError:
+            if self._known(engine):
+                raise
+            return  # removed by discovery mid-poll: its channel is closed
         except grpc.aio.AioRpcError as e:
             if e.code() == grpc.StatusCode.UNIMPLEMENTED:
                 engine.reports_load = False
@@ -299,8 +406,11 @@ class EnginePool:
         self.gateway.report_load(self.model, engine.address, load, dp_rank=rank)
 
     async def close(self) -> None:
-        for task in self._tasks:
+        for task in [*self._tasks, *self._probes]:
             task.cancel()
+        for task in self._probes.copy():
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task

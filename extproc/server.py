@@ -3,7 +3,8 @@
 The ext_proc gRPC server is native (`_native.ExtProcServer`): its own thread runs every request stream
 through the Rust state machine and sends engines `Abort` when a client goes away, without Python. This
 process keeps the control plane: the engine pool and its health checks (which set the gateway's ready
-endpoints), and a reporter that turns finished requests and server counters into logs.
+endpoints), engine discovery (DNS names and Kubernetes Services whose engines come and go), and a reporter
+that turns finished requests and server counters into logs.
 """
 
 from __future__ import annotations
@@ -13,10 +14,14 @@ import contextlib
 import signal
 from dataclasses import dataclass, field
 
+import grpc
 import structlog
 
 from extproc import _native, api_keys, grpc_tls, request_traces
 from extproc.config import ConfigError, Settings, served_models
+from extproc.discovery.dns import Resolver, resolve_addresses
+from extproc.discovery.kube_http import ApiUnavailable
+from extproc.discovery.model_discovery import DiscoveryOptions, ModelDiscovery, is_discovered
 from extproc.keys_reload import KeysReloader
 from extproc.metrics_http import MetricsServer
 from extproc.pool import EnginePool
@@ -44,6 +49,11 @@ class Running:
     # Follows the API keys file (None without one).
     keys: KeysReloader | None = field(default=None, repr=False)
     metrics: MetricsServer | None = field(default=None, repr=False)
+    # Per model with discovered engines (DNS names, Kubernetes Services).
+    discoveries: dict[str, ModelDiscovery] = field(default_factory=dict, repr=False)
+    # Envoy's engines cluster over EDS (`xds_listen`), and where it is served.
+    eds_server: grpc.aio.Server | None = field(default=None, repr=False)
+    eds_address: str | None = None
 
     @property
     def model(self) -> str:
@@ -72,6 +82,9 @@ class Running:
             await self.reporter.stop()
         if self.keys is not None:
             await self.keys.stop()
+        await asyncio.gather(*(d.close() for d in self.discoveries.values()))
+        if self.eds_server is not None:
+            await self.eds_server.stop(0)
         await asyncio.gather(*(pool.close() for pool in self.pools.values()))
 
 
@@ -120,10 +133,14 @@ class Reporter:
             self.report()
 
 
-async def start(settings: Settings, *, engine_wait_s: float = ENGINE_WAIT_S) -> Running:
-    """Load the models, register their engines and start serving; returns once the server listens.
+async def start(
+    settings: Settings, *, engine_wait_s: float = ENGINE_WAIT_S, resolve: Resolver = resolve_addresses
+) -> Running:
+    """Load the models, register their engines, start discovering the others, and start serving; returns
+    once the server listens.
 
-    Waits up to `engine_wait_s` for every model to have at least one healthy engine."""
+    Waits up to `engine_wait_s` for every model to have at least one healthy engine. `resolve`: how DNS
+    names of engines are resolved (tests inject one)."""
     gateway = _native.Gateway(
         max_body_bytes=settings.max_body_bytes,
         destination_fallbacks=settings.destination_fallbacks,
@@ -152,6 +169,14 @@ async def start(settings: Settings, *, engine_wait_s: float = ENGINE_WAIT_S) -> 
     except ValueError as e:
         raise ConfigError(str(e)) from None
     pools: dict[str, EnginePool] = {}
+    discoveries: dict[str, ModelDiscovery] = {}
+    discovery = DiscoveryOptions(
+        dns_refresh_interval_s=settings.dns_refresh_interval,
+        kubernetes_api=settings.kubernetes_api,
+        kubernetes_token_file=settings.kubernetes_token_file,
+        kubernetes_ca_file=settings.kubernetes_ca_file,
+        resolve=resolve,
+    )
     for model in served_models(settings):
         try:
             gateway.add_model(
@@ -164,10 +189,38 @@ async def start(settings: Settings, *, engine_wait_s: float = ENGINE_WAIT_S) -> 
             )
         except ValueError as e:  # the router refused its settings, or the model directory is unusable
             raise ConfigError(f"model {model.name!r}: {e}") from None
-        pools[model.name] = EnginePool.create(
-            gateway, model.name, model.engines, load_interval_s=settings.load_interval, tls=tls_to_engines
+        fixed = [e for e in model.engines if not is_discovered(e)]
+        found = [e for e in model.engines if is_discovered(e)]
+        pool = EnginePool.create(
+            gateway, model.name, fixed, load_interval_s=settings.load_interval, tls=tls_to_engines
         )
+        pools[model.name] = pool
+        if found:
+            try:
+                discoveries[model.name] = ModelDiscovery(model.name, found, pool.set_discovered, discovery)
+            except ApiUnavailable as e:
+                raise ConfigError(f"model {model.name!r}: {e}") from None
+    eds_server: grpc.aio.Server | None = None
+    eds_address: str | None = None
     try:
+        if settings.xds_listen is not None:
+            from extproc.discovery import eds  # the Envoy protos: only when serving EDS
+
+            engine_endpoints = eds.EngineEndpoints()
+
+            def engines_changed() -> None:
+                engine_endpoints.set_engines(e.address for pool in pools.values() for e in pool.engines)
+
+            for pool in pools.values():
+                pool.on_engines_changed = engines_changed
+            engines_changed()
+            try:
+                eds_server, eds_address = await eds.serve(engine_endpoints, settings.xds_listen)
+            except (OSError, RuntimeError) as e:
+                raise RuntimeError(f"cannot serve EDS on {settings.xds_listen}: {e}") from e
+            log.info("engines served over EDS", address=eds_address)
+        for running_discovery in discoveries.values():
+            running_discovery.start()
         await asyncio.gather(*(pool.start(wait_s=engine_wait_s) for pool in pools.values()))
         server = _native.ExtProcServer(
             gateway,
@@ -187,6 +240,9 @@ async def start(settings: Settings, *, engine_wait_s: float = ENGINE_WAIT_S) -> 
         except OSError as e:
             raise RuntimeError(f"cannot listen on {settings.listen}: {e}") from e
     except BaseException:
+        await asyncio.gather(*(d.close() for d in discoveries.values()))
+        if eds_server is not None:
+            await eds_server.stop(0)
         await asyncio.gather(*(pool.close() for pool in pools.values()))
         raise
     reporter = Reporter(server, request_log=settings.request_log, spans=spans)
@@ -199,7 +255,10 @@ async def start(settings: Settings, *, engine_wait_s: float = ENGINE_WAIT_S) -> 
         ready = gateway.endpoints(name)
         log.info("serving model", model=name, engines=len(pool.engines), ready=len(ready))
     log.info("ext_proc server listening", address=address, models=list(pools))
-    return Running(server, pools, gateway, address, reporter, keys)
+    return Running(
+        server, pools, gateway, address, reporter, keys,
+        discoveries=discoveries, eds_server=eds_server, eds_address=eds_address,
+    )  # fmt: skip
 
 
 async def serve(settings: Settings) -> None:

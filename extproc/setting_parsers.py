@@ -11,12 +11,14 @@ import ipaddress
 import json
 import os
 import re
+import urllib.parse
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from extproc import contracts
+from extproc.discovery import targets
 
 MiB = 1024 * 1024
 
@@ -240,21 +242,37 @@ def parse_listen(raw: Any) -> str:
 
 
 def parse_engine(raw: Any) -> str:
-    expected = "expected grpc://host:port"
-    if not isinstance(raw, str) or not raw.strip().startswith("grpc://"):
+    """An engine source in its one written form: `grpc://IP:port` (one engine), `grpc://dns-name:port`
+    (every address of the name) or `k8s://[namespace/]service[:port]` (the Service's endpoints)."""
+    if not isinstance(raw, str):
+        raise BadValue(targets.EXPECTED)
+    try:
+        return targets.target_url(targets.parse_target(raw))
+    except ValueError as e:
+        raise BadValue(str(e)) from None
+
+
+def parse_xds_listen(raw: Any) -> str:
+    """host:port of extproc's EDS server (no Unix socket: Envoy's gRPC xDS client dials TCP here)."""
+    try:
+        host, port = parse_host_port(raw)
+    except BadValue:
+        raise BadValue("expected host:port") from None
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def parse_http_url(raw: Any) -> str:
+    """An http:// or https:// base URL (the Kubernetes API server), without a trailing slash."""
+    expected = "expected http(s)://host[:port], e.g. https://10.96.0.1:443 or http://127.0.0.1:8001"
+    value = raw.strip().rstrip("/") if isinstance(raw, str) else ""
+    parsed = urllib.parse.urlsplit(value)
+    if parsed.scheme not in ("http", "https") or not parsed.hostname or parsed.query or parsed.fragment:
         raise BadValue(expected)
     try:
-        host, port = parse_host_port(raw.strip().removeprefix("grpc://").rstrip("/"))
-    except BadValue:
-        raise BadValue(expected) from None
-    if host == "localhost":
-        host = "127.0.0.1"
-    try:
-        ip = ipaddress.ip_address(host)
+        parsed.port  # noqa: B018 - raises on a bad port
     except ValueError:
-        # Envoy's ORIGINAL_DST cluster takes the engine from the destination header as IP:port only.
-        raise BadValue("expected an IP address, not a name: Envoy routes to engines by IP:port") from None
-    return f"grpc://[{ip}]:{port}" if ip.version == 6 else f"grpc://{ip}:{port}"
+        raise BadValue(expected) from None
+    return value
 
 
 def parse_engines(raw: Any) -> tuple[str, ...]:
@@ -389,7 +407,10 @@ def parse_model_engines(raw: Any) -> tuple[EngineConfig, ...]:
                 kv_events = None if source is None else parse_engine_kv_events(source)
             except BadValue as exc:
                 raise BadValue(f"kv_events {source!r}: {exc}") from None
-            engines.append(EngineConfig(parse_engine(item["url"]), protocol, kv_events))
+            url = parse_engine(item["url"])
+            if kv_events is not None and is_zmq_source(kv_events) and not targets.is_static(url):
+                raise BadValue(f"kv_events {source!r}: a ZMQ publisher is one engine's; {url} may be many")
+            engines.append(EngineConfig(url, protocol, kv_events))
         else:
             engines.append(EngineConfig(parse_engine(item)))
     if len({e.url for e in engines}) != len(engines):

@@ -173,19 +173,76 @@ class Settings:
         (),
         p.parse_engines,
         _ALL,
-        "engine endpoint grpc://host:port; repeat or comma-separate for several",
+        "engines: grpc://IP:port, grpc://dns-name:port (every address, re-resolved) or "
+        "k8s://[namespace/]service[:port] (the Service's EndpointSlices, watched); repeat or comma-separate",
         "URL",
-        doc="engines as `grpc://IP:port`; `localhost` means 127.0.0.1; DNS names are refused (see below). "
-        "`up` without engines starts the simulator; `serve` requires at least one; `envoy-config` puts "
-        "them in a STATIC engines cluster",
+        doc="where the engines are: `grpc://IP:port` (one engine; `localhost` means 127.0.0.1), "
+        "`grpc://dns-name:port` (every A/AAAA address of the name, re-resolved every "
+        "`dns_refresh_interval`) or `k8s://[namespace/]service[:port]` (the ready endpoints of a Kubernetes "
+        "Service, watched; `port` a port name or number); see [discovery.md](discovery.md). `up` without "
+        "engines starts the simulator; `serve` requires at least one; `envoy-config` puts fixed IPs in a "
+        "STATIC engines cluster, and uses ORIGINAL_DST when any engine is discovered",
         flag_override="--engine",
         model_key="engines",
         model_parse=p.parse_model_engines,
-        model_doc='`"grpc://IP:port"` or `{ url = "grpc://IP:port", protocol = "auto" \\| "vllm" \\| '
-        '"sglang", kv_events = "grpc" \\| "off" \\| "zmq://..." }` (`protocol` and `kv_events` optional)',
+        model_doc='`"grpc://IP:port"` (or any form above) or `{ url = "...", protocol = "auto" \\| "vllm" '
+        '\\| "sglang", kv_events = "grpc" \\| "off" \\| "zmq://..." }` (`protocol` and `kv_events` '
+        "optional; a ZMQ publisher only for a `grpc://IP:port` engine)",
         single_model=True,
     )
+    dns_refresh_interval: float = setting(
+        5.0,
+        p.parse_seconds,
+        _GATEWAY,
+        "seconds between resolutions of engines given by DNS name",
+        "SECONDS",
+        doc="how often the names of `grpc://dns-name:port` engines are resolved again: addresses that "
+        "appear become engines (probed before they take traffic), those that disappear are dropped",
+    )
+    kubernetes_api: str | None = setting(
+        None,
+        p.parse_http_url,
+        _GATEWAY,
+        "Kubernetes API server for k8s:// engines (default: in-cluster)",
+        "URL",
+        doc="the Kubernetes API server `k8s://` engines are watched on, e.g. `http://127.0.0.1:8001` "
+        "(`kubectl proxy`); in a pod, the default finds it from `KUBERNETES_SERVICE_HOST`/`_PORT` with the "
+        "pod's service-account token and CA",
+        default_doc="in-cluster",
+    )
+    kubernetes_token_file: str | None = setting(
+        None,
+        p.parse_file,
+        _GATEWAY,
+        "bearer token file for the Kubernetes API (re-read on every connection)",
+        "FILE",
+        doc="the bearer token sent to the Kubernetes API, re-read at every connection (projected tokens "
+        "rotate)",
+        default_doc="the service-account token when it exists",
+    )
+    kubernetes_ca_file: str | None = setting(
+        None,
+        p.parse_file,
+        _GATEWAY,
+        "PEM CA bundle the Kubernetes API's certificate is verified against",
+        "FILE",
+        doc="the PEM CA bundle an `https` Kubernetes API is verified against",
+        default_doc="the service-account CA when it exists, else the system's",
+    )
     # `setting` returns a dataclasses.field (which ruff cannot see); a Path default would be immutable too.
+    xds_listen: str | None = setting(
+        None,
+        p.parse_xds_listen,
+        _ALL,
+        "extproc serves Envoy's engines cluster over EDS on this host:port (envoy-config: where Envoy finds "
+        "it)",
+        "ADDR",
+        doc="extproc serves the engines cluster over EDS (xDS, plaintext gRPC) on this `host:port`: every "
+        "engine it knows, discovered ones included, so that Envoy's override_host policy can follow "
+        "`destination_fallbacks` with discovered engines; `envoy-config` and `up` then make the engines "
+        "cluster EDS from here; see [discovery.md](discovery.md#envoy)",
+        default_doc="off (ORIGINAL_DST for discovered engines)",
+    )
     model_dir: Path | None = setting(  # noqa: RUF009
         None,
         p.parse_model_dir,

@@ -35,6 +35,7 @@ from extproc.config import (
     served_models,
     settings_to_flags,
 )
+from extproc.discovery.targets import is_static
 from extproc.setting_parsers import EngineConfig, parse_host_port
 from extproc.settings import CONFIG_ENV, SETTINGS
 from extproc.supervisor import (
@@ -204,6 +205,8 @@ def stack_specs(
     common = (*common, "listen_tls_cert", "listen_tls_key", "listen_tls_client_ca")
     common = (*common, "engine_tls_ca", "engine_tls_cert", "engine_tls_key", "engine_tls_server_name")
     common = (*common, "metrics_host", "metrics_port")
+    common = (*common, "dns_refresh_interval", "kubernetes_api", "kubernetes_token_file")
+    common = (*common, "kubernetes_ca_file", "xds_listen")
     if settings.models:
         # Tables have no flag form: the server reads the resolved models from a file of their own.
         models_file = run_dir / "models.toml"
@@ -219,7 +222,7 @@ def stack_specs(
             engines=tuple(e.url for e in model.engines),
             engine_protocol=model.engine_protocol,
             routing_config=model.routing_config,
-            destination_fallbacks=known_engines(served)[1],
+            destination_fallbacks=known_engines(served, settings.xds_listen is not None)[1],
         )
         fields = (*common, "model_dir", "model_name", "engines", "routing_policy", "routing_config")
         fields = (*fields, "engine_protocol")
@@ -263,7 +266,9 @@ def envoy_spec(
     a bug or a bad configuration, not a fault to ride out; the stack exits non-zero so that whoever
     runs `up` (systemd, Kubernetes) sees it and restarts the whole stack."""
     bootstrap = run_dir / "envoy.json"
-    bootstrap.write_text(envoy_bootstrap.render_bootstrap(envoy_options(settings, known_engines(served)[0])))
+    engines, fallbacks = known_engines(served, settings.xds_listen is not None)
+    options = envoy_options(settings, engines, None if engines else fallbacks)
+    bootstrap.write_text(envoy_bootstrap.render_bootstrap(options))
     envoy_bootstrap.validate_config(bootstrap)
     argv = [envoy_bootstrap.envoy_binary(), "-c", str(bootstrap), "--log-level", settings.envoy_log_level]
     # No shared-memory hot-restart state, so several stacks (and other Envoys) can run side by side.
@@ -297,9 +302,13 @@ def describe(served: tuple[ServedModel, ...], sims: list[SimPlan]) -> str:
     simulated = {plan.model.name for plan in sims}
 
     def engines(model: ServedModel) -> str:
-        n = len(model.engines)
+        found = [e.url for e in model.engines if not is_static(e.url)]
+        n = len(model.engines) - len(found)
         kind = "simulated engine" if model.name in simulated else "engine"
-        return f"{n} {kind}" + ("" if n == 1 else "s")
+        parts = [f"{n} {kind}" + ("" if n == 1 else "s")] if n or not found else []
+        if found:
+            parts.append("engines from " + ", ".join(found))
+        return " and ".join(parts)
 
     if len(served) == 1:
         return f"model {served[0].name}, {engines(served[0])}"
@@ -310,11 +319,18 @@ def describe(served: tuple[ServedModel, ...], sims: list[SimPlan]) -> str:
 UP_FALLBACKS = 2
 
 
-def known_engines(served: tuple[ServedModel, ...]) -> tuple[tuple[str, ...], int]:
+def known_engines(served: tuple[ServedModel, ...], eds: bool = False) -> tuple[tuple[str, ...], int]:
     """The engines `up` tells Envoy about (every model's, one cluster) and the fallbacks extproc then
     lists: up to UP_FALLBACKS of the request's own model. Each request carries Envoy's retry limit (one
-    per listed fallback), so Envoy never goes past the list to an engine of another model."""
-    addresses = tuple(engine_address(e.url) for model in served for e in model.engines)
+    per listed fallback), so Envoy never goes past the list to an engine of another model.
+
+    With any engine discovered at run time (a DNS name, a Kubernetes Service) Envoy cannot list them:
+    none are known to it (ORIGINAL_DST, one address per request) and there are no fallbacks, unless
+    extproc serves them over EDS (`eds`), where UP_FALLBACKS are followed."""
+    urls = [e.url for model in served for e in model.engines]
+    if not all(is_static(url) for url in urls):
+        return (), UP_FALLBACKS if eds else 0
+    addresses = tuple(engine_address(url) for url in urls)
     return addresses, up_fallbacks(max((len(model.engines) for model in served), default=0))
 
 
@@ -327,9 +343,11 @@ def envoy_options(
     settings: Settings, engines: tuple[str, ...] = (), retries: int | None = None
 ) -> envoy_bootstrap.EnvoyOptions:
     """`engines` known to Envoy (override_host) get `retries` attempts after the first (default: one per
-    fallback `up` lists); none means ORIGINAL_DST."""
+    fallback `up` lists); none means ORIGINAL_DST. With `xds_listen`, the engines cluster is EDS from
+    extproc instead (override_host over every engine extproc knows), with `retries` too."""
     if retries is None:
         retries = up_fallbacks(len(engines))
+    xds = settings.xds_listen
     return envoy_bootstrap.EnvoyOptions(
         listen_host=settings.host,
         listen_port=settings.port,
@@ -337,8 +355,9 @@ def envoy_options(
         extproc_target=settings.listen,
         max_request_bytes=settings.max_body_bytes,
         access_log=settings.envoy_access_log,
-        engines=engines,
-        engine_retries=retries if engines else 0,
+        engines=() if xds else engines,
+        engines_xds=xds,
+        engine_retries=retries if engines or xds else 0,
         **envoy_bootstrap.edge_options(settings),
     )
 

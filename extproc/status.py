@@ -42,7 +42,7 @@ def fetch(metrics_url: str, timeout: float = 5.0) -> list[dict[str, Any]]:
 
 
 def _row(e: dict[str, Any]) -> tuple[str, ...]:
-    health = "up" if e["healthy"] else "down"
+    health = "draining" if e.get("draining") else "up" if e["healthy"] else "down"
     penalty = str(e["penalty"])
     if e["penalty_failures"]:
         penalty += f" ({e['penalty_failures']} failures)"

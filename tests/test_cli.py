@@ -51,7 +51,7 @@ def test_missing_or_unknown_command_is_a_usage_error(capsys: pytest.CaptureFixtu
         (["up", "--sim", "-3"], "extproc: invalid --sim '-3': expected an integer 0-1024"),
         (
             ["serve", "--engine", "http://x:1"],
-            "extproc: invalid --engine 'http://x:1': expected grpc://host:port",
+            "extproc: invalid --engine 'http://x:1': expected grpc://IP:port",
         ),
         (
             ["serve"],
@@ -349,3 +349,74 @@ def test_envoy_config_with_engines_follows_fallbacks(
     # Without engines Envoy cannot follow a list: refused in one line.
     assert cli.main(["envoy-config", "--destination-fallbacks", "2"]) == 2
     assert "needs the engines" in capsys.readouterr().err
+
+
+def test_envoy_config_with_discovered_engines_reaches_them_by_the_header(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """DNS names and Kubernetes Services cannot be listed in the config: Envoy takes each engine's
+    address from extproc's header (ORIGINAL_DST), so fallbacks cannot be followed."""
+    out = tmp_path / "envoy.json"
+    argv = ["envoy-config", "--engine", "grpc://10.0.0.1:1", "--engine", "k8s://ns/vllm:grpc", "-o", str(out)]
+    assert cli.main(argv) == 0
+    engines = next(
+        c for c in json.loads(out.read_text())["static_resources"]["clusters"] if c["name"] == "engines"
+    )
+    assert engines["type"] == "ORIGINAL_DST" and "load_assignment" not in engines
+    assert cli.main([*argv, "--destination-fallbacks", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "k8s://ns/vllm:grpc is discovered at run time" in err and err.count("\n") == 1
+
+
+def test_up_with_discovered_engines_gives_envoy_no_static_list(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from extproc import stack
+    from extproc.config import load_settings
+
+    monkeypatch.setenv("EXTPROC_CACHE_DIR", str(tmp_path / "cache"))
+    flags = {
+        "engines": ["grpc://10.0.0.1:1", "k8s://ns/vllm:grpc"],
+        "kubernetes_api": "http://127.0.0.1:8001",
+    }
+    specs, served, sims = stack.stack_specs(load_settings(flags, env={}), tmp_path)
+    assert [s.name for s in specs] == ["server", "envoy"]
+    server = specs[0].argv
+    assert [server[i + 1] for i, a in enumerate(server) if a == "--engine"] == [
+        "grpc://10.0.0.1:1",
+        "k8s://ns/vllm:grpc",
+    ]
+    assert server[server.index("--kubernetes-api") + 1] == "http://127.0.0.1:8001"
+    assert server[server.index("--destination-fallbacks") + 1] == "0"
+    assert stack.known_engines(served) == ((), 0)
+    envoy = json.loads((tmp_path / "envoy.json").read_text())
+    engines = next(c for c in envoy["static_resources"]["clusters"] if c["name"] == "engines")
+    assert engines["type"] == "ORIGINAL_DST"
+    assert (
+        stack.describe(served, sims) == "model llama3-default, 1 engine and engines from k8s://ns/vllm:grpc"
+    )
+
+
+def test_envoy_config_with_eds_from_extproc_follows_fallbacks_to_discovered_engines(tmp_path: Path) -> None:
+    out = tmp_path / "envoy.json"
+    argv = [
+        "envoy-config",
+        "--engine",
+        "k8s://ns/vllm",
+        "--xds-listen",
+        "extproc.gw.svc:18000",
+        "-o",
+        str(out),
+    ]
+    assert cli.main([*argv, "--destination-fallbacks", "2"]) == 0
+    clusters = {c["name"]: c for c in json.loads(out.read_text())["static_resources"]["clusters"]}
+    assert clusters["engines"]["type"] == "EDS"
+    xds = clusters["extproc_xds"]
+    assert xds["type"] == "STRICT_DNS"
+    address = xds["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"][
+        "socket_address"
+    ]
+    assert (address["address"], address["port_value"]) == ("extproc.gw.svc", 18000)
+    written = json.loads(out.read_text())
+    route = written["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+    assert route["route_config"]["virtual_hosts"][0]["routes"][0]["route"]["retry_policy"]["num_retries"] == 2

@@ -107,9 +107,11 @@ BAD_FLAGS = [
     ("admin_port", "65536", "invalid --admin-port '65536': expected an integer 1-65535"),
     ("sim", "-1", "invalid --sim '-1': expected an integer 0-1024"),
     ("sim_port", "1.5", "invalid --sim-port '1.5': expected an integer 1-65535"),
-    ("engines", ["http://a:1"], "invalid --engine 'http://a:1': expected grpc://host:port"),
-    ("engines", ["grpc://a"], "invalid --engine 'grpc://a': expected grpc://host:port"),
-    ("engines", ["grpc://engine.svc:50051"], "invalid --engine 'grpc://engine.svc:50051': expected an IP"),
+    ("engines", ["http://a:1"], "invalid --engine 'http://a:1': expected grpc://IP:port, grpc://dns-name"),
+    ("engines", ["grpc://a"], "invalid --engine 'grpc://a': expected grpc://IP:port"),
+    ("engines", ["grpc://bad_name:1"], "invalid --engine 'grpc://bad_name:1': expected grpc://IP:port"),
+    ("engines", ["k8s://Ns/svc"], "invalid --engine 'k8s://Ns/svc': expected grpc://IP:port"),
+    ("engines", ["k8s://ns/svc:0"], "invalid --engine 'k8s://ns/svc:0': expected grpc://IP:port"),
     ("engines", ["grpc://1.2.3.4:1"] * 2, "invalid --engine 'grpc://1.2.3.4:1,grpc://1.2.3.4:1': expected"),
     ("listen", "50051", "invalid --listen '50051': expected host:port or unix:/path"),
     ("listen", "unix:relative", "invalid --listen 'unix:relative': expected unix:/absolute/path.sock"),
@@ -306,8 +308,12 @@ BAD_MODELS = [
         r"invalid models\[0\] in .*extproc.toml: unknown key 'colour' \(known: name",
     ),
     (
-        '[[models]]\nengines = ["grpc://engine.svc:1"]\n',
-        r"models\[0\]\.engines in .*extproc.toml 'grpc://engine.svc:1': expected an IP",
+        '[[models]]\nengines = ["grpc://engine_1.svc:1"]\n',
+        r"models\[0\]\.engines in .*extproc.toml 'grpc://engine_1.svc:1': expected grpc://IP:port",
+    ),
+    (
+        '[[models]]\nengines = [{ url = "k8s://ns/vllm", kv_events = "zmq://10.0.0.1:5557" }]\n',
+        r"kv_events 'zmq://10.0.0.1:5557': a ZMQ publisher is one engine's; k8s://ns/vllm may be many",
     ),
     (
         '[[models]]\nengines = [{ url = "grpc://10.0.0.1:1", protocol = "tgi" }]\n',
@@ -511,3 +517,30 @@ def test_a_model_configured_as_sglang_refuses_zmq_also_when_built_in_code() -> N
     # Detected protocols are the pool's business: "auto" passes.
     (served,) = served_models(replace(settings, models=(ModelConfig(name="m", engines=(engine,)),)))
     assert served.engines[0].kv_events == "zmq://10.0.0.1:5557"
+
+
+ENGINE_SOURCES = [
+    # One engine at a fixed address, as always.
+    ("grpc://10.0.0.7:8001", "grpc://10.0.0.7:8001"),
+    ("grpc://localhost:8001", "grpc://127.0.0.1:8001"),
+    ("grpc://[fd00::7]:8001/", "grpc://[fd00::7]:8001"),
+    # Every address of a DNS name, re-resolved.
+    ("grpc://VLLM.ns.svc.cluster.local.:8001", "grpc://vllm.ns.svc.cluster.local:8001"),
+    # A Kubernetes Service's endpoints: namespace, port name or number optional.
+    ("k8s://inference/vllm:grpc", "k8s://inference/vllm:grpc"),
+    ("k8s://vllm:8001", "k8s://vllm:8001"),
+    ("k8s://vllm/", "k8s://vllm"),
+]
+
+
+@pytest.mark.parametrize(("raw", "written"), ENGINE_SOURCES)
+def test_engines_are_addresses_dns_names_or_kubernetes_services(raw: str, written: str) -> None:
+    assert load_settings({"engines": [raw]}, env={}).engines == (written,)
+
+
+def test_the_kubernetes_api_url_is_checked() -> None:
+    assert load_settings({"kubernetes_api": "http://127.0.0.1:8001/"}, env={}).kubernetes_api == (
+        "http://127.0.0.1:8001"
+    )
+    with pytest.raises(ConfigError, match=r"invalid --kubernetes-api 'ftp://x': expected http\(s\)://"):
+        load_settings({"kubernetes_api": "ftp://x"}, env={})

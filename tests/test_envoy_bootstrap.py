@@ -44,6 +44,9 @@ VARIANTS = {
     "ipv6": eb.EnvoyOptions(listen_host="::", extproc_target="[::1]:50051"),
     "all-interfaces-access-log": eb.EnvoyOptions(listen_host="0.0.0.0", access_log=True),
     "big-bodies": eb.EnvoyOptions(max_request_bytes=64 * 1024 * 1024, stream_idle_timeout_s=7200),
+    # Engines discovered at run time, served to Envoy by extproc over EDS (docs/discovery.md).
+    "engines-over-eds": eb.EnvoyOptions(engines_xds="127.0.0.1:18000", engine_retries=2),
+    "engines-over-eds-by-name": eb.EnvoyOptions(engines_xds="extproc.gateway.svc:18000", engine_retries=1),
 }
 
 

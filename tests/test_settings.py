@@ -33,6 +33,11 @@ def samples(model_dir: Path) -> dict[str, tuple[str, Any]]:
     return {
         "listen": ("127.0.0.1:7000", "127.0.0.1:7000"),
         "engines": ("grpc://10.0.0.1:1,grpc://localhost:2", ("grpc://10.0.0.1:1", "grpc://127.0.0.1:2")),
+        "dns_refresh_interval": ("0.5", 0.5),
+        "kubernetes_api": ("https://10.96.0.1:443", "https://10.96.0.1:443"),
+        "kubernetes_token_file": ("/etc/k8s/token", "/etc/k8s/token"),
+        "kubernetes_ca_file": ("/etc/k8s/ca.crt", "/etc/k8s/ca.crt"),
+        "xds_listen": ("[::1]:18000", "[::1]:18000"),
         "model_dir": (str(model_dir), model_dir.resolve()),
         "model_name": ("served", "served"),
         "max_body_bytes": ("1MiB", 1024 * 1024),
