@@ -71,30 +71,52 @@ def test_gateway_bootstrap_is_what_extproc_envoy_config_generates(tmp_path: Path
     assert out.read_text() == (GATEWAY_ENVOY / "envoy.json").read_text(), "run `make deploy-configs`"
 
 
+def _base_object(objs: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
+    [found] = [o for o in objs if o["kind"] == kind and o["metadata"]["name"] == name]
+    return found
+
+
 def test_gateway_bootstrap_reaches_extproc_and_engines_as_kubernetes_needs() -> None:
+    """Envoy finds extproc, and the engines over extproc's EDS, where the manifests put them, and follows
+    as many fallbacks as extproc is told to list."""
     config = _load(GATEWAY_ENVOY / "envoy.json")
     clusters = {c["name"]: c for c in config["static_resources"]["clusters"]}
-    # extproc by the headless Service's name: every ready pod, re-resolved.
-    extproc = clusters[eb.EXTPROC_CLUSTER]
-    assert extproc["type"] == "STRICT_DNS"
-    address = extproc["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]
-    assert address["socket_address"] == {
-        "address": "extproc-pods.llm-gateway.svc.cluster.local",
-        "port_value": 50051,
-    }
-    # Engines are whatever pod extproc names: ORIGINAL_DST from the destination header.
+    objs = render(REPO / "deploy/kubernetes/base")
+    headless = _base_object(objs, "Service", "extproc-pods")
+    assert headless["spec"]["clusterIP"] == "None"
+    host = f"{headless['metadata']['name']}.{headless['metadata']['namespace']}.svc.cluster.local"
+    ports = {p["name"]: p["port"] for p in headless["spec"]["ports"]}
+
+    def endpoint(cluster: dict[str, Any]) -> dict[str, Any]:
+        assert cluster["type"] == "STRICT_DNS"  # every ready pod of the headless Service, re-resolved
+        return cluster["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"][
+            "socket_address"
+        ]
+
+    assert endpoint(clusters[eb.EXTPROC_CLUSTER]) == {"address": host, "port_value": ports["grpc"]}
     engines = clusters[eb.ENGINES_CLUSTER]
-    assert engines["type"] == "ORIGINAL_DST"
-    assert engines["original_dst_lb_config"]["http_header_name"] == DESTINATION_HEADER
-    # Clients reach it on the container port the Deployment and Service name.
+    assert engines["type"] == "EDS"
+    [source] = engines["eds_cluster_config"]["eds_config"]["api_config_source"]["grpc_services"]
+    assert endpoint(clusters[source["envoy_grpc"]["cluster_name"]]) == {
+        "address": host,
+        "port_value": ports["xds"],
+    }
+    [policy] = engines["load_balancing_policy"]["policies"]
+    assert policy["typed_extension_config"]["name"] == "envoy.load_balancing_policies.override_host"
+    # extproc serves EDS on that port and lists as many fallbacks as Envoy retries.
+    env = _base_object(objs, "ConfigMap", "extproc-env")["data"]
+    assert env["EXTPROC_XDS_LISTEN"] == f"0.0.0.0:{ports['xds']}"
+    routes = _hcm(config)["route_config"]["virtual_hosts"][0]["routes"]
+    [to_engine] = [r for r in routes if r.get("route", {}).get("cluster") == eb.ENGINES_CLUSTER]
+    assert to_engine["route"]["retry_policy"]["num_retries"] == int(env["EXTPROC_DESTINATION_FALLBACKS"]) > 0
+    # Clients reach it on the container port the Deployment and Service name; admin stays on loopback.
     listener = config["static_resources"]["listeners"][0]["address"]["socket_address"]
     assert listener == {"address": "0.0.0.0", "port_value": 8080}
     assert config["admin"]["address"]["socket_address"]["address"] == "127.0.0.1"
-    objs = render(REPO / "deploy/kubernetes/base")
-    gateway = next(o for o in objs if o["kind"] == "Deployment" and o["metadata"]["name"] == "gateway")
-    ports = gateway["spec"]["template"]["spec"]["containers"][0]["ports"]
-    assert {"name": "http", "containerPort": 8080, "protocol": "TCP"} in ports
-    config_map = next(o for o in objs if o["kind"] == "ConfigMap" and o["metadata"]["name"] == "envoy-config")
+    gateway = _base_object(objs, "Deployment", "gateway")
+    container_ports = gateway["spec"]["template"]["spec"]["containers"][0]["ports"]
+    assert {"name": "http", "containerPort": 8080, "protocol": "TCP"} in container_ports
+    config_map = _base_object(objs, "ConfigMap", "envoy-config")
     assert json.loads(config_map["data"]["envoy.json"]) == config
 
 

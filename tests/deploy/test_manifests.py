@@ -199,6 +199,9 @@ def test_volumes_refer_to_objects_that_exist(kustomization: str) -> None:
                 assert volume["configMap"]["name"] in config_maps
             if "persistentVolumeClaim" in volume:
                 assert volume["persistentVolumeClaim"]["claimName"] in claims
+        for source in (s for c in spec["containers"] for s in c.get("envFrom", [])):
+            if not source["configMapRef"].get("optional"):
+                assert source["configMapRef"]["name"] in config_maps
         mounted = {m["name"] for c in spec["containers"] for m in c.get("volumeMounts", [])}
         assert mounted <= {v["name"] for v in spec.get("volumes", [])}
         if "serviceAccountName" in spec:
@@ -284,6 +287,35 @@ def test_extproc_discovers_the_overlays_engines(overlay: str, engine: str) -> No
     container = _named(objs, "Deployment", engine)["spec"]["template"]["spec"]["containers"][0]
     target = next(p["containerPort"] for p in container["ports"] if p["name"] == port["targetPort"])
     assert container["readinessProbe"]["grpc"]["port"] == target
+
+
+@pytest.mark.parametrize("kustomization", ["istio", "gie"])
+def test_one_destination_per_request_where_the_proxy_is_original_dst(kustomization: str) -> None:
+    """Istio's and a GIE gateway's engine clusters here are ORIGINAL_DST: one address. extproc must list
+    no fallbacks there (the base's EDS and fallback settings are not part of these)."""
+    objs = objects(kustomization)
+    assert not [o for o in objs if o["kind"] == "ConfigMap" and o["metadata"]["name"] == "extproc-env"]
+    config = tomllib.loads(_named(objs, "ConfigMap", "extproc-config")["data"]["extproc.toml"])
+    assert config.get("destination_fallbacks", 0) == 0 and "xds_listen" not in config
+
+
+def test_only_the_gateway_reaches_extprocs_grpc_ports() -> None:
+    objs = objects("kubernetes/base")
+    policy = _named(objs, "NetworkPolicy", "extproc")
+    extproc = _named(objs, "Deployment", "extproc")["spec"]["template"]
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= extproc["metadata"]["labels"].items()
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    gateway = _named(objs, "Deployment", "gateway")["spec"]["template"]["metadata"]["labels"]
+    container_ports = {p["name"] for p in extproc["spec"]["containers"][0]["ports"]}
+    open_to: dict[str, list[Any]] = {}
+    for rule in policy["spec"]["ingress"]:
+        for port in rule["ports"]:
+            assert port["port"] in container_ports
+            open_to.setdefault(port["port"], []).extend(rule.get("from", ["anyone"]))
+    for name in ("grpc", "xds"):
+        [peer] = open_to[name]
+        assert peer["podSelector"]["matchLabels"].items() <= gateway.items()
+    assert open_to["metrics"] == ["anyone"]
 
 
 def test_drain_fits_in_the_termination_grace() -> None:
