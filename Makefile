@@ -25,7 +25,7 @@ FUZZ := $(CARGO) run --release --quiet $(MANIFEST) -p extproc-fuzz --
 FUZZ_TEST_ARGS := --seconds 5 --seed 15
 
 .DEFAULT_GOAL := help
-.PHONY: help venv .venv run test test-rust test-python lint envoy-configs docs bench bench-routing vllm-engine fuzz soak clean
+.PHONY: help venv .venv run test test-rust test-python lint envoy-configs docs bench bench-routing vllm-engine fuzz soak wasm-plugin clean
 
 help: ## list the targets
 	@echo "usage: make TARGET"
@@ -65,7 +65,7 @@ soak: $(RUNTIME_STAMP) ## minutes of mixed load with engine faults, disconnects 
 vllm-engine: $(RUNTIME_STAMP) ## build the real vLLM engine the tests run (its venv + tiny model, cached in ~/.cache/extproc/vllm)
 	$(BIN)/python -m load.vllm_engine prepare
 
-test-python: $(TEST_STAMP) vllm-engine ## the Python suite (unit, real-Envoy integration, load, contract vs real vLLM)
+test-python: $(TEST_STAMP) vllm-engine wasm-plugin ## the Python suite (unit, real-Envoy integration, load, contract vs real vLLM)
 	$(BIN)/pytest -q
 
 lint: $(TEST_STAMP) ## ruff check + format check, clippy -D warnings, rustfmt check
@@ -77,6 +77,13 @@ lint: $(TEST_STAMP) ## ruff check + format check, clippy -D warnings, rustfmt ch
 envoy-configs: $(RUNTIME_STAMP) ## regenerate the reference Envoy configs in envoy/ (and validate them)
 	$(BIN)/python -m extproc.envoy_bootstrap envoy
 
+# The example proxy-wasm plugin (deploy/wasm/api-key-auth): its own Cargo workspace, built for WASI; the
+# tests load it into the PyPI Envoy (tests/integration/test_wasm_plugin.py).
+WASM_PLUGIN := deploy/wasm/api-key-auth
+wasm-plugin: ## build the example Wasm plugin (needs `rustup target add wasm32-wasip1`)
+	$(CARGO) build --release --target wasm32-wasip1 --manifest-path $(WASM_PLUGIN)/Cargo.toml
+	$(CARGO) test --release --manifest-path $(WASM_PLUGIN)/Cargo.toml
+
 docs: ## regenerate the settings tables in docs/operating.md from extproc/settings.py (no venv needed)
 	$(PYTHON) -m extproc.settings --write docs/operating.md
 
@@ -87,5 +94,5 @@ bench-routing: $(TEST_STAMP) ## routing policies vs SMG cache_aware on 4 simulat
 	$(BIN)/python -m load.bench_routing $(ARGS)
 
 clean: ## remove the venv, build outputs and caches
-	rm -rf $(VENV) native/target extproc/_native*.so .pytest_cache .ruff_cache
+	rm -rf $(VENV) native/target $(WASM_PLUGIN)/target extproc/_native*.so .pytest_cache .ruff_cache
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +
