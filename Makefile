@@ -73,6 +73,8 @@ lint: $(TEST_STAMP) ## ruff check + format check, clippy -D warnings, rustfmt ch
 	$(BIN)/ruff format --check .
 	$(PYO3_ENV) $(CARGO) clippy $(MANIFEST) --workspace --all-targets -- -D warnings
 	$(CARGO) fmt $(MANIFEST) --all --check
+	$(CARGO) clippy --manifest-path $(WASM_PLUGIN)/Cargo.toml --target wasm32-wasip1 --all-targets -- -D warnings
+	$(CARGO) fmt --manifest-path $(WASM_PLUGIN)/Cargo.toml --check
 
 envoy-configs: $(RUNTIME_STAMP) ## regenerate the reference Envoy configs in envoy/ (and validate them)
 	$(BIN)/python -m extproc.envoy_bootstrap envoy
