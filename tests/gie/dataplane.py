@@ -152,7 +152,8 @@ def pick(
     chunk_size: int = 1 << 20,
 ) -> Picked:
     """Send one request's headers and body; read the picker's decision (and the rewritten body)."""
-    raw = body if isinstance(body, bytes) else json.dumps(body).encode()
+    # UTF-8 as clients send it (not \u escapes): small chunks then cut characters in the middle.
+    raw = body if isinstance(body, bytes) else json.dumps(body, ensure_ascii=False).encode()
     call.send(request_headers(path, headers, subset=subset))
     for chunk in body_chunks(raw, chunk_size):
         call.send(chunk)
