@@ -25,7 +25,7 @@ FUZZ := $(CARGO) run --release --quiet $(MANIFEST) -p extproc-fuzz --
 FUZZ_TEST_ARGS := --seconds 5 --seed 15
 
 .DEFAULT_GOAL := help
-.PHONY: help venv .venv run test test-rust test-python lint envoy-configs deploy-configs docs bench bench-routing vllm-engine fuzz soak clean
+.PHONY: help venv .venv run test test-rust test-python lint envoy-configs deploy-configs docs bench bench-routing vllm-engine fuzz soak wasm-plugin clean
 
 help: ## list the targets
 	@echo "usage: make TARGET"
@@ -65,7 +65,7 @@ soak: $(RUNTIME_STAMP) ## minutes of mixed load with engine faults, disconnects 
 vllm-engine: $(RUNTIME_STAMP) ## build the real vLLM engine the tests run (its venv + tiny model, cached in ~/.cache/extproc/vllm)
 	$(BIN)/python -m load.vllm_engine prepare
 
-test-python: $(TEST_STAMP) vllm-engine ## the Python suite (unit, real-Envoy integration, load, contract vs real vLLM)
+test-python: $(TEST_STAMP) vllm-engine wasm-plugin ## the Python suite (unit, real-Envoy integration, load, contract vs real vLLM)
 	$(BIN)/pytest -q
 
 lint: $(TEST_STAMP) ## ruff check + format check, clippy -D warnings, rustfmt check
@@ -73,6 +73,8 @@ lint: $(TEST_STAMP) ## ruff check + format check, clippy -D warnings, rustfmt ch
 	$(BIN)/ruff format --check .
 	$(PYO3_ENV) $(CARGO) clippy $(MANIFEST) --workspace --all-targets -- -D warnings
 	$(CARGO) fmt $(MANIFEST) --all --check
+	$(CARGO) clippy --manifest-path $(WASM_PLUGIN)/Cargo.toml --target wasm32-wasip1 --all-targets -- -D warnings
+	$(CARGO) fmt --manifest-path $(WASM_PLUGIN)/Cargo.toml --check
 
 envoy-configs: $(RUNTIME_STAMP) ## regenerate the reference Envoy configs in envoy/ (and validate them)
 	$(BIN)/python -m extproc.envoy_bootstrap envoy
@@ -81,6 +83,15 @@ deploy-configs: $(RUNTIME_STAMP) ## regenerate deploy/'s generated Envoy configs
 	EXTPROC=$(BIN)/extproc sh deploy/kubernetes/envoy/generate.sh
 	$(BIN)/envoy --mode validate -c deploy/kubernetes/envoy/envoy.json
 	$(BIN)/python deploy/istio/envoyfilter.py
+
+# The example proxy-wasm plugin (deploy/wasm/api-key-auth): its own Cargo workspace, built for WASI; the
+# tests load it into the PyPI Envoy (tests/integration/test_wasm_plugin.py).
+WASM_PLUGIN := deploy/wasm/api-key-auth
+wasm-plugin: ## build the example Wasm plugin (adds rustup's wasm32-wasip1 target when missing)
+	@rustc --print target-libdir --target wasm32-wasip1 2>/dev/null | xargs -r ls 2>/dev/null | grep -q . \
+		|| { command -v rustup >/dev/null && rustup target add wasm32-wasip1; }
+	$(CARGO) build --release --target wasm32-wasip1 --manifest-path $(WASM_PLUGIN)/Cargo.toml
+	$(CARGO) test --release --manifest-path $(WASM_PLUGIN)/Cargo.toml
 
 docs: ## regenerate the settings tables in docs/operating.md from extproc/settings.py (no venv needed)
 	$(PYTHON) -m extproc.settings --write docs/operating.md
@@ -92,5 +103,5 @@ bench-routing: $(TEST_STAMP) ## routing policies vs SMG cache_aware on 4 simulat
 	$(BIN)/python -m load.bench_routing $(ARGS)
 
 clean: ## remove the venv, build outputs and caches
-	rm -rf $(VENV) native/target extproc/_native*.so .pytest_cache .ruff_cache
+	rm -rf $(VENV) native/target $(WASM_PLUGIN)/target extproc/_native*.so .pytest_cache .ruff_cache
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +

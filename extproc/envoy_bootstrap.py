@@ -458,8 +458,9 @@ def _ext_proc_filter() -> dict[str, Any]:
             "metadata_options": {
                 # The endpoint-picker protocol also carries the destination as dynamic metadata.
                 "receiving_namespaces": {"untyped": [LB_METADATA_NAMESPACE]},
-                # A filter before this one may restrict the engines to pick from.
-                "forwarding_namespaces": {"untyped": [SUBSET_HINT_NAMESPACE]},
+                # A filter before this one may restrict the engines to pick from (subset hint); the
+                # override_host policy records the engine that served under the protocol's namespace.
+                "forwarding_namespaces": {"untyped": [SUBSET_HINT_NAMESPACE, LB_METADATA_NAMESPACE]},
             },
             # Which engine actually answered (after a fallback): Abort and accounting follow it.
             "response_attributes": [UPSTREAM_ADDRESS_ATTRIBUTE],

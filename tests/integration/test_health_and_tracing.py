@@ -91,8 +91,10 @@ def test_health_is_503_with_the_reason_when_a_model_has_no_ready_engine(stack: S
         assert body["status"] == "unavailable"
         assert body["reason"] == f"model '{stack.model}' has no ready engine"
         assert body["models"] == {stack.model: {"ready_engines": 0, "engines": 1}}
-        # Not ready, still alive: Envoy keeps the ext_proc server and the supervisor keeps it running.
-        expected = dict.fromkeys(SERVICES, "SERVING") | {"readiness": "NOT_SERVING"}
+        # Not ready, still alive: the supervisor keeps it running. The ext_proc service follows readiness
+        # (the endpoint-picker protocol's criteria).
+        not_ready = {"readiness": "NOT_SERVING", "envoy.service.ext_proc.v3.ExternalProcessor": "NOT_SERVING"}
+        expected = dict.fromkeys(SERVICES, "SERVING") | not_ready
         assert grpc_statuses(stack) == expected
     finally:
         set_unhealthy(stack, False)

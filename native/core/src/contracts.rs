@@ -14,9 +14,10 @@ pub const DESTINATION_HEADER: &str = "x-gateway-destination-endpoint";
 /// override_host policy reads the destination from it before the header.
 pub const LB_METADATA_NAMESPACE: &str = "envoy.lb";
 
-/// Key under `LB_METADATA_NAMESPACE` where Envoy's override_host policy records the engine that served
-/// (the endpoint-picker protocol's name). Written by Envoy per the bootstrap; extproc learns the served
-/// engine from `UPSTREAM_ADDRESS_ATTRIBUTE` instead.
+/// Key under `LB_METADATA_NAMESPACE` where the data plane records the engine that served (the
+/// endpoint-picker protocol's name): Envoy's override_host policy writes it per the bootstrap, whose
+/// ext_proc filter forwards the namespace back to extproc with the response headers. extproc follows
+/// it (abort and accounting on that engine), else `UPSTREAM_ADDRESS_ATTRIBUTE`.
 pub const SERVED_ENDPOINT_KEY: &str = "x-gateway-destination-endpoint-served";
 
 /// Metadata namespace in which a filter before extproc may restrict the engines it picks from; the

@@ -1,9 +1,11 @@
 //! gRPC's health service (`grpc.health.v1.Health`, Check and Watch) beside `ExternalProcessor` on the
 //! same listener. The services it knows:
 //!
-//! - `""` (the server overall), `envoy.service.ext_proc.v3.ExternalProcessor` and GIE's `liveness`:
-//!   SERVING whenever the server answers (its loop runs; that it answers at all is the check);
-//! - GIE's `readiness`: SERVING when every served model has a ready engine (`crate::health`).
+//! - `""` (the server overall) and GIE's `liveness`: SERVING whenever the server answers (its loop
+//!   runs; that it answers at all is the check);
+//! - GIE's `readiness` and `envoy.service.ext_proc.v3.ExternalProcessor` (the endpoint-picker protocol
+//!   gives it readiness's criteria): SERVING when every served model has a ready engine
+//!   (`crate::health`).
 //!
 //! Check of another name is NOT_FOUND; Watch of one answers SERVICE_UNKNOWN (as the protocol says) and
 //! keeps watching. Nothing here calls an engine.
@@ -38,8 +40,8 @@ const WATCH_INTERVAL: Duration = Duration::from_millis(500);
 /// The status of `service`, None for a service this server does not know.
 pub fn status(gateway: &Gateway, service: &str) -> Option<ServingStatus> {
     match service {
-        "" | EXT_PROC_SERVICE | LIVENESS => Some(ServingStatus::Serving),
-        READINESS => Some(match health::readiness(&health::models(gateway)) {
+        "" | LIVENESS => Some(ServingStatus::Serving),
+        READINESS | EXT_PROC_SERVICE => Some(match health::readiness(&health::models(gateway)) {
             Ok(()) => ServingStatus::Serving,
             Err(_) => ServingStatus::NotServing,
         }),
@@ -197,7 +199,7 @@ mod tests {
             let mut client = client(&address).await;
             for (service, expected) in [
                 ("", ServingStatus::Serving),
-                (EXT_PROC_SERVICE, ServingStatus::Serving),
+                (EXT_PROC_SERVICE, ServingStatus::NotServing),
                 (LIVENESS, ServingStatus::Serving),
                 (READINESS, ServingStatus::NotServing),
             ] {

@@ -4,7 +4,9 @@
 
 use std::collections::BTreeMap;
 
-use crate::contracts::{SUBSET_HINT_KEY, SUBSET_HINT_NAMESPACE, UPSTREAM_ADDRESS_ATTRIBUTE};
+use crate::contracts::{
+    LB_METADATA_NAMESPACE, SERVED_ENDPOINT_KEY, SUBSET_HINT_KEY, SUBSET_HINT_NAMESPACE, UPSTREAM_ADDRESS_ATTRIBUTE,
+};
 use crate::pb::ext_proc::Metadata;
 use crate::pb::structs::{value, Struct};
 
@@ -29,8 +31,25 @@ pub fn subset_hint(metadata: Option<&Metadata>) -> Option<Vec<String>> {
     Some(addresses.into_iter().filter(|a| !a.is_empty()).collect())
 }
 
+/// The engine that served, as the data plane reports it with the response headers: the protocol's
+/// `envoy.lb` / `x-gateway-destination-endpoint-served` metadata first, else the `upstream.address`
+/// attribute (Envoy fills that one when asked, whatever its load-balancing policy); `None` when
+/// neither came (the primary served, as far as extproc knows).
+pub fn served_endpoint<'a>(
+    metadata: Option<&'a Metadata>,
+    attributes: &'a BTreeMap<String, Struct>,
+) -> Option<&'a str> {
+    metadata
+        .and_then(|m| m.filter_metadata.get(LB_METADATA_NAMESPACE))
+        .and_then(|lb| lb.fields.get(SERVED_ENDPOINT_KEY))
+        .and_then(|v| v.as_str())
+        .map(str::trim)
+        .filter(|a| !a.is_empty())
+        .or_else(|| upstream_address(attributes))
+}
+
 /// The upstream address Envoy reports on the response headers, if it was asked to.
-pub fn upstream_address(attributes: &BTreeMap<String, Struct>) -> Option<&str> {
+fn upstream_address(attributes: &BTreeMap<String, Struct>) -> Option<&str> {
     attributes
         .values()
         .find_map(|s| s.fields.get(UPSTREAM_ADDRESS_ATTRIBUTE))
@@ -98,6 +117,32 @@ mod tests {
         let map = BTreeMap::from([("envoy.filters.http.ext_proc".to_string(), attrs)]);
         assert_eq!(upstream_address(&map), Some("10.0.0.2:8000"));
         assert_eq!(upstream_address(&BTreeMap::new()), None);
+    }
+
+    #[test]
+    fn the_served_metadata_wins_over_the_upstream_attribute() {
+        let mut attrs = Struct::default();
+        attrs
+            .fields
+            .insert(UPSTREAM_ADDRESS_ATTRIBUTE.to_string(), Value::string("10.0.0.2:8000"));
+        let attributes = BTreeMap::from([("envoy.filters.http.ext_proc".to_string(), attrs)]);
+        let mut lb = Struct::default();
+        lb.fields
+            .insert(SERVED_ENDPOINT_KEY.to_string(), Value::string("10.0.0.3:8000"));
+        let mut served = Metadata::default();
+        served.filter_metadata.insert(LB_METADATA_NAMESPACE.to_string(), lb);
+        assert_eq!(served_endpoint(Some(&served), &attributes), Some("10.0.0.3:8000"));
+        assert_eq!(served_endpoint(None, &attributes), Some("10.0.0.2:8000"));
+        // The namespace without the key (only extproc's own destination in it): the attribute decides.
+        let mut only_destination = Metadata::default();
+        only_destination
+            .filter_metadata
+            .insert(LB_METADATA_NAMESPACE.to_string(), Struct::default());
+        assert_eq!(
+            served_endpoint(Some(&only_destination), &attributes),
+            Some("10.0.0.2:8000")
+        );
+        assert_eq!(served_endpoint(None, &BTreeMap::new()), None);
     }
 
     #[test]

@@ -179,7 +179,10 @@ impl RequestStream {
             // Trailers after the body also end it (a client sending HTTP trailers).
             (Phase::RequestBody, Some(Request::RequestTrailers(_))) => self.forward(),
             (Phase::ResponseHeaders, Some(Request::ResponseHeaders(h))) => {
-                self.follow_upstream(epp::upstream_address(&request.attributes));
+                self.follow_upstream(epp::served_endpoint(
+                    request.metadata_context.as_ref(),
+                    &request.attributes,
+                ));
                 self.on_response_headers(h)
             }
             (Phase::ResponseBody, Some(Request::ResponseBody(b))) => self.on_response_body(b),
