@@ -2,4 +2,5 @@
 //! one small interface (`store`), so the request path does not care whether it is SQLite, PostgreSQL or
 //! nothing at all.
 
+pub mod mcp;
 pub mod store;

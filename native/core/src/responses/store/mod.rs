@@ -8,12 +8,20 @@
 //! Items and response objects are stored as the JSON the API returns (OpenAI's shapes), so a read gives back
 //! exactly what was answered; the columns beside them are only what lookups and ordering need.
 
+#[cfg(test)]
+mod conformance;
 mod memory;
+#[cfg(test)]
+mod pg_cluster;
+mod postgres;
+mod sqlite;
 
 use std::sync::Arc;
 
 use serde_json::Value;
 
+pub use self::postgres::PostgresStore;
+pub use self::sqlite::SqliteStore;
 pub use memory::MemoryStore;
 
 /// One stored response: the object as it was answered, and what chaining by `previous_response_id` needs.
@@ -105,6 +113,12 @@ pub trait ResponseStore: Send + Sync {
 pub fn open(spec: &str) -> Result<Arc<dyn ResponseStore>, StoreError> {
     match spec {
         "memory" => Ok(Arc::new(MemoryStore::default())),
+        _ if spec.starts_with("postgres://") || spec.starts_with("postgresql://") => {
+            Ok(Arc::new(PostgresStore::open(spec)?))
+        }
+        _ if spec.starts_with("sqlite:") => Ok(Arc::new(SqliteStore::open(std::path::Path::new(
+            &spec["sqlite:".len()..],
+        ))?)),
         other => Err(StoreError::Backend(format!("unknown response store {other:?}"))),
     }
 }
