@@ -23,6 +23,8 @@ use crate::engine::Protocol;
 use crate::gateway::Gateway;
 use crate::pb::ext_proc::external_processor_server::{ExternalProcessor, ExternalProcessorServer};
 use crate::pb::ext_proc::{ProcessingRequest, ProcessingResponse};
+use crate::responses::api::{self as responses_api, Answer};
+use crate::responses::store::ResponseStore;
 use crate::stream::{CallOutcome, RequestStream};
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
@@ -39,6 +41,8 @@ pub struct Shared {
     pub cancel: watch::Receiver<bool>,
     /// Where large request bodies are parsed, templated and tokenized.
     pub workers: Workers,
+    /// The Responses API's storage (None: `responses_store = none`).
+    pub responses_store: Option<Arc<dyn ResponseStore>>,
 }
 
 /// The state machine back from the worker pool with its replies; `None` if the work panicked.
@@ -78,6 +82,8 @@ pub struct ProcessStream {
     replies: std::vec::IntoIter<ProcessingResponse>,
     /// A batched request's engine calls, while they run.
     fanout: Option<BoxFuture<Vec<CallOutcome>>>,
+    /// A Responses API request, while the server serves it (`responses::api`).
+    job: Option<BoxFuture<Answer>>,
     /// The state machine, away on the worker pool (`machine` holds a stand-in meanwhile).
     working: Option<Work>,
     cancelled: BoxFuture<()>,
@@ -107,6 +113,7 @@ impl ProcessStream {
             inbound,
             replies: Vec::new().into_iter(),
             fanout: None,
+            job: None,
             working: None,
             ended: false,
             cut_abort: None,
@@ -165,6 +172,12 @@ impl Stream for ProcessStream {
                 this.replies = this.machine.fanout_done(outcomes).into_iter();
                 continue;
             }
+            if let Some(job) = this.job.as_mut() {
+                let answer = ready!(job.as_mut().poll(cx));
+                this.job = None;
+                this.replies = this.machine.job_done(answer).into_iter();
+                continue;
+            }
             match ready!(Pin::new(&mut this.inbound).poll_next(cx)) {
                 Some(Ok(message)) if this.machine.is_heavy(&message) => {
                     let stand_in = RequestStream::new(this.shared.gateway.clone());
@@ -206,6 +219,27 @@ impl ProcessStream {
         if let Some(calls) = self.machine.take_fanout() {
             let limit = self.shared.gateway.limits.max_engine_message;
             self.fanout = Some(Box::pin(fanout::run(self.shared.aborter.clone(), calls, limit)));
+        }
+        if let Some(job) = self.machine.take_job() {
+            let (aborter, limit) = (
+                self.shared.aborter.clone(),
+                self.shared.gateway.limits.max_engine_message,
+            );
+            let engine: responses_api::EngineCaller = Arc::new(move |call| {
+                let aborter = aborter.clone();
+                Box::pin(async move {
+                    let mut outcomes = fanout::run(aborter, vec![call], limit).await;
+                    outcomes
+                        .pop()
+                        .unwrap_or_else(|| Err(crate::error::ApiError::internal("no engine answer")))
+                })
+            });
+            let context = responses_api::Context {
+                gateway: self.shared.gateway.clone(),
+                store: self.shared.responses_store.clone(),
+                engine,
+            };
+            self.job = Some(Box::pin(responses_api::serve(context, job)));
         }
     }
 
