@@ -475,7 +475,6 @@ mod tests {
                 tls: None,
                 engine_tls: None,
                 responses_store: "memory".into(),
-                responses_store: "memory".into(),
             };
             // Port 1 needs privileges the tests do not run with; if they do, it binds, and that is fine.
             if listen == "127.0.0.1:1" && std::net::TcpListener::bind(listen).is_ok() {
