@@ -7,6 +7,7 @@ output, reasoning items and the streamed `response.*` events.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -234,10 +235,19 @@ def test_reasoning_comes_as_a_reasoning_item(client: openai.OpenAI) -> None:
     assert r.output_text == "Four."
 
 
+def kinds_in_order(events: list[Any]) -> list[str]:
+    """The event types, each run of one type's deltas read as one."""
+    kinds: list[str] = []
+    for e in events:
+        if not (e.type.endswith(".delta") and kinds and kinds[-1] == e.type):
+            kinds.append(e.type)
+    return kinds
+
+
 def test_streamed_events_come_in_order(client: openai.OpenAI) -> None:
     events = list(client.responses.create(model=THINKING, input="2 + 2?", stream=True, metadata={"run": "1"}))
     assert [e.sequence_number for e in events] == list(range(len(events)))
-    assert [e.type for e in events] == [
+    assert kinds_in_order(events) == [
         "response.created",
         "response.in_progress",
         "response.output_item.added",
@@ -255,7 +265,30 @@ def test_streamed_events_come_in_order(client: openai.OpenAI) -> None:
     done = events[-1].response
     assert done.status == "completed" and done.metadata == {"run": "1"} and done.output_text == "Four."
     assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == "Four."
+    assert "".join(e.delta for e in events if e.type == "response.reasoning_text.delta") == "Easy."
+    assert events[0].response.status == "in_progress" and events[0].response.id == done.id
+    (added,) = [e.item.id for e in events if e.type == "response.output_item.added" and e.output_index == 1]
+    assert added == done.output[1].id
     assert client.responses.retrieve(done.id).output_text == "Four."
+
+
+def test_events_come_as_the_engine_generates(client: openai.OpenAI, stack: Stack) -> None:
+    """Token by token: the first text arrives long before the last, on a slowed engine."""
+    engine = stack.clusters[stack.model].engines[0]
+    engine.faults.set(slow=500.0)  # 0.2 ms a token becomes 100 ms
+    try:
+        arrivals: list[tuple[float, Any]] = []
+        stream = client.responses.create(model=stack.model, input="Count.", max_output_tokens=12, stream=True)
+        for e in stream:
+            arrivals.append((time.monotonic(), e))
+    finally:
+        engine.faults.set(slow=1.0)
+    texts = [(t, e) for t, e in arrivals if e.type == "response.output_text.delta"]
+    assert len(texts) >= 10, "one delta per token or so"
+    assert arrivals[-1][0] - texts[0][0] > 0.5
+    last = arrivals[-1][1]
+    assert last.type == "response.incomplete" and last.response.usage.output_tokens == 12
+    assert "".join(e.delta for _, e in texts) == last.response.output_text
 
 
 def test_a_streamed_call_has_argument_events(client: openai.OpenAI) -> None:

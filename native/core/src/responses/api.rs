@@ -14,9 +14,11 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
+use bytes::Bytes;
 use serde_json::{json, Value};
+use tokio::sync::mpsc::{self, UnboundedSender};
 
-use super::events::stream_events;
+use super::events::{chat_chunks, EventWriter};
 use super::items::{new_id, output_items, response_object, usage, Outcome};
 use super::request::{self, check_metadata, input_item, ResponsesRequest};
 use super::store::{Conversation, Order, ResponseStore, StoreError, StoredResponse};
@@ -48,8 +50,19 @@ pub struct Job {
     pub grant: Option<Arc<Grant>>,
 }
 
+/// A streamed answer's parts before its end (`Answer` with `streamed` is the last).
+#[derive(Debug, PartialEq)]
+pub enum Piece {
+    /// The stream starts: status 200, `text/event-stream`.
+    Start,
+    /// Events.
+    Body(Vec<u8>),
+}
+
 /// The answer, and what the request's summary records.
 pub struct Answer {
+    /// The answer went out as a stream (`Piece`s): `body` is its last chunk.
+    pub streamed: bool,
     pub status: u16,
     pub content_type: &'static str,
     pub body: Vec<u8>,
@@ -63,6 +76,9 @@ type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
 /// Makes one engine call (the server's fanout, with fallbacks and deadlines).
 pub type EngineCaller = Arc<dyn Fn(FanoutCall) -> BoxFuture<CallOutcome> + Send + Sync>;
+/// Makes one streamed engine call: each engine message goes to the sender as it comes.
+pub type StreamingEngineCaller =
+    Arc<dyn Fn(FanoutCall, UnboundedSender<Bytes>) -> BoxFuture<CallOutcome> + Send + Sync>;
 
 /// What the routes need from the server.
 #[derive(Clone)]
@@ -71,22 +87,26 @@ pub struct Context {
     /// None: `responses_store = none` (nothing stored, chaining refused).
     pub store: Option<Arc<dyn ResponseStore>>,
     pub engine: EngineCaller,
+    pub streaming_engine: StreamingEngineCaller,
 }
 
 /// Serves `job`; every failure is an OpenAI-style error answer.
-pub async fn serve(ctx: Context, job: Job) -> Answer {
+/// A streamed answer's parts go to `pieces` as they come.
+pub async fn serve(ctx: Context, job: Job, pieces: UnboundedSender<Piece>) -> Answer {
     let mut summary = Summary::default();
-    match route(&ctx, &job, &mut summary).await {
+    match route(&ctx, &job, &mut summary, &pieces).await {
         Ok((content_type, body)) => Answer {
+            streamed: summary.streamed,
             status: 200,
             content_type,
             body,
             model: summary.model,
             endpoint: summary.endpoint,
             usage: summary.usage,
-            error: String::new(),
+            error: summary.error,
         },
         Err(error) => Answer {
+            streamed: false,
             status: error.status,
             content_type: "application/json",
             body: error.to_json(),
@@ -100,9 +120,12 @@ pub async fn serve(ctx: Context, job: Job) -> Answer {
 
 #[derive(Default)]
 struct Summary {
+    streamed: bool,
     model: String,
     endpoint: String,
     usage: Usage,
+    /// A streamed answer's failure (its status is 200 all the same).
+    error: String,
 }
 
 type Reply = (&'static str, Vec<u8>);
@@ -114,12 +137,17 @@ fn json_reply(value: &Value) -> Result<Reply, ApiError> {
     ))
 }
 
-async fn route(ctx: &Context, job: &Job, summary: &mut Summary) -> Result<Reply, ApiError> {
+async fn route(
+    ctx: &Context,
+    job: &Job,
+    summary: &mut Summary,
+    pieces: &UnboundedSender<Piece>,
+) -> Result<Reply, ApiError> {
     let (path, query) = job.path.split_once('?').unwrap_or((&job.path, ""));
     let segments: Vec<&str> = path.trim_matches('/').split('/').skip(1).collect();
     let method = job.method.as_str();
     match (method, segments.as_slice()) {
-        ("POST", ["responses"]) => create_response(ctx, job, summary).await,
+        ("POST", ["responses"]) => create_response(ctx, job, summary, pieces).await,
         ("GET", ["responses", id]) => json_reply(&get_response(ctx, id).await?.response),
         ("DELETE", ["responses", id]) => {
             let store = store(ctx)?;
@@ -226,7 +254,12 @@ fn known_path(segments: &[&str]) -> bool {
     )
 }
 
-async fn create_response(ctx: &Context, job: &Job, summary: &mut Summary) -> Result<Reply, ApiError> {
+async fn create_response(
+    ctx: &Context,
+    job: &Job,
+    summary: &mut Summary,
+    pieces: &UnboundedSender<Piece>,
+) -> Result<Reply, ApiError> {
     let req = request::parse(&job.body)?;
     summary.model = req.model.clone();
     let model = model(ctx, job, &req.model)?;
@@ -240,11 +273,18 @@ async fn create_response(ctx: &Context, job: &Job, summary: &mut Summary) -> Res
         ..PickRequest::default()
     };
     let engine_request_id = new_engine_request_id();
-    let mut call = GatewayCall::new(&model, &chat, &engine_request_id, routing, &ctx.gateway.limits)?;
+    let limits = &ctx.gateway.limits;
+    let mut call = GatewayCall::new(&model, &chat, &engine_request_id, routing, limits, req.stream)?;
     summary.endpoint = call.endpoint().to_string();
     let fanout = call
         .take_call()
         .ok_or_else(|| ApiError::internal("the engine call was already made"))?;
+    if req.stream {
+        summary.streamed = true;
+        let _ = pieces.send(Piece::Start);
+        let last = stream_response(ctx, &req, &model, call, fanout, pieces, summary).await;
+        return Ok(("text/event-stream", last));
+    }
     let outcome = (ctx.engine)(fanout).await;
     let (choice, used) = call.answer(outcome)?;
     summary.usage = used;
@@ -262,12 +302,26 @@ async fn create_response(ctx: &Context, job: &Job, summary: &mut Summary) -> Res
             usage: Some(usage(used)),
         },
     );
+    keep(ctx, &req, &id, created_at, &model.name, &response, output).await?;
+    json_reply(&response)
+}
+
+/// Stores the response (unless `store: false`) and appends the exchange to its conversation.
+async fn keep(
+    ctx: &Context,
+    req: &ResponsesRequest,
+    id: &str,
+    created_at: i64,
+    model: &str,
+    response: &Value,
+    output: Vec<Value>,
+) -> Result<(), ApiError> {
     if req.store {
         if let Some(store) = ctx.store.clone() {
             let stored = StoredResponse {
-                id: id.clone(),
+                id: id.to_string(),
                 created_at,
-                model: model.name.clone(),
+                model: model.to_string(),
                 previous_response_id: req.previous_response_id.clone(),
                 conversation_id: req.conversation.clone(),
                 input_items: req.input.clone(),
@@ -288,10 +342,91 @@ async fn create_response(ctx: &Context, job: &Job, summary: &mut Summary) -> Res
             blocking(store, move |s| s.add_items(&conversation, &added).map(|_| ())).await?;
         }
     }
-    if req.stream {
-        return Ok(("text/event-stream", stream_events(&response)));
-    }
-    json_reply(&response)
+    Ok(())
+}
+
+/// The events of a streamed response, passed to `pieces` as the engine's messages come; returns the
+/// last ones. The 200 went out already: a failure from here on is a `response.failed` event.
+async fn stream_response(
+    ctx: &Context,
+    req: &ResponsesRequest,
+    model: &ServedModel,
+    mut call: GatewayCall,
+    fanout: FanoutCall,
+    pieces: &UnboundedSender<Piece>,
+    summary: &mut Summary,
+) -> Vec<u8> {
+    let id = new_id("resp");
+    let created_at = unix_now() as i64;
+    let outcome = |status, output, usage| Outcome {
+        id: &id,
+        created_at,
+        model: &model.name,
+        status,
+        output,
+        usage,
+    };
+    let mut writer = EventWriter::start(&response_object(req, outcome("in_progress", Vec::new(), None)));
+    let _ = pieces.send(Piece::Body(writer.take()));
+    let mut finish: Option<String> = None;
+    let mut read = |sse: &[u8], writer: &mut EventWriter| {
+        for chunk in chat_chunks(sse) {
+            if let Some(reason) = writer.chat_chunk(&chunk).finish_reason {
+                finish = Some(reason);
+            }
+        }
+    };
+    let (sink, mut messages) = mpsc::unbounded_channel();
+    let mut engine = (ctx.streaming_engine)(fanout, sink);
+    let ended: Result<(), ApiError> = loop {
+        tokio::select! {
+            biased;
+            Some(message) = messages.recv() => {
+                match call.push(&message) {
+                    Ok(sse) => read(&sse, &mut writer),
+                    Err(error) => break Err(error),
+                }
+                let _ = pieces.send(Piece::Body(writer.take()));
+            }
+            result = &mut engine => {
+                let mut rest = Ok(());
+                while let Ok(message) = messages.try_recv() {
+                    match call.push(&message) {
+                        Ok(sse) => read(&sse, &mut writer),
+                        Err(error) => rest = Err(error),
+                    }
+                }
+                break result.map(|_| ()).and(rest);
+            }
+        }
+    };
+    let ended = ended
+        .and_then(|()| call.finish_stream())
+        .map(|tail| read(&tail, &mut writer));
+    summary.usage = call.usage();
+    let cut = finish.as_deref() == Some("length");
+    let output = writer.close_items(cut);
+    let response = match ended {
+        Ok(()) => {
+            let status = if cut { "incomplete" } else { "completed" };
+            let response = response_object(req, outcome(status, output.clone(), Some(usage(summary.usage))));
+            match keep(ctx, req, &id, created_at, &model.name, &response, output).await {
+                Ok(()) => response,
+                Err(error) => failed(req, outcome("failed", Vec::new(), None), &error, summary),
+            }
+        }
+        Err(error) => failed(req, outcome("failed", output, None), &error, summary),
+    };
+    writer.finish(&response);
+    writer.take()
+}
+
+/// A Response that failed after its stream began.
+fn failed(req: &ResponsesRequest, o: Outcome<'_>, error: &ApiError, summary: &mut Summary) -> Value {
+    summary.error = error.message.clone();
+    let mut response = response_object(req, o);
+    response["error"] = json!({"code": "server_error", "message": error.message});
+    response
 }
 
 fn model(ctx: &Context, job: &Job, name: &str) -> Result<Arc<ServedModel>, ApiError> {
@@ -552,6 +687,7 @@ mod tests {
             gateway: Arc::new(Gateway::new(Limits::default())),
             store: store.then(|| Arc::new(MemoryStore::default()) as _),
             engine: Arc::new(|_| Box::pin(async { Err(ApiError::internal("no engine in this test")) })),
+            streaming_engine: Arc::new(|_, _| Box::pin(async { Err(ApiError::internal("no engine in this test")) })),
         }
     }
 
@@ -571,7 +707,8 @@ mod tests {
             grant: None,
         };
         let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
-        let answer = runtime.block_on(serve(ctx.clone(), job));
+        let (pieces, _) = tokio::sync::mpsc::unbounded_channel();
+        let answer = runtime.block_on(serve(ctx.clone(), job, pieces));
         (answer.status, serde_json::from_slice(&answer.body).unwrap())
     }
 

@@ -11,6 +11,7 @@ use std::task::{ready, Context, Poll};
 use std::time::Instant;
 
 use futures_core::Stream;
+use tokio::sync::mpsc::{self, UnboundedReceiver};
 use tokio::sync::watch;
 use tokio::time::Sleep;
 use tonic::{Request, Response, Status, Streaming};
@@ -23,7 +24,7 @@ use crate::engine::Protocol;
 use crate::gateway::Gateway;
 use crate::pb::ext_proc::external_processor_server::{ExternalProcessor, ExternalProcessorServer};
 use crate::pb::ext_proc::{ProcessingRequest, ProcessingResponse};
-use crate::responses::api::{self as responses_api, Answer};
+use crate::responses::api::{self as responses_api, Answer, Piece};
 use crate::responses::store::ResponseStore;
 use crate::stream::{CallOutcome, RequestStream};
 
@@ -82,8 +83,10 @@ pub struct ProcessStream {
     replies: std::vec::IntoIter<ProcessingResponse>,
     /// A batched request's engine calls, while they run.
     fanout: Option<BoxFuture<Vec<CallOutcome>>>,
-    /// A Responses API request, while the server serves it (`responses::api`).
+    /// A Responses API request, while the server serves it (`responses::api`), and the parts of its
+    /// streamed answer as they come.
     job: Option<BoxFuture<Answer>>,
+    job_pieces: Option<UnboundedReceiver<Piece>>,
     /// The state machine, away on the worker pool (`machine` holds a stand-in meanwhile).
     working: Option<Work>,
     cancelled: BoxFuture<()>,
@@ -114,6 +117,7 @@ impl ProcessStream {
             replies: Vec::new().into_iter(),
             fanout: None,
             job: None,
+            job_pieces: None,
             working: None,
             ended: false,
             cut_abort: None,
@@ -173,9 +177,26 @@ impl Stream for ProcessStream {
                 continue;
             }
             if let Some(job) = this.job.as_mut() {
+                let mut out = Vec::new();
+                if let Some(pieces) = this.job_pieces.as_mut() {
+                    while let Poll::Ready(Some(piece)) = pieces.poll_recv(cx) {
+                        out.extend(this.machine.job_piece(piece));
+                    }
+                }
+                if !out.is_empty() {
+                    this.replies = out.into_iter();
+                    continue;
+                }
                 let answer = ready!(job.as_mut().poll(cx));
                 this.job = None;
-                this.replies = this.machine.job_done(answer).into_iter();
+                // Parts sent just before the end go out before it.
+                if let Some(mut pieces) = this.job_pieces.take() {
+                    while let Ok(piece) = pieces.try_recv() {
+                        out.extend(this.machine.job_piece(piece));
+                    }
+                }
+                out.extend(this.machine.job_done(answer));
+                this.replies = out.into_iter();
                 continue;
             }
             match ready!(Pin::new(&mut this.inbound).poll_next(cx)) {
@@ -234,12 +255,18 @@ impl ProcessStream {
                         .unwrap_or_else(|| Err(crate::error::ApiError::internal("no engine answer")))
                 })
             });
+            let aborter = self.shared.aborter.clone();
+            let streaming_engine: responses_api::StreamingEngineCaller =
+                Arc::new(move |call, sink| Box::pin(fanout::run_streamed(aborter.clone(), call, limit, sink)));
             let context = responses_api::Context {
                 gateway: self.shared.gateway.clone(),
                 store: self.shared.responses_store.clone(),
                 engine,
+                streaming_engine,
             };
-            self.job = Some(Box::pin(responses_api::serve(context, job)));
+            let (pieces, received) = mpsc::unbounded_channel();
+            self.job = Some(Box::pin(responses_api::serve(context, job, pieces)));
+            self.job_pieces = Some(received);
         }
     }
 

@@ -28,15 +28,19 @@ pub struct GatewayCall {
 }
 
 impl GatewayCall {
-    /// Template, tokenize, check and route a chat request (`req.input` is chat), ready to call.
+    /// Template, tokenize, check and route a chat request (`req.input` is chat), ready to call;
+    /// `stream`: the engine streams its output, read back as chat SSE chunks (`push`).
     pub fn new(
         model: &Arc<ServedModel>,
         req: &GenerationRequest,
         engine_request_id: &str,
         routing: PickRequest<'_>,
         limits: &Limits,
+        stream: bool,
     ) -> Result<GatewayCall, ApiError> {
-        request::check_output_budget(model, req, 1, limits.max_buffered_output_tokens)?;
+        if !stream {
+            request::check_output_budget(model, req, 1, limits.max_buffered_output_tokens)?;
+        }
         let prompt = request::prompt(model, &req.input)?;
         request::check_context(model, prompt.input_ids.len(), req)?;
         let target = target::pick(
@@ -55,7 +59,7 @@ impl GatewayCall {
             sampling: &req.sampling,
             constraint: req.constraint.as_ref(),
             include_stop_str_in_output: req.include_stop_str_in_output,
-            stream: false,
+            stream,
             data_parallel_rank: target.dp_rank,
         });
         let shape = ResponseShape {
@@ -66,8 +70,8 @@ impl GatewayCall {
                 model: model.name.clone(),
             },
             protocol: target.protocol,
-            stream: false,
-            include_usage: false,
+            stream,
+            include_usage: stream,
             skip_special_tokens: req.sampling.skip_special_tokens,
             stop: req.sampling.stop.clone(),
             include_stop_str_in_output: req.include_stop_str_in_output,
@@ -103,6 +107,30 @@ impl GatewayCall {
     /// The call to make (once).
     pub fn take_call(&mut self) -> Option<FanoutCall> {
         self.call.take()
+    }
+
+    /// A streamed call's next engine message, as the chat SSE chunks it makes.
+    pub fn push(&mut self, message: &[u8]) -> Result<Vec<u8>, ApiError> {
+        let mut out = Vec::new();
+        self.translator.push_message(message, &mut out)?;
+        Ok(out)
+    }
+
+    /// A streamed call's closing chunks (the usage chunk among them), once the engine's call ended.
+    pub fn finish_stream(&mut self) -> Result<Vec<u8>, ApiError> {
+        if !self.translator.all_finished() {
+            return Err(ApiError::new(
+                502,
+                "bad_gateway",
+                "engine stream ended before the generation finished",
+            ));
+        }
+        Ok(self.translator.finish())
+    }
+
+    /// The tokens counted so far.
+    pub fn usage(&self) -> Usage {
+        self.translator.usage
     }
 
     /// The chat choice (`{"message": {...}, "finish_reason"}`) and usage from the call's outcome.

@@ -272,7 +272,25 @@ impl RequestStream {
         self.job.take()
     }
 
-    /// The Responses API's answer, as an immediate response.
+    /// A part of the Responses API's streamed answer: the stream's start (a streamed immediate response's
+    /// headers, in reply to the request headers), then events.
+    pub fn job_piece(&mut self, piece: crate::responses::api::Piece) -> Vec<ProcessingResponse> {
+        use crate::responses::api::Piece;
+        if self.phase != Phase::Job {
+            return Vec::new();
+        }
+        match piece {
+            Piece::Start => vec![replies::local_stream_headers(
+                200,
+                "text/event-stream",
+                &self.summary.request_id,
+            )],
+            Piece::Body(body) if body.is_empty() => Vec::new(),
+            Piece::Body(body) => replies::local_stream_body(&body, false),
+        }
+    }
+
+    /// The Responses API's answer: an immediate response, or the last chunk of a streamed one.
     pub fn job_done(&mut self, answer: crate::responses::api::Answer) -> Vec<ProcessingResponse> {
         if self.phase != Phase::Job {
             return Vec::new();
@@ -285,6 +303,9 @@ impl RequestStream {
         self.summary.completion_tokens = answer.usage.completion_tokens;
         self.summary.cached_tokens = answer.usage.cached_tokens;
         self.summary.error = answer.error;
+        if answer.streamed {
+            return replies::local_stream_body(&answer.body, true);
+        }
         vec![replies::immediate(
             answer.status,
             answer.content_type,
