@@ -302,3 +302,25 @@ def test_a_streamed_call_has_argument_events(client: openai.OpenAI) -> None:
     (done,) = [e for e in events if e.type == "response.function_call_arguments.done"]
     assert json.loads(done.arguments) == {"city": "Paris"}
     assert kinds[-1] == "response.completed"
+
+
+def test_a_client_gone_midway_cancels_the_engine_call(stack: Stack) -> None:
+    engine = stack.clusters[stack.model].engines[0]
+    before = engine.stats.cancelled + engine.stats.aborts
+    engine.faults.set(slow=500.0)
+    try:
+        client = stack.openai()
+        stream = client.responses.create(
+            model=stack.model, input="Go on.", max_output_tokens=200, stream=True
+        )
+        for e in stream:
+            if e.type == "response.output_text.delta":
+                break
+        stream.close()
+        client.close()
+        deadline = time.monotonic() + 10
+        while engine.stats.cancelled + engine.stats.aborts == before and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        engine.faults.set(slow=1.0)
+    assert engine.stats.cancelled + engine.stats.aborts == before + 1
