@@ -132,6 +132,7 @@ class ExtProcServer:
         engine_tls_cert: str | PathLike[str] | None = None,
         engine_tls_key: str | PathLike[str] | None = None,
         engine_tls_server_name: str | None = None,
+        responses_store: str = "memory",
     ) -> None:
         """`tls_cert`/`tls_key`: the port over TLS (`tls_client_ca`: mutual TLS). `engine_tls_*`: the
         server's own engine calls (Abort, batched completions) over TLS. ValueError on a bad combination;

@@ -234,6 +234,7 @@ async def start(
             engine_tls_cert=settings.engine_tls_cert,
             engine_tls_key=settings.engine_tls_key,
             engine_tls_server_name=settings.engine_tls_server_name,
+            responses_store=settings.responses_store,
         )
         try:
             address = server.start()

@@ -228,6 +228,19 @@ def parse_host_port(raw: Any) -> tuple[str, int]:
     return host, int(port)
 
 
+def parse_responses_store(raw: Any) -> str:
+    """Where the Responses API stores: `memory`, `none`, `sqlite:PATH` or a PostgreSQL URL."""
+    expected = "expected memory, none, sqlite:PATH or postgres://..."
+    if not isinstance(raw, str):
+        raise BadValue(expected)
+    spec = raw.strip()
+    if spec in ("memory", "none") or (spec.startswith("sqlite:") and len(spec) > len("sqlite:")):
+        return spec
+    if spec.startswith(("postgres://", "postgresql://")):
+        return spec
+    raise BadValue(expected)
+
+
 def parse_listen(raw: Any) -> str:
     if isinstance(raw, str) and raw.startswith("unix:"):
         path = raw.removeprefix("unix:")

@@ -713,6 +713,16 @@ class Settings:
         "it, extproc checks the engine's address (an IP SAN) and Envoy any name the CA signed",
         default_doc="the engine's address",
     )
+    responses_store: str = setting(
+        "memory",
+        p.parse_responses_store,
+        _GATEWAY,
+        "where the Responses API stores responses and conversations: memory, none, sqlite:PATH, postgres://...",
+        "STORE",
+        doc="where `/v1/responses` and `/v1/conversations` keep what they store: `memory` (lost on restart), "
+        "`none` (nothing stored: `previous_response_id` and conversations refused), `sqlite:PATH` or a "
+        "`postgres://` URL; see [responses.md](responses.md)",
+    )
     shutdown_grace: float = setting(
         20.0,
         p.parse_grace,

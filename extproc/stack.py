@@ -200,7 +200,7 @@ def stack_specs(
         specs.append(_sim_spec(plan, "sim" if len(sims) == 1 else _child_name(plan.model.name), env))
 
     common = ("listen", "max_body_bytes", "log_level", "load_interval", "kv_events", "shutdown_grace")
-    common = (*common, "api_keys_file", "max_buffered_output_tokens", "request_workers")
+    common = (*common, "api_keys_file", "max_buffered_output_tokens", "request_workers", "responses_store")
     common = (*common, "first_token_timeout", "inter_token_timeout")
     common = (*common, "listen_tls_cert", "listen_tls_key", "listen_tls_client_ca")
     common = (*common, "engine_tls_ca", "engine_tls_cert", "engine_tls_key", "engine_tls_server_name")

@@ -12,7 +12,7 @@ import pytest
 
 from extproc import cli, settings, stack
 from extproc.config import ConfigError, load_settings
-from extproc.setting_parsers import parse_file
+from extproc.setting_parsers import BadValue, parse_file, parse_responses_store
 from extproc.settings import COMMANDS, SETTINGS, SETTINGS_BY_NAME, Setting
 
 OPERATING_MD = Path(__file__).resolve().parents[1] / "docs" / "operating.md"
@@ -43,6 +43,7 @@ def samples(model_dir: Path) -> dict[str, tuple[str, Any]]:
         "max_body_bytes": ("1MiB", 1024 * 1024),
         "max_buffered_output_tokens": ("65536", 65536),
         "request_workers": ("3", 3),
+        "responses_store": ("none", "none"),
         "routing_policy": ("least_load", "least_load"),
         "engine_protocol": ("SGLANG", "sglang"),
         "kv_events": ("off", "off"),
@@ -204,3 +205,11 @@ def test_make_docs_rewrites_a_stale_table(tmp_path: Path) -> None:
     stale.write_text(current.replace("| `port` | `--port PORT` |", "| `port` | `--prot PORT` |"))
     assert settings.main(["--write", str(stale)]) == 0
     assert stale.read_text() == current
+
+
+def test_responses_store_names_a_known_backend() -> None:
+    for spec in ("memory", "none", "sqlite:/var/lib/extproc/responses.db", "postgres://u@db/extproc"):
+        assert parse_responses_store(spec) == spec
+    for bad in ("", "sqlite:", "mysql://db", "redis", 3):
+        with pytest.raises(BadValue):
+            parse_responses_store(bad)

@@ -126,3 +126,14 @@ def test_bytes_that_are_no_processing_request_are_refused(gateway: _native.Gatew
     with pytest.raises(ValueError, match="not a ProcessingRequest"):
         stream.process(b"\xff")  # a field tag cut off mid-varint
     assert not stream.done
+
+
+def test_the_responses_api_needs_the_native_server(gateway: _native.Gateway) -> None:
+    stream = gateway.new_stream()
+    pairs = {":method": "GET", ":path": "/v1/responses/resp_1"}
+    headers = core.HeaderMap(
+        headers=[core.HeaderValue(key=k, raw_value=v.encode()) for k, v in pairs.items()]
+    )
+    message = ep.ProcessingRequest(request_headers=ep.HttpHeaders(headers=headers, end_of_stream=True))
+    (reply,) = [ep.ProcessingResponse.FromString(r) for r in stream.process(message.SerializeToString())]
+    assert reply.immediate_response.status.code == 501

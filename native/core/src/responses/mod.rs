@@ -2,5 +2,9 @@
 //! one small interface (`store`), so the request path does not care whether it is SQLite, PostgreSQL or
 //! nothing at all.
 
+pub mod api;
+pub mod events;
+pub mod items;
 pub mod mcp;
+pub mod request;
 pub mod store;

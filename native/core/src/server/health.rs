@@ -164,6 +164,7 @@ mod tests {
             request_workers: 1,
             tls: None,
             engine_tls: None,
+            responses_store: "memory".into(),
         };
         ExtProcServer::start(gateway, Arc::new(Telemetry::new(0)), &config).unwrap()
     }

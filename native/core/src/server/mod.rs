@@ -61,6 +61,9 @@ pub struct ServerConfig {
     pub tls: Option<ServerTls>,
     /// The server's own engine calls (Abort, batched completions) over TLS; None: plaintext.
     pub engine_tls: Option<EngineTls>,
+    /// Where the Responses API keeps responses and conversations: `memory`, `none`, or a backend
+    /// `responses::store::open` knows (`sqlite:PATH`, `postgres://…`).
+    pub responses_store: String,
 }
 
 /// A running server; `stop` (or dropping it) shuts it down.
@@ -77,6 +80,13 @@ impl ExtProcServer {
         // Bad TLS files fail here, before anything listens.
         let tls = config.tls.as_ref().map(ServerTls::config).transpose()?;
         let engine_tls = config.engine_tls.as_ref().map(EngineTls::config).transpose()?;
+        let responses_store = match config.responses_store.as_str() {
+            "none" => None,
+            spec => Some(
+                crate::responses::store::open(spec)
+                    .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?,
+            ),
+        };
         let server = http2_server(tls)?;
         let runtime = build_runtime(config.worker_threads)?;
         let (listener, address) = {
@@ -90,6 +100,7 @@ impl ExtProcServer {
             telemetry,
             cancel: cancel_rx,
             workers: Workers::new(pool_size(config.request_workers)),
+            responses_store,
         });
         let (stop_tx, stop_rx) = oneshot::channel();
         let thread = std::thread::Builder::new().name("extproc-grpc".into()).spawn(move || {
@@ -264,6 +275,7 @@ mod tests {
             request_workers: 1,
             tls: None,
             engine_tls: None,
+            responses_store: "memory".into(),
         };
         (
             ExtProcServer::start(gateway(), telemetry.clone(), &config).unwrap(),
@@ -462,6 +474,7 @@ mod tests {
                 request_workers: 1,
                 tls: None,
                 engine_tls: None,
+                responses_store: "memory".into(),
             };
             // Port 1 needs privileges the tests do not run with; if they do, it binds, and that is fine.
             if listen == "127.0.0.1:1" && std::net::TcpListener::bind(listen).is_ok() {
@@ -603,6 +616,7 @@ mod tests {
             request_workers: 1,
             tls: None,
             engine_tls: None,
+            responses_store: "memory".into(),
         };
         let _server = ExtProcServer::start(gateway, telemetry, &config).unwrap();
         let address = _server.address().to_string();

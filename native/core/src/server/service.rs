@@ -11,6 +11,7 @@ use std::task::{ready, Context, Poll};
 use std::time::Instant;
 
 use futures_core::Stream;
+use tokio::sync::mpsc::{self, UnboundedReceiver};
 use tokio::sync::watch;
 use tokio::time::Sleep;
 use tonic::{Request, Response, Status, Streaming};
@@ -23,6 +24,8 @@ use crate::engine::Protocol;
 use crate::gateway::Gateway;
 use crate::pb::ext_proc::external_processor_server::{ExternalProcessor, ExternalProcessorServer};
 use crate::pb::ext_proc::{ProcessingRequest, ProcessingResponse};
+use crate::responses::api::{self as responses_api, Answer, Piece};
+use crate::responses::store::ResponseStore;
 use crate::stream::{CallOutcome, RequestStream};
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
@@ -39,6 +42,8 @@ pub struct Shared {
     pub cancel: watch::Receiver<bool>,
     /// Where large request bodies are parsed, templated and tokenized.
     pub workers: Workers,
+    /// The Responses API's storage (None: `responses_store = none`).
+    pub responses_store: Option<Arc<dyn ResponseStore>>,
 }
 
 /// The state machine back from the worker pool with its replies; `None` if the work panicked.
@@ -78,6 +83,10 @@ pub struct ProcessStream {
     replies: std::vec::IntoIter<ProcessingResponse>,
     /// A batched request's engine calls, while they run.
     fanout: Option<BoxFuture<Vec<CallOutcome>>>,
+    /// A Responses API request, while the server serves it (`responses::api`), and the parts of its
+    /// streamed answer as they come.
+    job: Option<BoxFuture<Answer>>,
+    job_pieces: Option<UnboundedReceiver<Piece>>,
     /// The state machine, away on the worker pool (`machine` holds a stand-in meanwhile).
     working: Option<Work>,
     cancelled: BoxFuture<()>,
@@ -107,6 +116,8 @@ impl ProcessStream {
             inbound,
             replies: Vec::new().into_iter(),
             fanout: None,
+            job: None,
+            job_pieces: None,
             working: None,
             ended: false,
             cut_abort: None,
@@ -165,6 +176,29 @@ impl Stream for ProcessStream {
                 this.replies = this.machine.fanout_done(outcomes).into_iter();
                 continue;
             }
+            if let Some(job) = this.job.as_mut() {
+                let mut out = Vec::new();
+                if let Some(pieces) = this.job_pieces.as_mut() {
+                    while let Poll::Ready(Some(piece)) = pieces.poll_recv(cx) {
+                        out.extend(this.machine.job_piece(piece));
+                    }
+                }
+                if !out.is_empty() {
+                    this.replies = out.into_iter();
+                    continue;
+                }
+                let answer = ready!(job.as_mut().poll(cx));
+                this.job = None;
+                // Parts sent just before the end go out before it.
+                if let Some(mut pieces) = this.job_pieces.take() {
+                    while let Ok(piece) = pieces.try_recv() {
+                        out.extend(this.machine.job_piece(piece));
+                    }
+                }
+                out.extend(this.machine.job_done(answer));
+                this.replies = out.into_iter();
+                continue;
+            }
             match ready!(Pin::new(&mut this.inbound).poll_next(cx)) {
                 Some(Ok(message)) if this.machine.is_heavy(&message) => {
                     let stand_in = RequestStream::new(this.shared.gateway.clone());
@@ -206,6 +240,33 @@ impl ProcessStream {
         if let Some(calls) = self.machine.take_fanout() {
             let limit = self.shared.gateway.limits.max_engine_message;
             self.fanout = Some(Box::pin(fanout::run(self.shared.aborter.clone(), calls, limit)));
+        }
+        if let Some(job) = self.machine.take_job() {
+            let (aborter, limit) = (
+                self.shared.aborter.clone(),
+                self.shared.gateway.limits.max_engine_message,
+            );
+            let engine: responses_api::EngineCaller = Arc::new(move |call| {
+                let aborter = aborter.clone();
+                Box::pin(async move {
+                    let mut outcomes = fanout::run(aborter, vec![call], limit).await;
+                    outcomes
+                        .pop()
+                        .unwrap_or_else(|| Err(crate::error::ApiError::internal("no engine answer")))
+                })
+            });
+            let aborter = self.shared.aborter.clone();
+            let streaming_engine: responses_api::StreamingEngineCaller =
+                Arc::new(move |call, sink| Box::pin(fanout::run_streamed(aborter.clone(), call, limit, sink)));
+            let context = responses_api::Context {
+                gateway: self.shared.gateway.clone(),
+                store: self.shared.responses_store.clone(),
+                engine,
+                streaming_engine,
+            };
+            let (pieces, received) = mpsc::unbounded_channel();
+            self.job = Some(Box::pin(responses_api::serve(context, job, pieces)));
+            self.job_pieces = Some(received);
         }
     }
 

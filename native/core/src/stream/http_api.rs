@@ -10,6 +10,9 @@ pub enum HttpApi {
     Detokenize,
     /// `GET /health`: whether every model has a ready engine (`health_answer`).
     Health,
+    /// `/v1/responses…` and `/v1/conversations…`: several methods, served by the server itself
+    /// (`responses::api` routes them).
+    Responses,
 }
 
 impl HttpApi {
@@ -23,17 +26,24 @@ impl HttpApi {
             "/v1/tokenize" | "/tokenize" => Some(HttpApi::Tokenize),
             "/v1/detokenize" | "/detokenize" => Some(HttpApi::Detokenize),
             "/health" => Some(HttpApi::Health),
+            p if is_under(p, "/v1/responses") || is_under(p, "/v1/conversations") => Some(HttpApi::Responses),
             _ => None,
         }
     }
 
-    /// The one method the API takes: `GET` for the model list, `POST` with a JSON body for the rest.
+    /// The one method the API takes (the Responses API's routes take several: `responses::api`): `GET` for the model list, `POST` with a JSON body for the rest.
     pub fn method(self) -> &'static str {
         match self {
             HttpApi::Models | HttpApi::Health => "GET",
             _ => "POST",
         }
     }
+}
+
+/// `path` is `root` or a path below it.
+fn is_under(path: &str, root: &str) -> bool {
+    path.strip_prefix(root)
+        .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
 }
 
 #[cfg(test)]
@@ -58,5 +68,13 @@ mod tests {
         assert_eq!(HttpApi::from_path("/health"), Some(HttpApi::Health));
         assert_eq!(HttpApi::Health.method(), "GET");
         assert_eq!(HttpApi::Completions.method(), "POST");
+        for responses in [
+            "/v1/responses",
+            "/v1/responses/resp_1/input_items",
+            "/v1/conversations/c/items",
+        ] {
+            assert_eq!(HttpApi::from_path(responses), Some(HttpApi::Responses), "{responses}");
+        }
+        assert_eq!(HttpApi::from_path("/v1/responsesx"), None);
     }
 }

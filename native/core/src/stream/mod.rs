@@ -12,6 +12,7 @@ mod deadline;
 mod engine_id;
 mod epp;
 mod forced_calls;
+mod gateway_call;
 mod health_answer;
 mod http_api;
 mod local_reply;
@@ -55,6 +56,8 @@ use target::Target;
 
 pub use batch::{CallOutcome, FanoutCall};
 pub use deadline::{Deadlines, Missed};
+pub use engine_id::next as new_engine_request_id;
+pub use gateway_call::GatewayCall;
 pub use replies::MAX_BODY_CHUNK;
 pub use target::grpc_outcome;
 
@@ -72,6 +75,8 @@ enum Phase {
     LocalReply,
     /// A batch's engine calls are made by the server (`take_fanout`, then `fanout_done`).
     Fanout,
+    /// The Responses API's routes are served by the server itself (`take_job`, then `job_done`).
+    Job,
     Done,
 }
 
@@ -144,6 +149,11 @@ pub struct RequestStream {
     body: Vec<u8>,
     exchange: Option<Exchange>,
     batch: Option<batch::Batch>,
+    /// A request for the Responses API, until the server takes it.
+    job: Option<crate::responses::api::Job>,
+    /// The full `:path` (with its query) and `:method`, for the routes that read them.
+    full_path: String,
+    method: String,
     summary: Summary,
     /// When the engine's first output came (for the time to first token).
     first_output: Option<Instant>,
@@ -163,6 +173,9 @@ impl RequestStream {
             body: Vec::new(),
             exchange: None,
             batch: None,
+            job: None,
+            full_path: String::new(),
+            method: String::new(),
             summary: Summary::default(),
             first_output: None,
         }
@@ -257,6 +270,70 @@ impl RequestStream {
         }
     }
 
+    /// A Responses API request for the server to serve (once); `job_done` takes its answer.
+    pub fn take_job(&mut self) -> Option<crate::responses::api::Job> {
+        self.job.take()
+    }
+
+    /// A part of the Responses API's streamed answer: the stream's start (a streamed immediate response's
+    /// headers, in reply to the request headers), then events.
+    pub fn job_piece(&mut self, piece: crate::responses::api::Piece) -> Vec<ProcessingResponse> {
+        use crate::responses::api::Piece;
+        if self.phase != Phase::Job {
+            return Vec::new();
+        }
+        match piece {
+            Piece::Start => vec![replies::local_stream_headers(
+                200,
+                "text/event-stream",
+                &self.summary.request_id,
+            )],
+            Piece::Body(body) if body.is_empty() => Vec::new(),
+            Piece::Body(body) => replies::local_stream_body(&body, false),
+        }
+    }
+
+    /// The Responses API's answer: an immediate response, or the last chunk of a streamed one.
+    pub fn job_done(&mut self, answer: crate::responses::api::Answer) -> Vec<ProcessingResponse> {
+        if self.phase != Phase::Job {
+            return Vec::new();
+        }
+        self.phase = Phase::Done;
+        self.summary.status = answer.status;
+        self.summary.model = answer.model;
+        self.summary.endpoint = answer.endpoint;
+        self.summary.prompt_tokens = answer.usage.prompt_tokens;
+        self.summary.completion_tokens = answer.usage.completion_tokens;
+        self.summary.cached_tokens = answer.usage.cached_tokens;
+        self.summary.error = answer.error;
+        if answer.streamed {
+            return replies::local_stream_body(&answer.body, true);
+        }
+        vec![replies::immediate(
+            answer.status,
+            answer.content_type,
+            answer.body,
+            &self.summary.request_id,
+            "extproc_responses",
+        )]
+    }
+
+    /// Hands the request to the server's Responses API (`take_job`).
+    fn start_job(&mut self, body: Vec<u8>) -> Vec<ProcessingResponse> {
+        self.job = Some(crate::responses::api::Job {
+            method: std::mem::take(&mut self.method),
+            path: std::mem::take(&mut self.full_path),
+            body,
+            request_id: self.summary.request_id.clone(),
+            session: self.session.clone(),
+            objective: self.objective.clone(),
+            subset: self.subset.clone(),
+            grant: self.grant.clone(),
+        });
+        self.phase = Phase::Job;
+        Vec::new()
+    }
+
     /// The replies that end the exchange when the server stops before it is over (its grace ran out):
     /// a stream whose 200 already went out gets an error event and `data: [DONE]` as the end of its
     /// body, a request whose answer has not started gets a 503 (an immediate response: Envoy refuses an
@@ -331,7 +408,9 @@ impl RequestStream {
             return self.fail(ApiError::not_found(format!("no route for {path}")));
         };
         self.api = Some(api);
-        if method != api.method() {
+        self.method = method.to_string();
+        self.full_path = full_path.to_string();
+        if api != HttpApi::Responses && method != api.method() {
             return self.fail(method_not_allowed(method, &path));
         }
         match api {
@@ -340,6 +419,7 @@ impl RequestStream {
                 self.answer(body, "extproc_models")
             }
             HttpApi::Health => self.health(&headers),
+            HttpApi::Responses if h.end_of_stream => self.start_job(Vec::new()),
             _ if h.end_of_stream => self.fail(ApiError::invalid("a JSON request body is required")),
             _ => {
                 self.phase = Phase::RequestBody;
@@ -448,6 +528,7 @@ impl RequestStream {
                 let answer = answers::detokenize(&*self.model(&req.model)?, &req)?;
                 Ok(self.answer(answer, "extproc_detokenize"))
             }
+            Some(HttpApi::Responses) => Ok(self.start_job(body)),
             Some(HttpApi::Models | HttpApi::Health) | None => Err(ApiError::internal("no body was expected")),
         }
     }

@@ -5,8 +5,9 @@ use crate::contracts::{
 };
 use crate::error::ApiError;
 use crate::pb::ext_proc::{
-    body_mutation, processing_response::Response, BodyMutation, BodyResponse, CommonResponse, HeaderMutation,
-    HeadersResponse, HttpStatus, ImmediateResponse, ProcessingResponse, StreamedBodyResponse, TrailersResponse,
+    body_mutation, processing_response::Response, streamed_immediate_response, BodyMutation, BodyResponse,
+    CommonResponse, HeaderMap, HeaderMutation, HeaderValue, HeadersResponse, HttpHeaders, HttpStatus,
+    ImmediateResponse, ProcessingResponse, StreamedBodyResponse, StreamedImmediateResponse, TrailersResponse,
 };
 use crate::pb::structs::{Struct, Value};
 
@@ -166,6 +167,61 @@ pub fn body_chunks(body: &[u8], end_of_stream: bool, request_side: bool) -> Vec<
         .enumerate()
         .map(|(i, chunk)| body_reply(chunk, end_of_stream && i + 1 == count, request_side))
         .collect()
+}
+
+/// The first part of a local response streamed in parts (Envoy >= 1.38's `streamed_immediate_response`):
+/// status and headers, sent in reply to the request headers.
+pub fn local_stream_headers(status: u16, content_type: &str, request_id: &str) -> ProcessingResponse {
+    let header = |key: &str, value: &str| HeaderValue {
+        key: key.to_string(),
+        value: String::new(),
+        raw_value: value.as_bytes().to_vec(),
+    };
+    let mut headers = vec![
+        header(":status", &status.to_string()),
+        header("content-type", content_type),
+        header("cache-control", "no-cache"),
+    ];
+    if !request_id.is_empty() {
+        headers.push(header(REQUEST_ID_HEADER, request_id));
+    }
+    let part = streamed_immediate_response::Response::HeadersResponse(HttpHeaders {
+        headers: Some(HeaderMap { headers }),
+        end_of_stream: false,
+    });
+    local_stream_part(part)
+}
+
+/// The next body chunks of a streamed local response (at most `MAX_BODY_CHUNK` bytes each); the last
+/// one ends the response when `end_of_stream`.
+pub fn local_stream_body(body: &[u8], end_of_stream: bool) -> Vec<ProcessingResponse> {
+    let chunks: Vec<&[u8]> = if body.is_empty() {
+        vec![body]
+    } else {
+        body.chunks(MAX_BODY_CHUNK).collect()
+    };
+    let count = chunks.len();
+    chunks
+        .into_iter()
+        .enumerate()
+        .map(|(i, chunk)| {
+            local_stream_part(streamed_immediate_response::Response::BodyResponse(
+                StreamedBodyResponse {
+                    body: chunk.to_vec(),
+                    end_of_stream: end_of_stream && i + 1 == count,
+                },
+            ))
+        })
+        .collect()
+}
+
+fn local_stream_part(part: streamed_immediate_response::Response) -> ProcessingResponse {
+    ProcessingResponse {
+        response: Some(Response::StreamedImmediateResponse(StreamedImmediateResponse {
+            response: Some(part),
+        })),
+        dynamic_metadata: None,
+    }
 }
 
 /// The response-trailers reply: gRPC status trailers are the engine's business, not the client's.

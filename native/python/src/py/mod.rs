@@ -331,6 +331,24 @@ impl PyStream {
                     );
                     replies.extend(machine.fanout_done(calls.iter().map(|_| Err(refused.clone())).collect()));
                 }
+                // Nor the Responses API's.
+                if machine.take_job().is_some() {
+                    let refused = ApiError::new(
+                        501,
+                        "not_implemented",
+                        "the Responses API needs the native ext_proc server",
+                    );
+                    replies.extend(machine.job_done(extproc_core::responses::api::Answer {
+                        streamed: false,
+                        status: refused.status,
+                        content_type: "application/json",
+                        body: refused.to_json(),
+                        model: String::new(),
+                        endpoint: String::new(),
+                        usage: Default::default(),
+                        error: refused.message,
+                    }));
+                }
                 Ok::<_, prost::DecodeError>(replies.iter().map(Message::encode_to_vec).collect::<Vec<_>>())
             })
             .map_err(|e| PyValueError::new_err(format!("not a ProcessingRequest: {e}")))?;

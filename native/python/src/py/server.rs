@@ -28,10 +28,13 @@ impl PyExtProcServer {
     /// (PEM files): serve the port over TLS, with `tls_client_ca` requiring client certificates it
     /// signed. `engine_tls_ca`: the server's own engine calls over TLS, engines verified against it,
     /// presenting `engine_tls_cert`/`engine_tls_key` if given, `engine_tls_server_name` as SNI.
+    /// `responses_store`: where the Responses API stores responses and conversations (`memory`,
+    /// `none`, or a backend spec such as `sqlite:PATH`).
     #[pyo3(signature = (
         gateway, listen, *, worker_threads = 1, request_workers = 0, summary_capacity = 4096,
         tls_cert = None, tls_key = None, tls_client_ca = None,
         engine_tls_ca = None, engine_tls_cert = None, engine_tls_key = None, engine_tls_server_name = None,
+        responses_store = String::from("memory"),
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -47,6 +50,7 @@ impl PyExtProcServer {
         engine_tls_cert: Option<PathBuf>,
         engine_tls_key: Option<PathBuf>,
         engine_tls_server_name: Option<String>,
+        responses_store: String,
     ) -> PyResult<Self> {
         if worker_threads == 0 {
             return Err(PyValueError::new_err("worker_threads must be at least 1"));
@@ -87,6 +91,7 @@ impl PyExtProcServer {
                 request_workers,
                 tls,
                 engine_tls,
+                responses_store,
             },
             telemetry: Arc::new(Telemetry::new(summary_capacity)),
             running: Mutex::new(None),
