@@ -234,7 +234,8 @@ async def start(
             engine_tls_cert=settings.engine_tls_cert,
             engine_tls_key=settings.engine_tls_key,
             engine_tls_server_name=settings.engine_tls_server_name,
-            responses_store=settings.responses_store,
+            # Unset under `serve`: memory (`up` always passes its own, SQLite in its state directory).
+            responses_store=settings.responses_store or "memory",
         )
         try:
             address = server.start()

@@ -155,6 +155,13 @@ def parse_file(raw: Any) -> str:
     return str(Path(raw).expanduser().resolve())
 
 
+def parse_dir(raw: Any) -> str:
+    """A directory path, made absolute here (created by whoever writes there, when it is first needed)."""
+    if not isinstance(raw, (str, os.PathLike)) or not str(raw).strip():
+        raise BadValue("expected a directory path")
+    return str(Path(raw).expanduser().resolve())
+
+
 def parse_bool(raw: Any) -> bool:
     if isinstance(raw, bool):
         return raw

@@ -713,15 +713,29 @@ class Settings:
         "it, extproc checks the engine's address (an IP SAN) and Envoy any name the CA signed",
         default_doc="the engine's address",
     )
-    responses_store: str = setting(
-        "memory",
+    responses_store: str | None = setting(
+        None,
         p.parse_responses_store,
         _GATEWAY,
         "where the Responses API stores responses and conversations: memory, none, sqlite:PATH, postgres://...",
         "STORE",
         doc="where `/v1/responses` and `/v1/conversations` keep what they store: `memory` (lost on restart), "
-        "`none` (nothing stored: `previous_response_id` and conversations refused), `sqlite:PATH` or a "
-        "`postgres://` URL; see [responses.md](responses.md)",
+        "`none` (nothing stored: `previous_response_id` and conversations refused), `sqlite:PATH` (survives "
+        "restarts) or a `postgres://` URL (shared by several replicas). Unset, `up` keeps them in SQLite in "
+        "`state_dir`; `serve`, the building block a deployment assembles, keeps them in memory: where "
+        "durable state lives is the operator's choice there. See [responses.md](responses.md)",
+        default_doc="`up`: `sqlite:<state_dir>/responses.db`; `serve`: `memory`",
+    )
+    state_dir: str | None = setting(
+        None,
+        p.parse_dir,
+        (UP,),
+        "where `up` keeps state that must survive restarts (the Responses API's SQLite store)",
+        "DIR",
+        doc="where `up` keeps what must outlive a restart: the Responses API's `responses.db` (unless "
+        "`responses_store` says otherwise), created when missing. Per user, as the XDG base directories "
+        "put state (not under the cache, whose files `up` may regenerate and a user may delete)",
+        default_doc="`$XDG_STATE_HOME/extproc`, else `~/.local/state/extproc`",
     )
     shutdown_grace: float = setting(
         20.0,

@@ -87,6 +87,29 @@ def run_dir_for(settings: Settings) -> Path:
     return path
 
 
+def state_dir_for(settings: Settings) -> Path:
+    """`state_dir`, or the per-user state folder of the XDG base directories (state, not cache: a user
+    clears caches freely, and stored conversations are not regenerated)."""
+    if settings.state_dir is not None:
+        return Path(settings.state_dir)
+    xdg = os.environ.get("XDG_STATE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".local" / "state") / "extproc"
+
+
+def up_responses_store(settings: Settings) -> str:
+    """The store `up` gives extproc: the one configured, else SQLite in the state directory, so that
+    stored responses and conversations survive a restart of the stack."""
+    if settings.responses_store is not None:
+        return settings.responses_store
+    return f"sqlite:{state_dir_for(settings) / 'responses.db'}"
+
+
+def prepare_store_dir(store: str) -> None:
+    """Creates the folder of a SQLite store (SQLite creates the file, not its folder)."""
+    if store.startswith("sqlite:"):
+        Path(store.removeprefix("sqlite:")).expanduser().parent.mkdir(parents=True, exist_ok=True)
+
+
 def child_env() -> dict[str, str]:
     """Our environment minus the settings layers: children get every setting as an explicit flag."""
     drop = {CONFIG_ENV, *(s.env for s in SETTINGS if s.env is not None)}
@@ -184,6 +207,7 @@ def stack_specs(
     sims = plan_sims(served, settings.sim_port)
     filled = {plan.model.name: plan.engines for plan in sims}
     served = tuple(replace(m, engines=filled.get(m.name, m.engines)) for m in served)
+    settings = replace(settings, responses_store=up_responses_store(settings))
     if sims and settings.engine_tls_ca:
         raise StackError(
             "engine_tls_ca is for engines given with --engine: the simulators `up` starts serve plaintext"
@@ -392,6 +416,7 @@ def run_stack(settings: Settings, out: IO[str] | None = None, err: IO[str] | Non
         try:
             check_ports(settings, plan_sims(served_models(settings), settings.sim_port))
             run_dir = run_dir_for(settings)
+            prepare_store_dir(up_responses_store(settings))
             specs, served, sims = stack_specs(settings, run_dir)
             supervisor = Supervisor(
                 run_dir,

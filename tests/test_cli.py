@@ -314,6 +314,27 @@ def test_up_hands_the_single_model_settings_to_the_server(
     assert stack.describe(served, sims) == "model llama3-default, 1 simulated engine"
 
 
+def test_up_stores_responses_in_its_state_dir_unless_told(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from extproc import stack
+    from extproc.config import load_settings
+
+    monkeypatch.setenv("EXTPROC_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg-state"))
+
+    def store(flags: dict[str, str]) -> str:
+        specs, _, _ = stack.stack_specs(load_settings({"sim": "1", **flags}, env={}), tmp_path)
+        server = specs[1].argv
+        return server[server.index("--responses-store") + 1]
+
+    assert store({}) == f"sqlite:{tmp_path / 'xdg-state' / 'extproc' / 'responses.db'}"
+    assert store({"state_dir": str(tmp_path / "st")}) == f"sqlite:{tmp_path / 'st' / 'responses.db'}"
+    assert store({"state_dir": str(tmp_path / "st"), "responses_store": "memory"}) == "memory"
+    # `serve` alone keeps memory: unset reaches the server as unset.
+    assert load_settings({}, env={}).responses_store is None
+
+
 def test_serve_refuses_unknown_router_settings_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
     # The router itself checks the keys (the real extension, before any engine is contacted).
     argv = ["serve", "--engine", "grpc://127.0.0.1:1", "--routing-config", '{"no_such_knob": 1}']

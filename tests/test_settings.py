@@ -12,7 +12,7 @@ import pytest
 
 from extproc import cli, settings, stack
 from extproc.config import ConfigError, load_settings
-from extproc.setting_parsers import BadValue, parse_file, parse_responses_store
+from extproc.setting_parsers import BadValue, parse_dir, parse_file, parse_responses_store
 from extproc.settings import COMMANDS, SETTINGS, SETTINGS_BY_NAME, Setting
 
 OPERATING_MD = Path(__file__).resolve().parents[1] / "docs" / "operating.md"
@@ -44,6 +44,7 @@ def samples(model_dir: Path) -> dict[str, tuple[str, Any]]:
         "max_buffered_output_tokens": ("65536", 65536),
         "request_workers": ("3", 3),
         "responses_store": ("none", "none"),
+        "state_dir": ("/var/lib/extproc", "/var/lib/extproc"),
         "routing_policy": ("least_load", "least_load"),
         "engine_protocol": ("SGLANG", "sglang"),
         "kv_events": ("off", "off"),
@@ -174,7 +175,8 @@ def test_bad_values_name_the_layer_they_came_from() -> None:
     for setting in WITH_FLAGS:
         if setting.name == "model_name":  # any non-empty name is valid
             continue
-        if setting.parse is parse_file:  # any path is: Envoy, which reads the file, says if it is missing
+        # Any path is: Envoy, which reads the file, says if it is missing; `up` creates a missing folder.
+        if setting.parse in (parse_file, parse_dir):
             continue
         with pytest.raises(ConfigError, match=rf"^invalid {setting.flag} '\?\?': \S"):
             load_settings({setting.name: "??"}, env={})
