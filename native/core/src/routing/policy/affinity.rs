@@ -22,6 +22,8 @@ pub struct Affinity {
     pub gate: SpillGate,
     /// Prefill tokens one request already on an endpoint is worth.
     pub request_cost: u32,
+    /// Weight of the request's own uncached prompt tokens (`uncached_weight`).
+    pub uncached_weight: f64,
 }
 
 impl Affinity {
@@ -35,13 +37,14 @@ impl Affinity {
                 ratio: cfg.spill_ratio,
             },
             request_cost: cfg.request_cost_tokens,
+            uncached_weight: cfg.uncached_weight,
         }
     }
 
     /// Expected prefill work ahead of the first token on `c`, in tokens.
     pub fn expected_wait(&self, c: &Candidate) -> u64 {
         c.load.prefill_backlog()
-            + u64::from(c.uncached_tokens())
+            + (f64::from(c.uncached_tokens()) * self.uncached_weight) as u64
             + u64::from(self.request_cost) * u64::from(c.load.requests())
     }
 
@@ -77,6 +80,7 @@ mod tests {
                 ratio: 1.5,
             },
             request_cost,
+            uncached_weight: 1.0,
         }
     }
 
