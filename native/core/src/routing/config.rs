@@ -32,7 +32,8 @@ pub struct RouterConfig {
     /// prefill tokens (see `policy/affinity.rs`).
     pub request_cost_tokens: u32,
     /// Affinity policies: the weight of a request's own uncached prompt tokens in its expected wait
-    /// (see `policy/affinity.rs`); 1 counts them once, as the request's own prefill.
+    /// (see `policy/affinity.rs`): 2 by default (the request's own prefill, and the same work again as
+    /// what it adds to the engine for everything after it); 1 counts them once.
     pub uncached_weight: f64,
     /// Load shedding: when every candidate has at least this many queued requests (`Load::queue`), a
     /// sheddable request (negative priority) is refused (HTTP 429) instead of queued deeper; 0 never sheds.
@@ -62,7 +63,7 @@ impl Default for RouterConfig {
             spill_abs: 8,
             spill_ratio: 1.5,
             request_cost_tokens: 16,
-            uncached_weight: 1.0,
+            uncached_weight: 2.0,
             shed_queue_depth: 0,
             objectives: BTreeMap::new(),
             default_priority: 0,
