@@ -83,7 +83,7 @@ docs: ## regenerate the settings tables in docs/operating.md from extproc/settin
 bench: $(TEST_STAMP) ## ours vs SMG vs the bare engine, side by side, with plots (~9 min; ARGS=--quick: ~1 min)
 	$(BIN)/python -m load.bench $(ARGS)
 
-bench-routing: $(TEST_STAMP) ## routing workload suite: 6 shapes, ours vs SMG cache_aware vs round robin (hours; ARGS=--quick: ~15 min)
+bench-routing: $(TEST_STAMP) ## routing workload suite: 6 shapes, ours vs SMG cache_aware vs round robin (hours; ARGS=--quick: ~20 min)
 	$(BIN)/python -m load.bench_routing.suite $(ARGS)
 
 bench-routing-trace: $(TEST_STAMP) ## issue 6's routing benchmark: all policies vs SMG on one mixed trace (~9 min; ARGS=--quick: ~1.5 min)

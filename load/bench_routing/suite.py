@@ -92,7 +92,9 @@ class Cell:
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m load.bench_routing.suite", description=__doc__)
-    p.add_argument("--quick", action="store_true", help="one seed, closed loop + 90%%, 14 s runs, no sweeps")
+    p.add_argument(
+        "--quick", action="store_true", help="one seed, closed loop + 90%%, 14 s runs, no sweeps (~20 min)"
+    )
     p.add_argument("--shapes", default=",".join(shapes.SHAPES), help="comma list of shapes")
     p.add_argument("--policies", default=OURS_DEFAULT, help="our policies, comma list (default kv_events)")
     p.add_argument(
