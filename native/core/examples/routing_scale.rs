@@ -184,7 +184,11 @@ fn ranking(n: usize) {
                             prefill_tokens: u64::from(rng.next() % 3000),
                             engine: EngineLoad::default(),
                         },
-                        cached_blocks: if rng.next() % 8 == 0 { rng.next() % 128 } else { 0 },
+                        cached_blocks: if rng.next().is_multiple_of(8) {
+                            rng.next() % 128
+                        } else {
+                            0
+                        },
                         prompt_blocks: 128,
                         prompt_tokens: 2048,
                         block_size: BLOCK as u32,
