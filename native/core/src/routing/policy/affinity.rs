@@ -15,8 +15,9 @@
 //! again there: the workload suite (issue 13, docs/routing-benchmark.md) measured that losing hit
 //! rate to SMG cache_aware on RAG (-3.3 points) and Zipf-skewed prefixes (-1.8 closed loop, -7.3 at
 //! 90% load); with the weight at 2 the same runs were +4.2, +0.1 and +1.7 points, with mean TTFT at or
-//! below SMG's on all six shapes. Where nothing is cached anywhere the term is equal for every
-//! endpoint and changes nothing.
+//! below SMG's on all six shapes. (A later run of the new default still missed on some points, e.g.
+//! sessions at a light load: see the doc; single runs on the shared machine are noisy.) Where nothing
+//! is cached anywhere the term is equal for every endpoint and changes nothing.
 //! 3. Fallbacks: the rest of that order, then the spilled endpoints by load.
 //!
 //! Prefill dominates time to first token, and an engine busy prefilling a long uncached prompt delays
