@@ -25,7 +25,7 @@ FUZZ := $(CARGO) run --release --quiet $(MANIFEST) -p extproc-fuzz --
 FUZZ_TEST_ARGS := --seconds 5 --seed 15
 
 .DEFAULT_GOAL := help
-.PHONY: help venv .venv run test test-rust test-python lint envoy-configs deploy-configs docs bench bench-routing vllm-engine fuzz soak wasm-plugin clean
+.PHONY: help venv .venv run test test-rust test-python lint envoy-configs deploy-configs docs bench bench-routing bench-routing-trace vllm-engine fuzz soak wasm-plugin clean
 
 help: ## list the targets
 	@echo "usage: make TARGET"
@@ -99,7 +99,10 @@ docs: ## regenerate the settings tables in docs/operating.md from extproc/settin
 bench: $(TEST_STAMP) ## ours vs SMG vs the bare engine, side by side, with plots (~9 min; ARGS=--quick: ~1 min)
 	$(BIN)/python -m load.bench $(ARGS)
 
-bench-routing: $(TEST_STAMP) ## routing policies vs SMG cache_aware on 4 simulated engines (~9 min; ARGS=--quick: ~1.5 min)
+bench-routing: $(TEST_STAMP) ## routing workload suite: 6 shapes, ours vs SMG cache_aware vs round robin (hours; ARGS=--quick: ~20 min)
+	$(BIN)/python -m load.bench_routing.suite $(ARGS)
+
+bench-routing-trace: $(TEST_STAMP) ## issue 6's routing benchmark: all policies vs SMG on one mixed trace (~9 min; ARGS=--quick: ~1.5 min)
 	$(BIN)/python -m load.bench_routing $(ARGS)
 
 clean: ## remove the venv, build outputs and caches

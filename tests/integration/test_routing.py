@@ -3,11 +3,14 @@ sharing a long prefix land on the engine that holds it, and the hit shows as cac
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 
 import openai
+import pytest
 
+from extproc.simulator import SimOptions
 from tests.conftest import FreePorts
 from tests.integration.harness import Stack, local_stack
 
@@ -55,3 +58,44 @@ def test_round_robin_ignores_the_prefix(tmp_path: Path) -> None:
         for i in range(6):
             ask(client, rr, f"Question {i}?")
         assert counts(rr) == [3, 3]
+
+
+# One shared prefix of ~700 tokens; a cold tail of ~800 more; a slow prefill so the tail's is still under
+# way when the next request is routed.
+LONG_TAIL = " ".join(f"Appendix {i}: the figures of table {i} stand as printed." for i in range(80))
+SLOW_PREFILL = SimOptions(prefill_ms_per_token=2.0)
+
+
+@pytest.mark.parametrize(
+    "routing_config,joins_the_holder",
+    [(None, True), ('{"uncached_weight": 1}', False)],
+    ids=["default", "uncached_counted_once"],
+)
+def test_a_prefix_group_stays_on_its_holder_while_it_prefills_other_work(
+    tmp_path: Path, routing_config: str | None, joins_the_holder: bool
+) -> None:
+    # The holder of a shared prefix is busy prefilling a long uncached tail for another request. A
+    # follow-up sharing the prefix would wait for that (~800 tokens) there, or prefill the whole prefix
+    # again (~700) on the idle engine. By default (uncached_weight 2) the prefix's saved work counts
+    # twice, so the group stays where its cache is; counted once, the follow-up spreads it to the other
+    # engine, which is what issue 13's suite measured losing to SMG cache_aware.
+    with local_stack(FreePorts(), tmp_path, sim=SLOW_PREFILL, routing_config=routing_config) as s:
+        client = s.openai()
+        before = counts(s)
+        ask(client, s, "Question zero?")
+        holder = next(i for i, (a, b) in enumerate(zip(counts(s), before, strict=True)) if a > b)
+        time.sleep(0.5)  # the holder's Stored events reach the router
+
+        busy = threading.Thread(target=ask, args=(client, s, "Summarize this. " + LONG_TAIL))
+        before = counts(s)
+        busy.start()
+        deadline = time.monotonic() + 5
+        while counts(s) == before and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert counts(s)[holder] == before[holder] + 1, "the long tail went to the prefix holder"
+
+        before = counts(s)
+        ask(client, s, "Question one?")
+        landed = [a - b for a, b in zip(counts(s), before, strict=True)]
+        busy.join()
+        assert landed[holder] == (1 if joins_the_holder else 0), landed

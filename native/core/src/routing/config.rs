@@ -16,6 +16,9 @@ pub struct RouterConfig {
     pub max_engine_blocks: usize,
     /// Approximate mode: how long a routed prompt's blocks count as cached on the chosen endpoint.
     pub routed_ttl_s: f64,
+    /// Precise mode (`kv_events`): how long a just-routed prompt's blocks count as held by the chosen
+    /// endpoint before its KV events confirm them (optimistic booking); 0 turns booking off.
+    pub book_routed_s: f64,
     /// Fallback endpoints listed after the primary.
     pub max_fallbacks: usize,
     /// Seed of the policies' random draws; from the clock when unset.
@@ -28,6 +31,10 @@ pub struct RouterConfig {
     /// Affinity policies: what one request already on an endpoint adds to its expected wait, in
     /// prefill tokens (see `policy/affinity.rs`).
     pub request_cost_tokens: u32,
+    /// Affinity policies: the weight of a request's own uncached prompt tokens in its expected wait
+    /// (see `policy/affinity.rs`): 2 by default (the request's own prefill, and the same work again as
+    /// what it adds to the engine for everything after it); 1 counts them once.
+    pub uncached_weight: f64,
     /// Load shedding: when every candidate has at least this many queued requests (`Load::queue`), a
     /// sheddable request (negative priority) is refused (HTTP 429) instead of queued deeper; 0 never sheds.
     pub shed_queue_depth: u32,
@@ -49,12 +56,14 @@ impl Default for RouterConfig {
             max_blocks: 1 << 18,
             max_engine_blocks: 1 << 20,
             routed_ttl_s: 120.0,
+            book_routed_s: 0.0,
             max_fallbacks: 3,
             seed: None,
             spill_enabled: true,
             spill_abs: 8,
             spill_ratio: 1.5,
             request_cost_tokens: 16,
+            uncached_weight: 2.0,
             shed_queue_depth: 0,
             objectives: BTreeMap::new(),
             default_priority: 0,
@@ -89,6 +98,12 @@ impl RouterConfig {
         }
         if !(self.routed_ttl_s > 0.0 && self.routed_ttl_s.is_finite()) {
             return bad("routed_ttl_s must be positive");
+        }
+        if !(self.uncached_weight >= 1.0 && self.uncached_weight.is_finite()) {
+            return bad("uncached_weight must be at least 1");
+        }
+        if !(self.book_routed_s >= 0.0 && self.book_routed_s.is_finite()) {
+            return bad("book_routed_s must be zero or positive");
         }
         if !(self.spill_ratio >= 1.0 && self.spill_ratio.is_finite()) {
             return bad("spill_ratio must be at least 1");

@@ -156,6 +156,8 @@ pub struct Router {
     rng: Rng,
     epoch: Instant,
     ttl: Tick,
+    /// Optimistic booking's lease (`book_routed_s`), in ticks; 0: off.
+    book: Tick,
 }
 
 impl Router {
@@ -173,6 +175,7 @@ impl Router {
             events: EventIndex::new(config.max_blocks),
             routed: RoutedIndex::new(config.max_blocks),
             ttl: ((config.routed_ttl_s * 10.0).ceil() as Tick).max(1),
+            book: (config.book_routed_s * 10.0).ceil() as Tick,
             config,
             table: RwLock::new(Table::default()),
             rng: Rng::new(seed),
@@ -339,9 +342,16 @@ impl Router {
             rng: &self.rng,
         });
         let p = ranking[0];
-        if self.source == PrefixSource::Routed {
+        // Approximate mode leases what it routed; precise mode with booking books it until the
+        // engine's events confirm (the lease runs out; the events index holds it by then).
+        let lease = match self.source {
+            PrefixSource::Routed => self.ttl,
+            PrefixSource::Events => self.book,
+            PrefixSource::None => 0,
+        };
+        if lease > 0 {
             if let Some((_, hashes)) = chains.iter().find(|(b, _)| *b == block_sizes[p]) {
-                self.routed.record_routed(candidates[p].id, hashes, now, self.ttl);
+                self.routed.record_routed(candidates[p].id, hashes, now, lease);
             }
         }
         Ok(Pick {
@@ -418,8 +428,12 @@ impl Router {
                 PrefixSource::Events => self.events.match_prefix(&hashes, set, now),
                 _ => self.routed.match_prefix(&hashes, set, now),
             };
+            // Booked blocks (precise mode): what was just routed there, not yet in its events.
+            let booked = (self.source == PrefixSource::Events && self.book > 0)
+                .then(|| self.routed.match_prefix(&hashes, set, now));
             for i in members {
-                candidates[i].cached_blocks = counts.get(candidates[i].id);
+                let id = candidates[i].id;
+                candidates[i].cached_blocks = counts.get(id).max(booked.as_ref().map_or(0, |b| b.get(id)));
                 candidates[i].prompt_blocks = hashes.len() as u32;
             }
             chains.push((bs, hashes));

@@ -862,3 +862,42 @@ fn reports_reach_the_rank_of_a_data_parallel_engine() {
         assert_ne!(&*pick.primary, rank(0, 1));
     }
 }
+
+#[test]
+fn booking_counts_a_just_routed_prefix_before_its_events() {
+    // Two idle endpoints; a 30-block prompt goes to one of them and reaches its first token (no
+    // prefill backlog left), but no KV event has told us yet what that engine now holds.
+    let shared = prompt(5, 30);
+    let mut follow_up = shared.clone();
+    follow_up.extend([1, 1, 1, 1]);
+    let second_pick = |book_routed_s: f64| {
+        let r = router_with(
+            "kv_events",
+            2,
+            RouterConfig {
+                seed: Some(1),
+                book_routed_s,
+                ..Default::default()
+            },
+        );
+        let mut first = r.pick(&shared, None).unwrap();
+        first.in_flight.first_token();
+        let second = r.pick(&follow_up, None).unwrap();
+        (first.primary.clone(), second.primary.clone(), second.cached_blocks)
+    };
+    // Without booking both look cold and the first endpoint has a request more: the follow-up goes
+    // to the other one and prefills the whole prefix again.
+    let (first, second, cached) = second_pick(0.0);
+    assert_ne!(first, second);
+    assert_eq!(cached, 0);
+    // Booked, the prefix counts on the first endpoint: the follow-up joins it.
+    let (first, second, cached) = second_pick(5.0);
+    assert_eq!(first, second);
+    assert_eq!(cached, 30);
+}
+
+#[test]
+fn booking_is_refused_when_negative() {
+    assert!(RouterConfig::from_json(r#"{"book_routed_s": -1}"#).is_err());
+    assert_eq!(RouterConfig::default().book_routed_s, 0.0, "off unless asked for");
+}

@@ -4,9 +4,20 @@
 //! 1. Spill gate (`filter.rs`) removes overloaded endpoints.
 //! 2. The rest are ranked by expected wait, in prefill tokens: the endpoint's prefill backlog (our own
 //!    requests not yet at their first token, or the engine's queued uncached tokens, whichever is
-//!    larger) + this prompt's tokens past the endpoint's cached prefix + `request_cost` per request
-//!    already on it (each running sequence slows every step a little). Ties: more cached blocks (keep
-//!    the affinity), less load, then at random.
+//!    larger) + `uncached_weight` (2) x this prompt's tokens past the endpoint's cached prefix +
+//!    `request_cost` per request already on it (each running sequence slows every step a little).
+//!    Ties: more cached blocks (keep the affinity), less load, then at random.
+//!
+//! Why the uncached tokens count twice: a miss costs the request its own prefill, and it costs the
+//! engine the same work again for everything that arrives behind it (and fills KV that evicts other
+//! prefixes); the backlog is already committed and counts once. Counted once, a prefix group whose
+//! holder is busy is spread to an idle engine to save a few tokens of wait, prefilling the prefix
+//! again there: the workload suite (issue 13, docs/routing-benchmark.md) measured that losing hit
+//! rate to SMG cache_aware on RAG (-3.3 points) and Zipf-skewed prefixes (-1.8 closed loop, -7.3 at
+//! 90% load); with the weight at 2 the same runs were +4.2, +0.1 and +1.7 points, with mean TTFT at or
+//! below SMG's on all six shapes. (A later run of the new default still missed on some points, e.g.
+//! sessions at a light load: see the doc; single runs on the shared machine are noisy.) Where nothing
+//! is cached anywhere the term is equal for every endpoint and changes nothing.
 //! 3. Fallbacks: the rest of that order, then the spilled endpoints by load.
 //!
 //! Prefill dominates time to first token, and an engine busy prefilling a long uncached prompt delays
@@ -22,6 +33,8 @@ pub struct Affinity {
     pub gate: SpillGate,
     /// Prefill tokens one request already on an endpoint is worth.
     pub request_cost: u32,
+    /// Weight of the request's own uncached prompt tokens (`uncached_weight`).
+    pub uncached_weight: f64,
 }
 
 impl Affinity {
@@ -35,13 +48,14 @@ impl Affinity {
                 ratio: cfg.spill_ratio,
             },
             request_cost: cfg.request_cost_tokens,
+            uncached_weight: cfg.uncached_weight,
         }
     }
 
     /// Expected prefill work ahead of the first token on `c`, in tokens.
     pub fn expected_wait(&self, c: &Candidate) -> u64 {
         c.load.prefill_backlog()
-            + u64::from(c.uncached_tokens())
+            + (f64::from(c.uncached_tokens()) * self.uncached_weight) as u64
             + u64::from(self.request_cost) * u64::from(c.load.requests())
     }
 
@@ -69,6 +83,10 @@ mod tests {
     use crate::routing::rng::Rng;
 
     fn affinity(abs: u32, request_cost: u32) -> Affinity {
+        weighted(abs, request_cost, 1.0)
+    }
+
+    fn weighted(abs: u32, request_cost: u32, uncached_weight: f64) -> Affinity {
         Affinity {
             source: PrefixSource::Events,
             gate: SpillGate {
@@ -77,6 +95,7 @@ mod tests {
                 ratio: 1.5,
             },
             request_cost,
+            uncached_weight,
         }
     }
 
@@ -131,5 +150,18 @@ mod tests {
             0,
             "a small backlog: the hit wins"
         );
+    }
+
+    #[test]
+    fn the_uncached_weight_prices_the_work_a_miss_adds() {
+        // A holds 6 of 10 blocks (64 tokens left) with 7 requests (112 tokens at 16 each); B is idle
+        // and cold (160 tokens). Counted once, the miss on B waits less; counted twice (the prefill
+        // B would add delays whatever comes next there), the shared prefix on A wins.
+        let c = [cand(0, 7, 6), cand(1, 0, 0)];
+        assert_eq!(rank(&weighted(8, 16, 1.0), &c)[0], 1);
+        assert_eq!(rank(&weighted(8, 16, 2.0), &c)[0], 0);
+        // With nothing cached anywhere the weight changes nothing: least load still wins.
+        let cold = [cand(0, 3, 0), cand(1, 1, 0)];
+        assert_eq!(rank(&weighted(8, 16, 2.0), &cold)[0], 1);
     }
 }

@@ -1,0 +1,442 @@
+"""The workload suite (issue 13): every shape of `shapes.py`, closed loop and open loop at several shares
+of capacity, several seeds, engine counts and KV capacities; our policies, SMG cache_aware and round
+robin on the same engines and the same arrivals, each run on freshly started engines.
+
+Per (shape, seed, engine config):
+1. Closed loop, `clients_per_engine` x engines clients, each running whole sessions (a session's turns
+   back to back): SMG first, whose completions per second are the shape's capacity (round robin's when
+   SMG is absent), then ours and round robin.
+2. Open loop at each `--loads` share of that capacity: Poisson arrivals, each the next turn of one of
+   the shape's sessions in progress (`shapes.interleave`), the same arrivals and prompts for every
+   gateway.
+Reported over the requests that started after the warm-up: hit rate, TTFT mean/p50/p90/p99, completions
+per second, max/mean engine load (requests served, and mean requests in flight). The report
+(`suite_report.py`, JSON + markdown) leads with the shape where our default policy's mean TTFT over
+SMG's is worst.
+
+`python -m load.bench_routing.suite [--quick]` (`make bench-routing`); docs/routing-benchmark.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from load.bench import gateways as bench_gateways
+from load.bench.procs import StartError
+from load.bench_routing import gateways, shapes, suite_report
+from load.bench_routing.engines import EngineConfig, EngineWatch, start_engines
+from load.bench_routing.run import Context, RunSpec, _start_gateway, summarize
+from load.bench_routing.target import RoutingTarget
+from load.loadgen.records import Record, json_safe
+from load.loadgen.runner import open_loop, poisson_arrivals
+from load.loadgen.text import load_vocab
+
+DEFAULT_OUT = bench_gateways.ROOT / "load" / "results"
+
+
+@dataclass(frozen=True)
+class Gateway:
+    """One gateway under test: ours with a policy (and router settings), SMG, or round robin."""
+
+    name: str
+    spec: RunSpec
+    routing_config: str | None = None
+
+
+SMG = Gateway("smg", RunSpec("smg", gateways.SMG_POLICY))
+ROUND_ROBIN = Gateway("round_robin", RunSpec("ours", "round_robin"))
+OURS_DEFAULT = "kv_events"
+
+
+def ours(policy: str, routing_config: str | None = None, name: str | None = None) -> Gateway:
+    return Gateway(name or policy, RunSpec("ours", policy), routing_config)
+
+
+@dataclass(frozen=True)
+class Mode:
+    duration_s: float
+    warmup_s: float
+    seeds: tuple[int, ...]
+    loads: tuple[float, ...]
+    engine_counts: tuple[int, ...]  # the sweep, beyond the main grid's EngineConfig.engines
+    block_counts: tuple[int, ...]
+
+
+FULL = Mode(40.0, 8.0, (0, 1, 2), (0.5, 0.7, 0.9, 1.1), (2, 8), (512, 2048))
+QUICK = Mode(14.0, 4.0, (0,), (0.9,), (), ())
+CLIENTS_PER_ENGINE = 3
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One (shape, seed, engine config) of the suite: its closed-loop runs, then its open-loop ones."""
+
+    shape: str
+    seed: int
+    config: EngineConfig
+    sweep: str  # "main", "engines", "blocks"
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m load.bench_routing.suite", description=__doc__)
+    p.add_argument(
+        "--quick", action="store_true", help="one seed, closed loop + 90%%, 14 s runs, no sweeps (~20 min)"
+    )
+    p.add_argument("--shapes", default=",".join(shapes.SHAPES), help="comma list of shapes")
+    p.add_argument("--policies", default=OURS_DEFAULT, help="our policies, comma list (default kv_events)")
+    p.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="NAME=POLICY:JSON",
+        help="an extra run of ours with router settings, e.g. 'booked=kv_events:{\"book_routed\":true}'",
+    )
+    p.add_argument("--seeds", default=None, help="comma list (default 0,1,2; quick 0)")
+    p.add_argument("--loads", default=None, help="open-loop shares of capacity (default .5,.7,.9,1.1)")
+    p.add_argument("--no-closed", action="store_true", help="skip the closed-loop runs (capacity: --rate)")
+    p.add_argument("--rate", type=float, default=None, help="fixed capacity in requests/s (skips probing)")
+    p.add_argument("--duration", type=float, default=None)
+    p.add_argument("--warmup", type=float, default=None)
+    p.add_argument("--engines", type=int, default=EngineConfig.engines, help="engines in the main grid")
+    p.add_argument("--num-blocks", type=int, default=EngineConfig.num_blocks, help="KV blocks per engine")
+    p.add_argument("--sweep-engines", default=None, help="engine counts swept (default full: 2,8)")
+    p.add_argument("--sweep-blocks", default=None, help="KV blocks per engine swept (default full: 512,2048)")
+    p.add_argument("--sweep-shapes", default=None, help="shapes the sweeps run (default: all)")
+    p.add_argument("--time-scale", type=float, default=EngineConfig.time_scale)
+    p.add_argument("--no-smg", action="store_true")
+    p.add_argument("--no-rr", action="store_true", help="leave round robin out")
+    p.add_argument("--smg-venv", type=Path, default=bench_gateways.DEFAULT_SMG_VENV)
+    p.add_argument("--smg-args", default="")
+    p.add_argument("--envoy-concurrency", type=int, default=bench_gateways.cpu_count())
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    args = p.parse_args(argv)
+    mode = QUICK if args.quick else FULL
+    args.shapes = _names(args.shapes, shapes.SHAPES, p, "--shapes")
+    args.policies = _names(args.policies, gateways.POLICIES, p, "--policies")
+    args.seeds = tuple(int(s) for s in args.seeds.split(",")) if args.seeds else mode.seeds
+    args.loads = tuple(float(x) for x in args.loads.split(",")) if args.loads else mode.loads
+    args.duration = args.duration or mode.duration_s
+    args.warmup = mode.warmup_s if args.warmup is None else args.warmup
+    args.sweep_engines = _ints(args.sweep_engines, mode.engine_counts)
+    args.sweep_blocks = _ints(args.sweep_blocks, mode.block_counts)
+    args.sweep_shapes = _names(args.sweep_shapes, shapes.SHAPES, p, "--sweep-shapes") or args.shapes
+    if args.warmup >= args.duration:
+        p.error("--warmup must be shorter than --duration")
+    if args.no_closed and args.rate is None:
+        p.error("--no-closed needs --rate (the capacity open-loop loads are shares of)")
+    args.variants = [_variant(v, p) for v in args.variant]
+    return args
+
+
+def _names(raw: str | None, known: Sequence[str], p: argparse.ArgumentParser, flag: str) -> tuple[str, ...]:
+    if raw is None:
+        return ()
+    names = tuple(x.strip() for x in raw.split(",") if x.strip())
+    unknown = set(names) - set(known)
+    if unknown or not names:
+        p.error(f"{flag}: unknown {', '.join(sorted(unknown)) or '(none given)'}; known: {', '.join(known)}")
+    return names
+
+
+def _ints(raw: str | None, default: tuple[int, ...]) -> tuple[int, ...]:
+    if raw is None:
+        return default
+    return tuple(int(x) for x in raw.split(",") if x.strip())
+
+
+def _variant(raw: str, p: argparse.ArgumentParser) -> Gateway:
+    name, _, rest = raw.partition("=")
+    policy, _, config = rest.partition(":")
+    if not name or policy not in gateways.POLICIES or not config:
+        p.error(f"--variant {raw!r}: want NAME=POLICY:JSON")
+    json.loads(config)
+    return ours(policy, config, name)
+
+
+def cells(args: argparse.Namespace) -> list[Cell]:
+    """The main grid (every shape and seed), then the sweeps (first seed only)."""
+    base = replace(
+        EngineConfig(), engines=args.engines, num_blocks=args.num_blocks, time_scale=args.time_scale
+    )
+    out = [Cell(s, seed, base, "main") for s in args.shapes for seed in args.seeds]
+    for s in args.sweep_shapes:
+        out += [Cell(s, args.seeds[0], replace(base, engines=n), "engines") for n in args.sweep_engines]
+        out += [Cell(s, args.seeds[0], replace(base, num_blocks=b), "blocks") for b in args.sweep_blocks]
+    return out
+
+
+@contextmanager
+def _routing_config(config: str | None) -> Iterator[None]:
+    """Ours reads its router settings from EXTPROC_ROUTING_CONFIG (its documented setting)."""
+    old = os.environ.pop("EXTPROC_ROUTING_CONFIG", None)
+    if config is not None:
+        os.environ["EXTPROC_ROUTING_CONFIG"] = config
+    try:
+        yield
+    finally:
+        os.environ.pop("EXTPROC_ROUTING_CONFIG", None)
+        if old is not None:
+            os.environ["EXTPROC_ROUTING_CONFIG"] = old
+
+
+def run_one(
+    gw: Gateway,
+    ctx: Context,
+    cell: Cell,
+    shape: shapes.Shape,
+    *,
+    arrivals: Sequence[float] | None,
+    duration_s: float,
+    warmup_s: float,
+    label: str,
+) -> dict[str, Any]:
+    """One gateway on fresh engines: closed loop (`arrivals` None) or open loop; its summary."""
+    log_dir = ctx.log_dir / f"{cell.shape}-s{cell.seed}-e{cell.config.engines}-b{cell.config.num_blocks}"
+    log_dir = log_dir / f"{label}-{gw.name}"
+    engines = start_engines(cell.config, log_dir)
+    try:
+        with _routing_config(gw.routing_config):
+            started = _start_gateway(gw.spec, replace(ctx, config=cell.config), engines.addresses, log_dir)
+        try:
+            records, watch, wall_s = asyncio.run(
+                _drive(started, ctx.model, engines.metrics_ports, shape, cell, arrivals, duration_s)
+            )
+        finally:
+            started.gateway.stop()
+    finally:
+        engines.stop()
+    summary = summarize(records, warmup_s, duration_s)
+    flight = watch["mean_in_flight"]
+    mean_flight = sum(flight) / len(flight) if flight else 0.0
+    return {
+        "gateway": gw.name,
+        "wall_s": wall_s,
+        "requests": summary["requests"],
+        "errors": summary["errors"],
+        "error_samples": summary["error_samples"],
+        "hit_rate": summary["hit_rate"],
+        "ttft_ms": summary["ttft_ms"],
+        "requests_per_s": summary["requests_per_s"],
+        "output_tokens_per_s": summary["output_tokens_per_s"],
+        "served": watch["served"],
+        "served_max_over_mean": watch["served_max_over_mean"],
+        "in_flight_max_over_mean": max(flight) / mean_flight if mean_flight else None,
+        "mean_in_flight": flight,
+        "peak_in_flight": watch["peak_in_flight"],
+    }
+
+
+async def _drive(
+    started: gateways.Started,
+    model: str,
+    ports: list[int],
+    shape: shapes.Shape,
+    cell: Cell,
+    arrivals: Sequence[float] | None,
+    duration_s: float,
+) -> tuple[list[Record], dict[str, Any], float]:
+    target = RoutingTarget(started.gateway.base_url, model)
+    try:
+        begun = time.monotonic()
+        async with EngineWatch(ports) as watch:
+            if arrivals is None:
+                clients = CLIENTS_PER_ENGINE * cell.config.engines
+                records = await closed_sessions(target, shape, clients, duration_s)
+            else:
+                specs = shapes.interleave(shape, len(arrivals))
+                prepared = [target.prepare(s) for s in specs]
+                records = (await open_loop(target, prepared, arrivals)).records
+        return records, watch.report(), time.monotonic() - begun
+    finally:
+        target.close()
+
+
+async def closed_sessions(
+    target: RoutingTarget, shape: shapes.Shape, clients: int, duration_s: float
+) -> list[Record]:
+    """`clients` clients, each taking the shape's next session and sending its turns back to back (a
+    turn after the previous one's answer), until `duration_s`; what is in flight then completes."""
+    sessions = shape.sessions()
+    records: list[Record] = []
+    start = time.perf_counter()
+    deadline = start + duration_s
+
+    async def client() -> None:
+        while time.perf_counter() < deadline:
+            for spec in next(sessions):
+                if time.perf_counter() >= deadline:
+                    return
+                records.append(await target.send(target.prepare(spec), start))
+
+    await asyncio.gather(*(client() for _ in range(clients)))
+    return records
+
+
+def run_cell(
+    cell: Cell, args: argparse.Namespace, ctx: Context, vocab: Any, ours_gateways: list[Gateway]
+) -> dict[str, Any]:
+    """The cell's closed-loop runs, its capacity, then its open-loop runs."""
+    shape = shapes.make_shape(cell.shape, vocab, cell.seed)
+    smg = [SMG] if ctx.smg_binary is not None else []
+    rr = [] if args.no_rr else [ROUND_ROBIN]
+    order = smg + ours_gateways + rr  # the capacity's source first
+    out: dict[str, Any] = {
+        "shape": cell.shape,
+        "seed": cell.seed,
+        "sweep": cell.sweep,
+        "engines": cell.config.engines,
+        "num_blocks": cell.config.num_blocks,
+        "params": shape.params,
+        "active_sessions": shape.active,
+        "points": [],
+    }
+    capacity = args.rate
+    if not args.no_closed:
+        runs = []
+        for gw in order:
+            print(f"  {cell.shape} seed {cell.seed} {cell.sweep}: closed loop, {gw.name}", file=sys.stderr)
+            runs.append(_guarded(gw, ctx, cell, shape, None, args, "closed"))
+        out["points"].append({"mode": "closed", "load": None, "rate": None, "runs": runs})
+        source = next((r for r in runs if r.get("requests_per_s")), None)
+        if capacity is None and source is not None:
+            capacity = source["requests_per_s"]
+            out["capacity_from"] = source["gateway"]
+    out["capacity"] = capacity
+    if not capacity:
+        return out
+    for load in args.loads:
+        rate = load * capacity
+        arrivals = [t for t in poisson_arrivals(rate, int(rate * args.duration * 1.5) + 10, cell.seed)]
+        arrivals = [t for t in arrivals if t < args.duration]
+        runs = []
+        for gw in order:
+            print(f"  {cell.shape} seed {cell.seed}: open loop {load:.0%}, {gw.name}", file=sys.stderr)
+            runs.append(_guarded(gw, ctx, cell, shape, arrivals, args, f"open{int(load * 100)}"))
+        out["points"].append({"mode": "open", "load": load, "rate": rate, "runs": runs})
+    return out
+
+
+def _guarded(
+    gw: Gateway,
+    ctx: Context,
+    cell: Cell,
+    shape: shapes.Shape,
+    arrivals: Sequence[float] | None,
+    args: argparse.Namespace,
+    label: str,
+) -> dict[str, Any]:
+    """A run; one that fails to start is recorded as failed and the suite goes on."""
+    try:
+        return run_one(
+            gw,
+            ctx,
+            cell,
+            shape,
+            arrivals=arrivals,
+            duration_s=args.duration,
+            warmup_s=args.warmup,
+            label=label,
+        )
+    except (StartError, OSError, RuntimeError) as exc:
+        print(f"    {gw.name} failed: {exc}", file=sys.stderr)
+        return {"gateway": gw.name, "failed": str(exc)[-500:]}
+
+
+def _smg_binary(args: argparse.Namespace, log_dir: Path) -> Path | None:
+    if args.no_smg:
+        return None
+    try:
+        return bench_gateways.ensure_smg(args.smg_venv, log_dir)
+    except (OSError, subprocess.CalledProcessError, StartError) as exc:
+        print(f"SMG unavailable, running without it: {exc}", file=sys.stderr)
+        return None
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    from extproc.models import default_model_dir, served_model_name
+
+    model_dir = default_model_dir()
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    log_dir = args.out / f"suite-{stamp}-logs"
+    begun = time.monotonic()
+    vocab = load_vocab(model_dir / "tokenizer.json")
+    ctx = Context(
+        config=EngineConfig(),
+        model=served_model_name(model_dir),
+        model_dir=model_dir,
+        log_dir=log_dir,
+        envoy_concurrency=args.envoy_concurrency,
+        smg_binary=_smg_binary(args, log_dir),
+        smg_extra=tuple(shlex.split(args.smg_args)),
+    )
+    ours_gateways = [ours(p) for p in args.policies] + args.variants
+    results = []
+    for cell in cells(args):
+        results.append(run_cell(cell, args, ctx, vocab, ours_gateways))
+        _write(args, stamp, begun, ours_gateways, results, partial=True)
+    path = _write(args, stamp, begun, ours_gateways, results, partial=False)
+    print(suite_report.markdown(json.loads(path.read_text())))
+    print(f"wall time {time.monotonic() - begun:.0f} s; results in {path} and {path.with_suffix('.md')}")
+    return 0
+
+
+def _write(
+    args: argparse.Namespace,
+    stamp: str,
+    begun: float,
+    ours_gateways: list[Gateway],
+    results: list[dict[str, Any]],
+    *,
+    partial: bool,
+) -> Path:
+    """The JSON (rewritten after every cell, so a long suite cut short keeps what it measured) and,
+    at the end, the markdown report beside it."""
+    doc = {
+        "started_at": stamp,
+        "quick": args.quick,
+        "partial": partial,
+        "wall_s": time.monotonic() - begun,
+        "default_policy": OURS_DEFAULT,
+        "ours": [
+            {"name": g.name, "policy": g.spec.policy, "routing_config": g.routing_config}
+            for g in ours_gateways
+        ],
+        "settings": {
+            "duration_s": args.duration,
+            "warmup_s": args.warmup,
+            "loads": list(args.loads),
+            "seeds": list(args.seeds),
+            "clients_per_engine": CLIENTS_PER_ENGINE,
+            "engine": asdict(replace(EngineConfig(), time_scale=args.time_scale)),
+            "argv": sys.argv[1:],
+            "smg_args": args.smg_args,
+        },
+        "cells": results,
+    }
+    doc["summary"] = suite_report.analyse(doc)
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / f"suite-{stamp}.json"
+    path.write_text(json.dumps(json_safe(doc), indent=2) + "\n")
+    if not partial:
+        path.with_suffix(".md").write_text(suite_report.markdown(json.loads(path.read_text())))
+        shutil.copyfile(path, args.out / "suite-latest.json")
+        shutil.copyfile(path.with_suffix(".md"), args.out / "suite-latest.md")
+    return path
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,209 @@
+"""The workload suite's report: ratios of ours to SMG cache_aware per run, the issue's targets, and the
+markdown (one table per shape, the worst shape first: the highest mean-TTFT ratio of our default
+policy to SMG's at any of its loads, main grid).
+
+Targets (issue 13), for the default policy against SMG cache_aware at every shape and load: hit rate at
+least SMG's less 0.5 points, mean TTFT at most 1.0x, p90 at most 1.05x; the geometric mean of the
+mean-TTFT ratios over the suite at most 0.85x.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from typing import Any
+
+HIT_SLACK_PTS = 0.5
+MEAN_MAX = 1.0
+P90_MAX = 1.05
+GEOMEAN_MAX = 0.85
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    if a is None or b is None or not b or math.isnan(a) or math.isnan(b):
+        return None
+    return a / b
+
+
+def _runs(point: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {r["gateway"]: r for r in point["runs"] if "failed" not in r}
+
+
+def comparisons(doc: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """Per cell, point and gateway of ours: its figures over SMG's on the same engines and arrivals."""
+    for cell in doc["cells"]:
+        for point in cell["points"]:
+            runs = _runs(point)
+            smg = runs.get("smg")
+            if smg is None:
+                continue
+            for g in doc["ours"]:
+                run = runs.get(g["name"])
+                if run is None:
+                    continue
+                yield {
+                    "shape": cell["shape"],
+                    "seed": cell["seed"],
+                    "sweep": cell["sweep"],
+                    "engines": cell["engines"],
+                    "num_blocks": cell["num_blocks"],
+                    "mode": point["mode"],
+                    "load": point["load"],
+                    "gateway": g["name"],
+                    "mean": _ratio(run["ttft_ms"]["mean"], smg["ttft_ms"]["mean"]),
+                    "p90": _ratio(run["ttft_ms"]["p90"], smg["ttft_ms"]["p90"]),
+                    "p99": _ratio(run["ttft_ms"]["p99"], smg["ttft_ms"]["p99"]),
+                    "throughput": _ratio(run["requests_per_s"], smg["requests_per_s"]),
+                    "hit_pts": 100 * (run["hit_rate"] - smg["hit_rate"]),
+                }
+
+
+def analyse(doc: dict[str, Any]) -> dict[str, Any]:
+    """Per gateway of ours: the shapes worst first, the geometric mean, each target met or not."""
+    rows = list(comparisons(doc))
+    out: dict[str, Any] = {}
+    for g in doc["ours"]:
+        mine = [r for r in rows if r["gateway"] == g["name"] and r["mean"] is not None]
+        main = [r for r in mine if r["sweep"] == "main"]
+        worst: dict[str, float] = {}
+        for r in main:
+            worst[r["shape"]] = max(worst.get(r["shape"], 0.0), r["mean"])
+        ratios = [r["mean"] for r in mine if r["mean"] > 0]
+        geomean = math.exp(sum(map(math.log, ratios)) / len(ratios)) if ratios else None
+        misses = {
+            "mean": [_where(r) for r in mine if r["mean"] > MEAN_MAX],
+            "p90": [_where(r) for r in mine if r["p90"] is not None and r["p90"] > P90_MAX],
+            "hit": [_where(r) for r in mine if r["hit_pts"] < -HIT_SLACK_PTS],
+        }
+        out[g["name"]] = {
+            "shapes_worst_first": sorted(worst.items(), key=lambda kv: -kv[1]),
+            "geomean_mean_ratio": geomean,
+            "points": len(mine),
+            "targets": {
+                "geomean": geomean is not None and geomean <= GEOMEAN_MAX,
+                "mean_every_point": not misses["mean"],
+                "p90_every_point": not misses["p90"],
+                "hit_every_point": not misses["hit"],
+            },
+            "misses": misses,
+        }
+    return out
+
+
+def _where(r: dict[str, Any]) -> str:
+    load = "closed" if r["mode"] == "closed" else f"{r['load']:.0%}"
+    sweep = "" if r["sweep"] == "main" else f" e{r['engines']} b{r['num_blocks']}"
+    return f"{r['shape']} s{r['seed']} {load}{sweep}"
+
+
+def _f(v: float | None, fmt: str = "{:.0f}") -> str:
+    return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else fmt.format(v)
+
+
+HEADER = (
+    "| seed | load | gateway | hit % | TTFT mean ms | p90 | p99 | req/s | served max/mean "
+    "| in-flight max/mean | mean/SMG | p90/SMG | hit-SMG pts |\n" + "|---" * 13 + "|"
+)
+
+
+def _rows(cell: dict[str, Any], doc: dict[str, Any]) -> Iterator[str]:
+    for point in cell["points"]:
+        runs = _runs(point)
+        smg = runs.get("smg")
+        load = "closed" if point["mode"] == "closed" else f"{point['load']:.0%} ({point['rate']:.1f}/s)"
+        for r in point["runs"]:
+            if "failed" in r:
+                yield f"| {cell['seed']} | {load} | {r['gateway']} | failed to start |" + " |" * 9
+                continue
+            t = r["ttft_ms"]
+            ratios = ["-", "-", "-"]
+            if smg is not None and r["gateway"] != "smg":
+                ratios = [
+                    _f(_ratio(t["mean"], smg["ttft_ms"]["mean"]), "{:.2f}"),
+                    _f(_ratio(t["p90"], smg["ttft_ms"]["p90"]), "{:.2f}"),
+                    _f(100 * (r["hit_rate"] - smg["hit_rate"]), "{:+.1f}"),
+                ]
+            name = f"**{r['gateway']}**" if r["gateway"] == doc["default_policy"] else r["gateway"]
+            cells = [
+                str(cell["seed"]),
+                load,
+                name,
+                _f(100 * r["hit_rate"], "{:.1f}"),
+                _f(t["mean"]),
+                _f(t["p90"]),
+                _f(t["p99"]),
+                _f(r["requests_per_s"], "{:.2f}"),
+                _f(r["served_max_over_mean"], "{:.2f}"),
+                _f(r["in_flight_max_over_mean"], "{:.2f}"),
+                *ratios,
+            ]
+            yield "| " + " | ".join(cells) + " |"
+
+
+def markdown(doc: dict[str, Any]) -> str:
+    summary = doc.get("summary") or analyse(doc)
+    default = doc["default_policy"]
+    s = doc["settings"]
+    lines = [
+        f"# Routing workload suite ({'quick' if doc['quick'] else 'full'}, {doc['started_at']})",
+        "",
+        f"{s['duration_s']:.0f} s runs, first {s['warmup_s']:.0f} s not measured; open-loop loads "
+        f"{', '.join(f'{x:.0%}' for x in s['loads'])} of the shape's closed-loop capacity; seeds "
+        f"{', '.join(map(str, s['seeds']))}; {s['clients_per_engine']} closed-loop clients per engine; "
+        f"time scale {s['engine']['time_scale']}. Ratios: ours over SMG cache_aware on the same engines "
+        "and arrivals (TTFT: below 1 is better).",
+        "",
+    ]
+    for name, g in summary.items():
+        worst = ", ".join(f"{k} {v:.2f}x" for k, v in g["shapes_worst_first"])
+        gm = g["geomean_mean_ratio"]
+        t = g["targets"]
+        lines.append(
+            f"- **{name}**: worst mean-TTFT ratio per shape: {worst or '-'}; geometric mean over "
+            f"{g['points']} points {_f(gm, '{:.2f}')}x ({'met' if t['geomean'] else 'NOT met'}, target "
+            f"<= {GEOMEAN_MAX}); mean <= {MEAN_MAX}x everywhere: {_yes(t['mean_every_point'])}; p90 <= "
+            f"{P90_MAX}x: {_yes(t['p90_every_point'])}; hits >= SMG - {HIT_SLACK_PTS} pt: "
+            f"{_yes(t['hit_every_point'])}"
+        )
+        for what, where in g["misses"].items():
+            if where:
+                lines.append(f"  - {what} missed at: {'; '.join(where)}")
+    lines.append("")
+    order = [k for k, _ in (summary.get(default) or {}).get("shapes_worst_first", [])]
+    main = [c for c in doc["cells"] if c["sweep"] == "main"]
+    shapes_seen = list(dict.fromkeys(c["shape"] for c in main))
+    for shape in order + [x for x in shapes_seen if x not in order]:
+        lines += [f"## {shape}", ""]
+        mine = [c for c in main if c["shape"] == shape]
+        for c in mine:
+            cap = c.get("capacity")
+            lines.append(
+                f"seed {c['seed']}: {c['engines']} engines x {c['num_blocks']} blocks; capacity "
+                f"{_f(cap, '{:.2f}')} req/s (closed loop, {c.get('capacity_from', 'given')}); "
+                f"{c['active_sessions']} sessions in progress open loop; params {_params(c['params'])}"
+            )
+        lines += ["", HEADER]
+        for c in mine:
+            lines += list(_rows(c, doc))
+        lines.append("")
+    sweeps = [c for c in doc["cells"] if c["sweep"] != "main"]
+    if sweeps:
+        lines += ["## Sweeps (engine count, KV blocks per engine)", ""]
+        for c in sweeps:
+            lines += [f"### {c['shape']}: {c['engines']} engines x {c['num_blocks']} blocks", "", HEADER]
+            lines += list(_rows(c, doc))
+            lines.append("")
+    return "\n".join(lines)
+
+
+def _yes(ok: bool) -> str:
+    return "met" if ok else "NOT met"
+
+
+def _params(p: dict[str, Any]) -> str:
+    def short(v: Any) -> str:
+        if isinstance(v, list) and len(v) > 6:
+            return f"{len(v)} of {min(v)}-{max(v)}"
+        return str(v).replace(" ", "")
+
+    return ", ".join(f"{k}={short(v)}" for k, v in p.items())

@@ -1,0 +1,247 @@
+//! Scale benchmark of the routing decision (issue 13): the `kv_events` pick's p50/p99 as the endpoint
+//! count grows, with a loaded prefix index, and the index's memory per cached block.
+//!
+//! `cargo run --release --example routing_scale` (about a minute on 2 shared cores). Three parts:
+//! 1. Whole picks (`Router::pick`: hash the prompt, match the index, build candidates, rank, book the
+//!    in-flight guard) at 16, 64 and 128 endpoints, each endpoint's index filled with 96 prompts of
+//!    128 blocks (a 64-block prefix out of 256 shared ones, then a unique tail).
+//! 2. The router at 1,000 and 10,000 endpoints: refused (`set_endpoints` errors), since the precise
+//!    index keeps a block's holders as a 128-bit set; printed as such.
+//! 3. The ranking alone (the `kv_events` policy over synthetic candidates with varied loads and cached
+//!    prefixes) at 64, 1,000 and 10,000 candidates: the part of a pick that grows with the endpoint
+//!    count, a lower bound for a pick at that size.
+//!    Memory: allocator bytes of the filled router over distinct indexed blocks and over memberships.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicIsize, Ordering};
+use std::time::Instant;
+
+use prost::Message;
+
+use extproc_core::pb::kv_events as pb;
+use extproc_core::routing::policy::registry::policy;
+use extproc_core::routing::policy::{Candidate, PickContext};
+use extproc_core::routing::rng::Rng;
+use extproc_core::routing::{EngineLoad, Load, Router, RouterConfig};
+
+struct Counting;
+static LIVE: AtomicIsize = AtomicIsize::new(0);
+
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
+        LIVE.fetch_add(l.size() as isize, Ordering::Relaxed);
+        unsafe { System.alloc(l) }
+    }
+    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
+        LIVE.fetch_sub(l.size() as isize, Ordering::Relaxed);
+        unsafe { System.dealloc(p, l) }
+    }
+    unsafe fn realloc(&self, p: *mut u8, l: Layout, new: usize) -> *mut u8 {
+        LIVE.fetch_add(new as isize - l.size() as isize, Ordering::Relaxed);
+        unsafe { System.realloc(p, l, new) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+const BLOCK: usize = 16;
+const SYSTEM_PROMPTS: u32 = 256;
+const SYSTEM_BLOCKS: u32 = 64;
+const TAIL_BLOCKS: u32 = 64;
+const PROMPTS_PER_ENDPOINT: u64 = 96;
+const PICKS: usize = 20_000;
+
+struct Lcg(u64);
+impl Lcg {
+    fn next(&mut self) -> u32 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (self.0 >> 33) as u32
+    }
+}
+
+fn tokens(system: u32, user: u32) -> Vec<u32> {
+    let mut t: Vec<u32> = (0..SYSTEM_BLOCKS as usize * BLOCK)
+        .map(|i| system * 1_000_003 + i as u32)
+        .collect();
+    t.extend((0..TAIL_BLOCKS as usize * BLOCK).map(|i| 0x4000_0000 + user * 7919 + i as u32));
+    t
+}
+
+fn stored(seq: u64, t: &[u32], engine_hash_base: i64) -> Vec<u8> {
+    let blocks = t
+        .chunks_exact(BLOCK)
+        .enumerate()
+        .map(|(k, b)| pb::KvBlock {
+            block_hash: engine_hash_base + k as i64,
+            token_ids: b.to_vec(),
+            block_size: BLOCK as i32,
+            ..Default::default()
+        })
+        .collect();
+    let ev = pb::KvCacheEvent {
+        event_id: 0,
+        data: Some(pb::kv_cache_event::Data::Stored(pb::KvBlocksStored {
+            blocks,
+            ..Default::default()
+        })),
+    };
+    pb::KvEventBatch {
+        sequence_number: seq,
+        events: vec![ev],
+        ..Default::default()
+    }
+    .encode_to_vec()
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    sorted[((sorted.len() as f64 - 1.0) * p) as usize]
+}
+
+fn addr(i: usize) -> String {
+    format!("10.{}.{}.{}:50051", i / 62_500, (i / 250) % 250, i % 250)
+}
+
+fn cfg() -> RouterConfig {
+    RouterConfig {
+        max_blocks: 1 << 21,
+        seed: Some(7),
+        ..Default::default()
+    }
+}
+
+/// Whole picks at `n` endpoints with a filled index; prints latency and memory.
+fn whole_picks(n: usize) {
+    let before = LIVE.load(Ordering::Relaxed);
+    let router = Router::new("kv_events", cfg()).unwrap();
+    router
+        .set_endpoints((0..n).map(|i| (addr(i), BLOCK as u32)).collect())
+        .unwrap();
+    let mut rng = Lcg(1);
+    for e in 0..n {
+        for k in 0..PROMPTS_PER_ENDPOINT {
+            let system = rng.next() % SYSTEM_PROMPTS;
+            let batch = stored(
+                k + 1,
+                &tokens(system, rng.next()),
+                ((e as i64) << 40) + ((k as i64) << 20),
+            );
+            assert_eq!(router.apply_kv_events(&addr(e), &batch).outcome.kind(), "applied");
+        }
+    }
+    let bytes = (LIVE.load(Ordering::Relaxed) - before) as f64;
+    let stats = router.index_stats();
+    let memberships = n as f64 * PROMPTS_PER_ENDPOINT as f64 * f64::from(SYSTEM_BLOCKS + TAIL_BLOCKS);
+
+    let mut rng = Lcg(2);
+    let requests: Vec<Vec<u32>> = (0..2000)
+        .map(|u| tokens(rng.next() % SYSTEM_PROMPTS, 1_000_000 + u))
+        .collect();
+    let mut held = std::collections::VecDeque::new();
+    let mut samples = Vec::with_capacity(PICKS);
+    for i in 0..PICKS {
+        let t = &requests[i % requests.len()];
+        let start = Instant::now();
+        let pick = router.pick(t, None).expect("healthy endpoints");
+        samples.push(start.elapsed().as_secs_f64() * 1e6);
+        // ~3 requests in flight per endpoint so loads vary and the ranking has work to do.
+        held.push_back(pick);
+        if held.len() > 3 * n {
+            held.pop_front();
+        }
+    }
+    samples.sort_by(f64::total_cmp);
+    println!(
+        "{n:>6} {:>9.2} {:>9.2} {:>9.2} {:>10} {:>11.0} {:>10.1} {:>12.1}",
+        percentile(&samples, 0.5),
+        percentile(&samples, 0.99),
+        percentile(&samples, 0.999),
+        stats.event_blocks,
+        memberships,
+        bytes / stats.event_blocks as f64,
+        bytes / memberships
+    );
+}
+
+/// The `kv_events` ranking alone over `n` synthetic candidates.
+fn ranking(n: usize) {
+    let policy = policy("kv_events", &cfg()).unwrap();
+    let mut rng = Lcg(3);
+    let sets: Vec<Vec<Candidate>> = (0..64)
+        .map(|_| {
+            (0..n)
+                .map(|id| {
+                    let requests = rng.next() % 12;
+                    Candidate {
+                        id: id % 128,
+                        address_hash: u64::from(rng.next()),
+                        load: Load {
+                            in_flight_requests: requests,
+                            in_flight_tokens: u64::from(requests) * 1500,
+                            prefill_tokens: u64::from(rng.next() % 3000),
+                            engine: EngineLoad::default(),
+                        },
+                        cached_blocks: if rng.next().is_multiple_of(8) {
+                            rng.next() % 128
+                        } else {
+                            0
+                        },
+                        prompt_blocks: 128,
+                        prompt_tokens: 2048,
+                        block_size: BLOCK as u32,
+                    }
+                })
+                .collect()
+        })
+        .collect();
+    let dice = Rng::new(9);
+    let rounds = (2_000_000 / n).clamp(200, PICKS);
+    let mut samples = Vec::with_capacity(rounds);
+    for i in 0..rounds {
+        let ctx = PickContext {
+            candidates: &sets[i % sets.len()],
+            session_key: None,
+            rng: &dice,
+        };
+        let start = Instant::now();
+        let order = policy.rank(&ctx);
+        samples.push(start.elapsed().as_secs_f64() * 1e6);
+        assert_eq!(order.len(), n);
+    }
+    samples.sort_by(f64::total_cmp);
+    println!(
+        "{n:>6} {:>9.2} {:>9.2} {:>9.2}",
+        percentile(&samples, 0.5),
+        percentile(&samples, 0.99),
+        percentile(&samples, 0.999)
+    );
+}
+
+fn main() {
+    println!(
+        "whole kv_events picks, 2,048-token prompts ({} blocks of {BLOCK}), {PROMPTS_PER_ENDPOINT} prompts indexed per endpoint:",
+        SYSTEM_BLOCKS + TAIL_BLOCKS
+    );
+    println!(
+        "{:>6} {:>9} {:>9} {:>9} {:>10} {:>11} {:>10} {:>12}",
+        "n", "p50 us", "p99 us", "p99.9 us", "blocks", "memberships", "B/block", "B/membership"
+    );
+    for n in [16, 64, 128] {
+        whole_picks(n);
+    }
+    for n in [1_000, 10_000] {
+        let router = Router::new("kv_events", cfg()).unwrap();
+        match router.set_endpoints((0..n).map(|i| (addr(i), BLOCK as u32)).collect()) {
+            Ok(()) => println!("{n:>6} endpoints accepted (unexpected: measure them above)"),
+            Err(e) => println!("{n:>6} endpoints: refused by the router: {e}"),
+        }
+    }
+    println!("\nkv_events ranking alone, synthetic candidates (1 in 8 holding a prefix):");
+    println!("{:>6} {:>9} {:>9} {:>9}", "n", "p50 us", "p99 us", "p99.9 us");
+    for n in [64, 1_000, 10_000] {
+        ranking(n);
+    }
+}

@@ -1,0 +1,191 @@
+"""The workload suite's shape generators (load/bench_routing/shapes.py): each shape's sharing structure
+holds at several seeds (so at several drawn sizes), sessions grow turn by turn, open-loop interleaving
+and arrivals give the counts asked for, and the suite's report ranks shapes worst first."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections import Counter
+
+import pytest
+
+from extproc.models import default_model_dir
+from load.bench_routing import shapes, suite_report
+from load.bench_routing.trace import RoutedSpec
+from load.loadgen.runner import poisson_arrivals
+from load.loadgen.text import Vocab, load_vocab
+
+SEEDS = (0, 1, 7)
+
+
+@pytest.fixture(scope="module")
+def vocab() -> Vocab:
+    return load_vocab(default_model_dir() / "tokenizer.json")
+
+
+def _ids(spec: RoutedSpec) -> tuple[int, ...]:
+    return tuple(i for m in spec.messages for i in m.text.ids)
+
+
+def _first(spec: RoutedSpec) -> tuple[int, ...]:
+    return spec.messages[0].text.ids
+
+
+@pytest.mark.parametrize("name", shapes.SHAPES)
+def test_a_shape_is_deterministic_by_seed_and_its_parameters_vary(vocab: Vocab, name: str) -> None:
+    one = shapes.interleave(shapes.make_shape(name, vocab, 0), 60)
+    assert one == shapes.interleave(shapes.make_shape(name, vocab, 0), 60)
+    assert one != shapes.interleave(shapes.make_shape(name, vocab, 1), 60)
+    drawn = [shapes.draw_params(name, seed)[0] for seed in range(6)]
+    assert len({repr(p) for p in drawn}) > 1, "the seed must change the shape's size"
+    assert all(s.kind == name and s.stream and s.max_tokens > 0 for s in one)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_system_prompts_bind_each_user_to_one_of_a_few_long_prompts(vocab: Vocab, seed: int) -> None:
+    shape = shapes.make_shape("system_prompts", vocab, seed)
+    prompts = shape.params["prompt_tokens"]
+    assert 2 <= len(prompts) <= 5 and all(n >= 1200 for n in prompts)
+    sessions = [shape.session(i) for i in range(80)]
+    firsts = {_first(t) for s in sessions for t in s}
+    assert len(firsts) <= len(prompts), "every turn starts with one of the shared prompts"
+    for s in sessions:
+        assert len({t.shares for t in s}) == 1 and len({t.user for t in s}) == 1
+        assert len({_first(t) for t in s}) == 1, "a user stays with one prompt"
+        _assert_grows(s)
+    assert max(len(s) for s in sessions) > 1
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_rag_questions_bring_shared_documents_in_varying_order(vocab: Vocab, seed: int) -> None:
+    shape = shapes.make_shape("rag", vocab, seed)
+    n_docs = len(shape.params["doc_tokens"])
+    specs = shapes.interleave(shape, 300)
+    docs = [tuple(m.text.ids for m in s.messages[1:-1]) for s in specs]
+    distinct = {d for group in docs for d in group}
+    assert len(distinct) == n_docs, "all documents come from one shared set"
+    assert all(len(set(g)) == len(g) for g in docs), "a question never repeats a document"
+    multi = [g for g in docs if len(g) > 1]
+    assert multi and len({g[0] for g in multi}) > 1
+    # The same set of documents appears in more than one order.
+    orders = Counter(frozenset(g) for g in multi)
+    assert any(len({g for g in multi if frozenset(g) == k}) > 1 for k, c in orders.items() if c > 1)
+    questions = [s.messages[-1].text.ids for s in specs]
+    assert len(set(questions)) == len(questions), "every question is unique"
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_sessions_share_nothing_across_sessions_and_grow_within_one(vocab: Vocab, seed: int) -> None:
+    shape = shapes.make_shape("sessions", vocab, seed)
+    sessions = [shape.session(i) for i in range(30)]
+    firsts = [_first(s[0]) for s in sessions]
+    assert len(set(firsts)) == len(firsts)
+    lo, _ = shape.params["turns"]
+    assert all(len(s) >= lo >= 4 for s in sessions)
+    for s in sessions:
+        _assert_grows(s)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_agentic_contexts_grow_by_a_call_and_a_tool_result_per_turn(vocab: Vocab, seed: int) -> None:
+    shape = shapes.make_shape("agentic", vocab, seed)
+    sessions = [shape.session(i) for i in range(20)]
+    assert len({_first(t) for s in sessions for t in s}) == 1, "one shared tool preamble"
+    assert len({s[0].messages[1].text.ids for s in sessions}) == len(sessions), "unique tasks"
+    lo_result = shape.params["result_tokens"][0]
+    for s in sessions:
+        _assert_grows(s)
+        for a, b in itertools.pairwise(s):
+            assert len(b.messages) == len(a.messages) + 2
+            assert [m.role for m in b.messages[-2:]] == ["assistant", "user"]
+            assert b.prompt_tokens - a.prompt_tokens >= lo_result
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_no_sharing_prompts_share_no_block(vocab: Vocab, seed: int) -> None:
+    specs = shapes.interleave(shapes.make_shape("no_sharing", vocab, seed), 200)
+    # No two prompts share their first 16 content tokens: nothing for a cache to hit beyond markup.
+    heads = [_ids(s)[:16] for s in specs]
+    assert len(set(heads)) == len(heads)
+    assert all(len(s.messages) == 2 for s in specs)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_zipf_popularity_is_skewed_over_many_prefixes(vocab: Vocab, seed: int) -> None:
+    shape = shapes.make_shape("zipf", vocab, seed)
+    n = len(shape.params["prefix_tokens"])
+    specs = shapes.interleave(shape, 2000)
+    counts = Counter(s.shares for s in specs)
+    top = counts["prefix-0"] / len(specs)
+    s_ = shape.params["exponent"]
+    expected = 1 / sum(1 / (k + 1) ** s_ for k in range(n))
+    assert top == pytest.approx(expected, abs=0.04), "the hottest prefix's share follows Zipf"
+    assert counts["prefix-0"] > 3 * counts.get("prefix-9", 0)
+    assert len(counts) > n // 3
+    for s in specs:
+        assert (
+            _first(s)
+            == shape.text(shape.params["prefix_tokens"][int(s.shares[7:])], "prefix", int(s.shares[7:])).ids
+        )
+
+
+def test_interleave_keeps_each_sessions_turns_in_order(vocab: Vocab) -> None:
+    shape = shapes.make_shape("system_prompts", vocab, 3)
+    specs = shapes.interleave(shape, 150)
+    assert len(specs) == 150
+    by_user: dict[str, list[RoutedSpec]] = {}
+    for s in specs:
+        by_user.setdefault(s.user, []).append(s)
+    assert len(by_user) > shape.active
+    for user, turns in by_user.items():
+        i = int(user.split("-")[1])
+        assert tuple(turns) == shape.session(i)[: len(turns)]
+
+
+@pytest.mark.parametrize("rate,duration", [(3.0, 20.0), (11.5, 14.0)])
+def test_open_loop_arrival_counts_follow_the_rate(rate: float, duration: float) -> None:
+    # As the suite builds them: Poisson arrivals cut at the run's end.
+    arrivals = [t for t in poisson_arrivals(rate, int(rate * duration * 1.5) + 10, 0) if t < duration]
+    expected = rate * duration
+    assert abs(len(arrivals) - expected) < 4 * math.sqrt(expected)
+    assert arrivals == sorted(arrivals) and arrivals[-1] < duration
+
+
+def _assert_grows(session: tuple[RoutedSpec, ...]) -> None:
+    """Each turn re-sends the previous turn's whole prompt, then more."""
+    for a, b in itertools.pairwise(session):
+        assert b.messages[: len(a.messages)] == a.messages
+        assert b.prompt_tokens > a.prompt_tokens
+
+
+def _run(gateway: str, mean: float, p90: float, hit: float) -> dict[str, object]:
+    return {
+        "gateway": gateway,
+        "ttft_ms": {"mean": mean, "p90": p90, "p99": p90},
+        "hit_rate": hit,
+        "requests_per_s": 1.0,
+    }
+
+
+def test_report_leads_with_the_worst_shape_and_checks_targets() -> None:
+    def cell(shape: str, ours_mean: float) -> dict[str, object]:
+        runs = [_run("smg", 100, 200, 0.9), _run("kv_events", ours_mean, 190, 0.9)]
+        return {
+            "shape": shape,
+            "seed": 0,
+            "sweep": "main",
+            "engines": 4,
+            "num_blocks": 1024,
+            "points": [{"mode": "closed", "load": None, "rate": None, "runs": runs}],
+        }
+
+    doc = {
+        "ours": [{"name": "kv_events"}],
+        "cells": [cell("rag", 80), cell("zipf", 130), cell("agentic", 95)],
+    }
+    summary = suite_report.analyse(doc)["kv_events"]
+    assert [s for s, _ in summary["shapes_worst_first"]] == ["zipf", "agentic", "rag"]
+    assert summary["targets"]["mean_every_point"] is False
+    assert summary["misses"]["mean"] == ["zipf s0 closed"]
+    assert summary["geomean_mean_ratio"] == pytest.approx((0.8 * 1.3 * 0.95) ** (1 / 3))
