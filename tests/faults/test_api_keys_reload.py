@@ -116,6 +116,7 @@ def test_sighup_to_up_reloads_the_keys_without_a_restart(
     argv += ["--sim", "1", "--sim-port", str(free_ports.one()), "--api-keys-file", str(keys_file)]
     env = {k: v for k, v in os.environ.items() if not k.startswith("EXTPROC_")}
     env["EXTPROC_CACHE_DIR"] = str(tmp_path / "cache")
+    env["XDG_STATE_HOME"] = str(tmp_path / "state")  # up's SQLite store: not in the user's home
     log = tmp_path / "up.log"
     with open(log, "wb") as out:
         up = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO)

@@ -106,6 +106,7 @@ def running_up(
     argv += extra
     env = {k: v for k, v in os.environ.items() if not k.startswith("EXTPROC_")}
     env["EXTPROC_CACHE_DIR"] = str(tmp_path / "cache")
+    env["XDG_STATE_HOME"] = str(tmp_path / "state")  # up's SQLite store: not in the user's home
     log = tmp_path / "up.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO)
@@ -272,6 +273,7 @@ def test_up_serves_two_models_from_a_config_file(tmp_path: Path, free_ports: Any
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("EXTPROC_")}
     env["EXTPROC_CACHE_DIR"] = str(tmp_path / "cache")
+    env["XDG_STATE_HOME"] = str(tmp_path / "state")  # up's SQLite store: not in the user's home
     env["EXTPROC_CONFIG"] = str(config)
     log = tmp_path / "up.log"
     with open(log, "wb") as out:
