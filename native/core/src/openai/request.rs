@@ -59,8 +59,9 @@ pub struct ChatInput {
     /// Messages with text content parts joined into one string.
     pub messages: Vec<Value>,
     pub tools: Option<Value>,
-    /// vLLM's `documents` (retrieval templates): a list of objects, the template's `documents` variable.
-    pub documents: Option<Value>,
+    /// vLLM's `documents` (retrieval templates): a list of objects, the template's `documents` variable
+    /// (boxed: rarely given, and the chat variant of the prompt enums stays small).
+    pub documents: Option<Box<Value>>,
     pub add_generation_prompt: bool,
     pub continue_final_message: bool,
     pub chat_template_kwargs: Map<String, Value>,
@@ -305,7 +306,7 @@ pub(crate) fn parse_chat_input(obj: &Object) -> Result<ChatInput, ApiError> {
     };
     let documents = match obj.get("documents") {
         None | Some(Value::Null) => None,
-        Some(Value::Array(docs)) if docs.iter().all(Value::is_object) => Some(Value::Array(docs.clone())),
+        Some(Value::Array(docs)) if docs.iter().all(Value::is_object) => Some(Box::new(Value::Array(docs.clone()))),
         Some(_) => {
             return Err(
                 ApiError::invalid_param("documents", "'documents' must be a list of objects")
