@@ -28,7 +28,7 @@ from load.bench import gateways
 from load.bench.floor import FloorTarget
 from load.bench.plan import FULL, QUICK, Plan, scaled, with_rounds
 from load.bench.procs import StartError
-from load.bench.report import breakdown, compare, noise_note, sweep_table, table
+from load.bench.report import breakdown, compare, noise_note, sweep_table, table, tool_call_cost
 from load.bench.run import BenchTarget, Sweep, run_plan, run_sweep
 from load.loadgen.openai_target import OpenAITarget
 from load.loadgen.records import json_safe
@@ -200,6 +200,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     shutil.copyfile(path, args.out / "latest.json")
     print()
     print(table(comparison))
+    if line := tool_call_cost(comparison):
+        print(line)
     print()
     print(breakdown(results))
     if swept:

@@ -22,6 +22,7 @@ from extproc.models import cache_root
 from extproc.simulator.command import simulator_argv
 from extproc.simulator.options import SimOptions
 from load.bench.procs import Child, StartError, free_port, spawn, wait_for
+from load.loadgen.workloads import TOOL_SCRIPT
 
 SMG_VERSION = "1.13.0"
 ROOT = Path(__file__).resolve().parents[2]
@@ -60,7 +61,8 @@ FAST_ENGINES = SimOptions(
 
 def start_engines(count: int, log_dir: Path, max_model_len: int) -> Engines:
     """The simulator in its own process, in fast mode: near-zero engine time, so gateways are measured."""
-    argv = simulator_argv(replace(FAST_ENGINES, max_model_len=max_model_len), engines=count)
+    options = replace(FAST_ENGINES, max_model_len=max_model_len, script=TOOL_SCRIPT)
+    argv = simulator_argv(options, engines=count)
     child = spawn("engines", argv, log_dir)
     addresses: list[str] = []
 
@@ -137,6 +139,8 @@ def start_ours(
     # Metrics served as an operator runs them, on a free port (9464 may be another stack's);
     # `EXTPROC_METRICS=off` in the benchmark's environment measures the gateway without counting.
     argv += ["--log-level", "warning", "--metrics-port", str(free_port())]
+    # The tool-stream workload's calls are Hermes (the default model's inferred format is Llama 3 JSON).
+    argv += ["--tool-parser", "hermes"]
     env = {"EXTPROC_ROUTING_POLICY": routing_policy} if routing_policy is not None else None
     server = spawn("extproc", argv, log_dir, env=env)
     options = EnvoyOptions(
@@ -189,6 +193,8 @@ def start_smg(
     argv += ["--model-path", str(model_dir), "--chat-template", str(model_dir / "chat_template.jinja")]
     argv += ["--policy", "round_robin", "--host", "127.0.0.1", "--port", str(port)]
     argv += ["--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics_port), "--log-level", "warn"]
+    # Hermes calls, as ours parses them for the tool-stream workload (SMG's name for Hermes is `qwen`).
+    argv += ["--tool-call-parser", "qwen"]
     child = spawn("smg", argv, log_dir, env={**SMG_ENV, "NO_COLOR": "1"})
     gateway = Gateway("smg", f"http://127.0.0.1:{port}", [child])
     try:

@@ -46,6 +46,9 @@ FULL = Plan(
         WorkloadPlan("rag-30k", 40, 120),
         WorkloadPlan("multi-turn", 300, 1200),
         WorkloadPlan("mix", 400, 2000),
+        # Agent traffic: a streamed tool call and the same-length plain stream (gateway CPU ratio).
+        WorkloadPlan("tool-stream", 300, 1200),
+        WorkloadPlan("plain-stream", 300, 1200),
     ),
     rounds=3,
 )

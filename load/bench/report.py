@@ -129,6 +129,20 @@ def table(comparison: dict[str, dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def tool_call_cost(comparison: dict[str, dict[str, Any]]) -> str:
+    """Gateway CPU per request of the streamed tool call over the same-length plain stream, per gateway (the
+    issue's target for ours: at most 1.10); empty when the run had not both workloads."""
+    tools, plain = comparison.get("tool-stream"), comparison.get("plain-stream")
+    if not tools or not plain:
+        return ""
+    parts = []
+    for name in GATEWAYS:
+        ratio = _ratio(tools.get(name, {}).get("cpu_ms"), plain.get(name, {}).get("cpu_ms"))
+        if ratio is not None:
+            parts.append(f"{name} {_fmt(ratio)}")
+    return "tool-call stream CPU/req over plain stream (tool-stream/plain-stream): " + ", ".join(parts)
+
+
 def noise_note(results: list[dict[str, Any]]) -> str:
     shares = sorted(r["foreign_cpu_share"] for r in results)
     if not shares:

@@ -112,6 +112,8 @@ class OpenAITarget:
             "max_tokens": spec.max_tokens,
             "stream": spec.stream,
         }
+        if spec.tools:
+            body["tools"] = list(spec.tools)
         if spec.stream:
             body["stream_options"] = {"include_usage": True}
         if self.ignore_eos:

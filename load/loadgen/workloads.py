@@ -11,9 +11,11 @@ and 4 for the assistant's generation prompt.
 
 from __future__ import annotations
 
+import json
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import Any
 
 from load.loadgen.text import Text, Vocab
 
@@ -35,6 +37,8 @@ class ChatSpec:
     messages: tuple[Message, ...]
     max_tokens: int
     stream: bool
+    # The request's `tools` (OpenAI function tools), when the workload declares some.
+    tools: tuple[dict[str, Any], ...] = ()
 
     @property
     def prompt_tokens(self) -> int:
@@ -98,6 +102,45 @@ def _shared_system_prompt(vocab: Vocab, seed: int) -> Text:
     return _SYSTEM_PROMPTS[key]
 
 
+# Agent traffic: a request that declares a tool, whose (scripted) answer is a Hermes tool call with ~150
+# tokens of arguments, then plausible words up to max_tokens; and the same-length plain answer. The engines
+# are scripted (TOOL_SCRIPT) to say the call to any prompt that shows the tool's name, which the chat
+# template renders from `tools`; both gateways parse Hermes calls (`--tool-parser hermes`, SMG's
+# `--tool-call-parser qwen`).
+BENCH_TOOL_NAME = "bench_lookup_order"
+BENCH_TOOL: dict[str, Any] = {
+    "type": "function",
+    "function": {
+        "name": BENCH_TOOL_NAME,
+        "description": "Look up an order and its shipment.",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "order_id": {"type": "string"},
+                "items": {"type": "array", "items": {"type": "object"}},
+                "note": {"type": "string"},
+            },
+            "required": ["order_id"],
+        },
+    },
+}
+TOOL_ARGUMENTS: dict[str, Any] = {
+    "order_id": "ORD-2024-118833",
+    "items": [
+        {"sku": f"SKU-{i:04d}", "quantity": i % 3 + 1, "gift": i % 2 == 0, "warehouse": "eu-west"}
+        for i in range(6)
+    ],
+    "note": "Customer asked for delivery after six in the evening, leave at the reception desk if absent.",
+}
+TOOL_CALL_TEXT = (
+    "<tool_call>\n" + json.dumps({"name": BENCH_TOOL_NAME, "arguments": TOOL_ARGUMENTS}) + "\n</tool_call>"
+)
+# The call is 221 tokens with the Llama 3 tokenizer (202 of arguments); both agent workloads answer this
+# many tokens (the call, then words).
+AGENT_ANSWER_TOKENS = 240
+TOOL_SCRIPT: list[dict[str, Any]] = [{"match": BENCH_TOOL_NAME, "text": TOOL_CALL_TEXT}]
+
+
 @dataclass(frozen=True)
 class Shape:
     """A named kind of request: how its messages are built and what it asks for by default."""
@@ -106,6 +149,7 @@ class Shape:
     stream: bool
     max_tokens: int = 16
     description: str = ""
+    tools: tuple[dict[str, Any], ...] = ()
 
 
 SHAPES: dict[str, Shape] = {
@@ -118,6 +162,20 @@ SHAPES: dict[str, Shape] = {
         True,
         description=f"multi-turn chat, {SYSTEM_PROMPT_WORDS}-token shared system prompt, up to {TURNS} "
         "turns (~1,100-1,900 prompt tokens), streamed",
+    ),
+    "tool-stream": Shape(
+        _short_chat,
+        True,
+        max_tokens=AGENT_ANSWER_TOKENS,
+        tools=(BENCH_TOOL,),
+        description=f"short chat with one tool, streamed; the answer is a Hermes tool call (221 tokens) then "
+        f"words, {AGENT_ANSWER_TOKENS} tokens in all",
+    ),
+    "plain-stream": Shape(
+        _short_chat,
+        True,
+        max_tokens=AGENT_ANSWER_TOKENS,
+        description=f"short chat, streamed, a plain {AGENT_ANSWER_TOKENS}-token answer (as tool-stream's)",
     ),
 }
 
@@ -154,6 +212,7 @@ class Workload:
             messages=shape.build(vocab, self.seed, i, kind),
             max_tokens=self.max_tokens if self.max_tokens is not None else shape.max_tokens,
             stream=self.stream if self.stream is not None else shape.stream,
+            tools=shape.tools,
         )
 
     def specs(self, vocab: Vocab, count: int, start: int = 0) -> list[ChatSpec]:

@@ -211,6 +211,14 @@ INVALID: list[tuple[str, dict[str, Any], str, str]] = [
     ("web search", {"web_search_options": {}}, "web_search_options", "unsupported_parameter"),
     ("best_of above n", {"best_of": 2}, "best_of", "unsupported_value"),
     ("beam search", {"use_beam_search": True}, "use_beam_search", "unsupported_parameter"),
+    ("regex with an unclosed group", {"guided_regex": "(ab|c"}, "guided_regex", "invalid_value"),
+    (
+        "regex with nothing to repeat",
+        {"structured_outputs": {"regex": "*abc"}},
+        "structured_outputs.regex",
+        "invalid_value",
+    ),
+    ("documents not a list", {"documents": {"text": "x"}}, "documents", "invalid_type"),
 ]
 COMPLETIONS_INVALID: list[tuple[str, dict[str, Any], str, str]] = [
     ("suffix", {"suffix": " the end."}, "suffix", "unsupported_parameter"),

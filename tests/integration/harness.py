@@ -294,7 +294,8 @@ def local_stack(
         )
     settings = Settings(listen="127.0.0.1:0", routing_policy=routing_policy, **extra)
     try:
-        running = loop.run(server.start(settings, engine_wait_s=10))
+        # A dozen models' tokenizers load in well under a minute, unless the machine is busy.
+        running = loop.run(server.start(settings, engine_wait_s=10), timeout=180)
     except BaseException:
         loop.run(_stop_clusters(clusters, 0))
         loop.close()

@@ -5,9 +5,11 @@ out of the model's text into `message.tool_calls` / `reasoning_content`, streame
 
 One stack serves a model per format, each a real tokenizer (Llama 3, Llama 3 with Llama 3.1's special-token
 names, DeepSeek V3) with that family's chat template (tests/templates), on a simulated engine scripted to say
-the format's text. A multi-turn agent loop checks that the prompt the engine got equals transformers'
-`apply_chat_template` of the same conversation: the engine answers the scripted text only to that exact
-prompt.
+the format's text (one format's engines speak SGLang's protocol, the others vLLM's). Streams send a call's
+name first and then its arguments in fragments (Hermes, Qwen3-Coder, GLM, DeepSeek, Kimi): the fragments add
+up to the whole answer's arguments. A multi-turn agent loop checks that the prompt the engine got equals
+transformers' `apply_chat_template` of the same conversation: the engine answers the scripted text only to
+that exact prompt.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from transformers import AutoTokenizer
 from extproc.simulator import SimOptions
 from extproc.simulator.script import ScriptRule
 from tests.conftest import FreePorts
-from tests.integration.harness import SimModel, Stack, local_stack
+from tests.integration.harness import SimModel, SimProtocol, Stack, local_stack
 
 TEMPLATES = Path(__file__).resolve().parents[1] / "templates"
 
@@ -62,7 +64,15 @@ class Format:
     reasoning: str | None = None
     tool_parser: str | None = None
     reasoning_parser: str | None = None
+    protocol: SimProtocol = "vllm"
+    # What every call id looks like.
+    call_id: str = r"call_[A-Za-z0-9]{24}"
 
+
+QWEN3_CODER_CALL = (
+    "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
+    "<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>"
+)
 
 FORMATS = [
     # Hermes inferred from the template's <tool_call> markup (no parser configured).
@@ -136,8 +146,45 @@ FORMATS = [
         tool_parser="harmony",
         reasoning_parser="harmony",
     ),
+    Format(
+        "qwen3-coder-xml",
+        "llama3",
+        "qwen3_coder",
+        "I'll check the weather.\n" + QWEN3_CODER_CALL,
+        calls=[("get_weather", {"city": "Paris", "days": 3})],
+        content="I'll check the weather.",
+        tool_parser="qwen3_coder",
+        reasoning_parser="none",
+    ),
+    # Kimi K2's calls keep the model's own ids, which its template writes back on the next turn.
+    Format(
+        "kimi-k2",
+        "llama3",
+        "kimi_k2",
+        "Checking.<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0"
+        '<|tool_call_argument_begin|>{"city": "Paris"}<|tool_call_end|><|tool_calls_section_end|>',
+        calls=[("get_weather", PARIS)],
+        content="Checking.",
+        tool_parser="kimi_k2",
+        reasoning_parser="none",
+        call_id=r"functions\.get_weather:0",
+    ),
+    Format(
+        "glm-4.5-sglang",
+        "llama3",
+        "glm45",
+        "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n"
+        "<arg_key>days</arg_key>\n<arg_value>3</arg_value>\n</tool_call>",
+        calls=[("get_weather", {"city": "Paris", "days": 3})],
+        tool_parser="glm45",
+        reasoning_parser="none",
+        # This family's engines speak SGLang's protocol.
+        protocol="sglang",
+    ),
 ]
 BY_MODEL = {f.model: f for f in FORMATS}
+# A model whose template renders `documents` (retrieval).
+RAG = "rag-documents"
 QUESTION = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 
@@ -170,7 +217,9 @@ def model_dir(root: Path, f: Format) -> Path:
 @pytest.fixture(scope="module")
 def dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("agent-models")
-    return {f.model: model_dir(root, f) for f in FORMATS}
+    dirs = {f.model: model_dir(root, f) for f in FORMATS}
+    dirs[RAG] = model_dir(root, Format(RAG, "llama3", "documents", ""))
+    return dirs
 
 
 @pytest.fixture(scope="module")
@@ -183,9 +232,11 @@ def stack(tmp_path_factory: pytest.TempPathFactory, dirs: dict[str, Path]) -> It
             sim=SimOptions(ttft_ms=1, itl_ms=0.2, script=[{"match": "weather in Paris", "text": f.text}]),
             tool_parser=f.tool_parser,
             reasoning_parser=f.reasoning_parser,
+            protocol=f.protocol,
         )
         for f in FORMATS
     ]
+    models.append(SimModel(RAG, engines=1, model_dir=dirs[RAG], sim=SimOptions(ttft_ms=1, itl_ms=0.2)))
     with local_stack(FreePorts(), Path(tmp_path_factory.mktemp("stack")), models=models) as s:
         yield s
 
@@ -224,7 +275,7 @@ def streamed(client: openai.OpenAI, model: str, **kw: Any) -> list[dict[str, Any
             for call in delta.tool_calls or []:
                 if call.index == len(m["calls"]):
                     # A call's first delta: id, type and name before any arguments.
-                    assert call.id and call.id.startswith("call_") and call.type == "function", call
+                    assert call.id and call.type == "function", call
                     assert call.function.name and call.function.arguments == "", call
                     m["calls"].append({"id": call.id, "name": call.function.name, "arguments": ""})
                 else:
@@ -258,9 +309,7 @@ def test_tool_calls_and_reasoning_come_back_parsed(client: openai.OpenAI, model:
     (choice,) = r.choices
     message = choice.message
     assert [(c.function.name, json.loads(c.function.arguments)) for c in message.tool_calls or []] == f.calls
-    assert all(
-        c.type == "function" and re.fullmatch(r"call_[A-Za-z0-9]{24}", c.id) for c in message.tool_calls
-    )
+    assert all(c.type == "function" and re.fullmatch(f.call_id, c.id) for c in message.tool_calls)
     assert choice.finish_reason == "tool_calls"
     if f.content is None:
         assert message.content is None, "only calls: content is null"
@@ -286,9 +335,26 @@ def test_streamed_answers_add_up_to_the_whole_one_per_choice(client: openai.Open
         assert m["reasoning"] == (reasoning_of(choice.message) or "")
         want = [(c.function.name, c.function.arguments) for c in choice.message.tool_calls]
         assert [(c["name"], c["arguments"]) for c in m["calls"]] == want
-        # Ids are unique per call.
+        assert all(re.fullmatch(BY_MODEL[model].call_id, c["id"]) for c in m["calls"])
+        # Ids are unique per call (Kimi's are the model's own, so the same text gives the same ids).
         ids = [c["id"] for c in m["calls"]] + [c.id for c in choice.message.tool_calls]
-        assert len(set(ids)) == len(ids)
+        assert len(set(ids)) == (len(ids) if model != "kimi-k2" else len(ids) // 2)
+
+
+@pytest.mark.parametrize("model", ["qwen2.5-hermes", "qwen3-coder-xml", "kimi-k2", "glm-4.5-sglang", "deepseek-v3"])
+def test_a_streamed_call_sends_its_name_before_its_arguments_are_complete(
+    client: openai.OpenAI, model: str
+) -> None:
+    """Name-first streaming: the call's name arrives in its own delta before the last argument fragment, and
+    the arguments come in more than one fragment where the format allows (JSON text streams as it arrives,
+    Qwen3-Coder/GLM one fragment per parameter)."""
+    stream = client.chat.completions.create(model=model, messages=QUESTION, tools=[WEATHER_TOOL], stream=True)
+    deltas = [c for chunk in stream for ch in chunk.choices for c in (ch.delta.tool_calls or [])]
+    assert deltas[0].function.name == "get_weather" and deltas[0].function.arguments == ""
+    fragments = [d.function.arguments for d in deltas[1:]]
+    assert all(d.function.name is None for d in deltas[1:]) and len(fragments) >= 2, fragments
+    r = whole(client, model)
+    assert "".join(fragments) == r.choices[0].message.tool_calls[0].function.arguments
 
 
 def test_without_tools_the_call_markup_is_plain_content(client: openai.OpenAI) -> None:
@@ -337,7 +403,7 @@ def test_an_agent_loop_prompts_the_engine_as_transformers_renders_it(
     """call → tool result → answer: the second turn's prompt (assistant call and tool message included) is
     transformers' rendering of the same conversation (with vLLM's object arguments), byte for byte: the engine
     answers the scripted text only to that exact prompt."""
-    for model in ("qwen2.5-hermes", "llama-3.1-json"):
+    for model in ("qwen2.5-hermes", "llama-3.1-json", "kimi-k2"):
         first = whole(client, model)
         call = first.choices[0].message.tool_calls[0]
         conversation: list[dict[str, Any]] = [
@@ -362,6 +428,10 @@ def test_an_agent_loop_prompts_the_engine_as_transformers_renders_it(
         expected = hf.apply_chat_template(
             prepared, tools=[WEATHER_TOOL], add_generation_prompt=True, tokenize=False
         )
+        if model == "kimi-k2":
+            # The model's own call id comes back into the prompt as it wrote it.
+            assert "<|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>" in expected
+            assert "## Return of functions.get_weather:0" in expected
         answer = f"It is sunny in Paris ({model})."
         stack.clusters[model].script.add(
             ScriptRule(match=r"\A" + re.escape(expected) + r"\Z", text=answer, count=1)
@@ -370,3 +440,49 @@ def test_an_agent_loop_prompts_the_engine_as_transformers_renders_it(
         assert second.choices[0].message.content == answer, "the engine's prompt differs from transformers'"
         assert second.choices[0].finish_reason == "stop" and not second.choices[0].message.tool_calls
         assert second.usage.prompt_tokens == len(hf(expected, add_special_tokens=False)["input_ids"])
+
+
+def test_include_reasoning_false_leaves_the_reasoning_out(client: openai.OpenAI) -> None:
+    """vLLM's `include_reasoning: false`: the think block is still parsed out of the content, and the answer
+    carries no reasoning, streamed or not."""
+    extra = {"include_reasoning": False}
+    message = whole(client, "qwen3-think", extra_body=extra).choices[0].message
+    assert not reasoning_of(message) and (message.content or "").strip() == "Let me check."
+    assert [c.function.name for c in message.tool_calls] == ["get_weather"]
+    (m,) = streamed(client, "qwen3-think", extra_body=extra)
+    assert m["reasoning"] == "" and m["content"].strip() == "Let me check." and m["finish"] == "tool_calls"
+    # The default keeps it.
+    kept = reasoning_of(whole(client, "qwen3-think").choices[0].message)
+    assert (kept or "").strip() == "The user wants the weather."
+
+
+def test_documents_reach_the_chat_template(
+    client: openai.OpenAI, stack: Stack, dirs: dict[str, Path]
+) -> None:
+    """vLLM's `documents` is the template's `documents` variable, as transformers passes it; the engine
+    answers only to transformers' rendering of the same request. Anything but a list of objects is a 400
+    naming it."""
+    documents = [{"title": "Paris guide", "text": "Paris is sunny in June.", "year": "2024"}]
+    messages = [{"role": "user", "content": "When is Paris sunny?"}]
+    hf = AutoTokenizer.from_pretrained(dirs[RAG])
+    expected = hf.apply_chat_template(
+        messages, documents=documents, add_generation_prompt=True, tokenize=False
+    )
+    assert "[1] Paris guide (year: 2024)" in expected
+    stack.clusters[RAG].script.add(
+        ScriptRule(match=r"\A" + re.escape(expected) + r"\Z", text="In June.", count=2)
+    )
+    r = client.chat.completions.create(model=RAG, messages=messages, extra_body={"documents": documents})
+    assert r.choices[0].message.content == "In June."
+    # Without documents the template's `if documents` is false, as in transformers.
+    plain = hf.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    stack.clusters[RAG].script.add(
+        ScriptRule(match=r"\A" + re.escape(plain) + r"\Z", text="No docs.", count=1)
+    )
+    assert (
+        client.chat.completions.create(model=RAG, messages=messages).choices[0].message.content == "No docs."
+    )
+    for bad in ("a string", [1, 2], {"title": "x"}):
+        with pytest.raises(openai.BadRequestError) as e:
+            client.chat.completions.create(model=RAG, messages=messages, extra_body={"documents": bad})
+        assert e.value.body["param"] == "documents", e.value.body

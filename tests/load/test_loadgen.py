@@ -249,3 +249,20 @@ def test_trace_files(tmp_path: Path) -> None:
     path.write_text("soon\n")
     with pytest.raises(ValueError, match=r"trace\.txt:1"):
         load_trace(path)
+
+
+def test_the_tool_call_workload_declares_its_tool_and_its_scripted_call_fits(vocab: Vocab) -> None:
+    """tool-stream sends the tool (so the template shows its name, which the engines' script answers with
+    the Hermes call) and asks for room for the whole call; plain-stream is the same length without tools."""
+    from load.loadgen.workloads import AGENT_ANSWER_TOKENS, BENCH_TOOL_NAME, TOOL_CALL_TEXT, TOOL_SCRIPT
+
+    tools, plain = Workload("tool-stream").spec(vocab, 0), Workload("plain-stream").spec(vocab, 0)
+    body = OpenAITarget("http://127.0.0.1:1", "m", ignore_eos=True).body(tools)
+    assert [t["function"]["name"] for t in body["tools"]] == [BENCH_TOOL_NAME] and body["stream"]
+    assert "tools" not in OpenAITarget("http://127.0.0.1:1", "m").body(plain)
+    assert tools.max_tokens == plain.max_tokens == AGENT_ANSWER_TOKENS
+    tokenizer = Tokenizer.from_file(str(default_model_dir() / "tokenizer.json"))
+    call_tokens = len(tokenizer.encode(TOOL_CALL_TEXT, add_special_tokens=False).ids)
+    assert 150 <= call_tokens < AGENT_ANSWER_TOKENS
+    arguments = json.loads(TOOL_CALL_TEXT.removeprefix("<tool_call>\n").removesuffix("\n</tool_call>"))
+    assert arguments["name"] == BENCH_TOOL_NAME and TOOL_SCRIPT[0]["match"] == BENCH_TOOL_NAME

@@ -142,6 +142,7 @@ impl Harmony {
                         Some(arguments) => {
                             out.calls.push(ToolCallPiece {
                                 index: self.calls,
+                                id: None,
                                 name: Some(name),
                                 arguments,
                             });

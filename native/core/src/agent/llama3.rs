@@ -104,6 +104,7 @@ impl Llama3 {
                         Some((name, arguments)) => {
                             out.calls.push(ToolCallPiece {
                                 index: self.calls,
+                                id: None,
                                 name: Some(name),
                                 arguments,
                             });

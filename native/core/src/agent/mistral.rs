@@ -88,6 +88,7 @@ impl Mistral {
     fn emit(&mut self, name: String, arguments: String, out: &mut Parsed) {
         out.calls.push(ToolCallPiece {
             index: self.calls,
+            id: None,
             name: Some(name),
             arguments,
         });

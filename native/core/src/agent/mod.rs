@@ -6,9 +6,15 @@
 //! call or reasoning marker is held back until the next delta or `finish`. Concatenating everything a parser
 //! returns, delta by delta, gives the same result however the text was split.
 //!
-//! The tool-call parsers announce a call only once it is complete and valid, as one piece carrying its name
-//! and whole arguments, so a truncated or malformed call is content in a stream exactly as in a whole
-//! response; reasoning and content stream as they arrive. Families, names and inference: docs/agents.md.
+//! By default the tool-call parsers announce a call only once it is complete and valid, as one piece carrying
+//! its name and whole arguments, so a truncated or malformed call is content (a whole answer). A stream turns
+//! on `stream_calls`: the formats with a call reader (Hermes, Qwen3-Coder, GLM 4.5, DeepSeek, Kimi K2) then
+//! send a call's name as soon as it is certain and its arguments as they arrive, fragments that concatenate
+//! to the whole answer's arguments; the others still send each call whole. Reasoning and content stream as
+//! they arrive. Families, names and inference: docs/agents.md; the stream shapes: docs/agent-responses.md.
+
+use std::collections::HashSet;
+use std::sync::Arc;
 
 /// One piece of a tool call as it streams. A call's first piece carries its name; every piece may carry
 /// argument text. A call's `arguments` pieces concatenated are its arguments as a JSON object string.
@@ -17,6 +23,9 @@ pub struct ToolCallPiece {
     /// The call's position among this choice's calls (0, 1, ...).
     pub index: u32,
     pub name: Option<String>,
+    /// The call id the model wrote (Kimi K2's `functions.NAME:IDX`), on the first piece; else the answer
+    /// makes a `call_` id.
+    pub id: Option<String>,
     pub arguments: String,
 }
 
@@ -43,6 +52,12 @@ pub trait OutputParser: Send {
     /// The choice has ended: whatever was held back. A call left malformed or truncated comes back as
     /// content (never dropped, never a crash).
     fn finish(&mut self) -> Parsed;
+    /// This choice streams: send each call's name as soon as it is certain (when `declared` is given, only
+    /// a declared tool's name; others go whole when they close) and its arguments as they arrive. Called
+    /// before the first push; formats without a call reader ignore it.
+    fn stream_calls(&mut self, declared: Option<Arc<HashSet<String>>>) {
+        let _ = declared;
+    }
 }
 
 mod deepseek;

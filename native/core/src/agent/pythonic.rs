@@ -90,6 +90,7 @@ impl Pythonic {
                             for (index, (name, arguments)) in calls.into_iter().enumerate() {
                                 out.calls.push(ToolCallPiece {
                                     index: index as u32,
+                                    id: None,
                                     name: Some(name),
                                     arguments,
                                 });

@@ -283,3 +283,131 @@ pub(crate) fn json_object(text: &str) -> Option<String> {
 pub(crate) fn loose_value(text: &str) -> Value {
     serde_json::from_str(text).unwrap_or_else(|_| Value::String(text.to_string()))
 }
+
+/// A JSON object's text as it streams, with the whitespace outside strings removed: the arguments a
+/// call streams (and, run over the whole text, the arguments its whole answer carries, so the two are equal
+/// by construction). Fed the growing text and resuming where it stopped; nothing is written before the
+/// opening `{` nor after the matching `}`.
+#[derive(Default)]
+pub(crate) struct MinifiedObject {
+    pos: usize,
+    depth: u32,
+    in_string: bool,
+    escaped: bool,
+    state: ObjectState,
+}
+
+#[derive(Default, Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum ObjectState {
+    /// Only whitespace so far.
+    #[default]
+    Before,
+    Inside,
+    /// The matching `}` has passed.
+    Done,
+    /// The text does not open with `{`.
+    NotAnObject,
+}
+
+impl MinifiedObject {
+    /// Reads `text[pos..]` (text is the growing input, each call a longer version of the last), appending
+    /// the kept bytes to `out`.
+    pub fn feed(&mut self, text: &str, out: &mut String) -> ObjectState {
+        let bytes = text.as_bytes();
+        count_work(bytes.len().saturating_sub(self.pos));
+        let mut run_start = self.pos;
+        while self.pos < bytes.len() && matches!(self.state, ObjectState::Before | ObjectState::Inside) {
+            let b = bytes[self.pos];
+            let i = self.pos;
+            self.pos += 1;
+            if self.state == ObjectState::Before {
+                if b.is_ascii_whitespace() {
+                    run_start = self.pos;
+                    continue;
+                }
+                if b != b'{' {
+                    self.state = ObjectState::NotAnObject;
+                    return self.state;
+                }
+                self.state = ObjectState::Inside;
+                run_start = i;
+            }
+            if self.in_string {
+                if self.escaped {
+                    self.escaped = false;
+                } else if b == b'\\' {
+                    self.escaped = true;
+                } else if b == b'"' {
+                    self.in_string = false;
+                }
+                continue;
+            }
+            match b {
+                b' ' | b'\t' | b'\n' | b'\r' => {
+                    out.push_str(&text[run_start..i]);
+                    run_start = self.pos;
+                }
+                b'"' => self.in_string = true,
+                b'{' | b'[' => self.depth += 1,
+                b'}' | b']' => {
+                    self.depth = self.depth.saturating_sub(1);
+                    if self.depth == 0 {
+                        out.push_str(&text[run_start..self.pos]);
+                        self.state = ObjectState::Done;
+                        return self.state;
+                    }
+                }
+                _ => {}
+            }
+        }
+        if self.state == ObjectState::Inside {
+            // Bytes are copied up to a char boundary (inside a string a multi-byte char may be cut).
+            let end = floor_boundary(text, self.pos);
+            out.push_str(&text[run_start..end]);
+            self.pos = end;
+        }
+        self.state
+    }
+}
+
+/// `text` (one JSON object, whitespace around it allowed) with the whitespace outside strings removed,
+/// if it is a valid JSON object.
+pub(crate) fn minified_object(text: &str) -> Option<String> {
+    let mut out = String::new();
+    let mut reader = MinifiedObject::default();
+    if reader.feed(text, &mut out) != ObjectState::Done || !text[reader.pos..].trim().is_empty() {
+        return None;
+    }
+    matches!(serde_json::from_str::<Value>(&out), Ok(Value::Object(_))).then_some(out)
+}
+
+/// A search for markers in a growing text that resumes where the last one stopped (less the longest
+/// marker's length, which may straddle the old end), so each byte is searched a bounded number of times.
+#[derive(Default)]
+pub(crate) struct Finder {
+    searched: usize,
+}
+
+impl Finder {
+    /// The earliest of `markers` in `text[from..]` (offset in `text`, marker index).
+    pub fn find(&mut self, text: &str, from: usize, markers: &[&str]) -> Option<(usize, usize)> {
+        let longest = markers.iter().map(|m| m.len()).max().unwrap_or(1);
+        let start = floor_boundary(text, self.searched.saturating_sub(longest - 1).max(from));
+        count_work(text.len() - start);
+        let found = find_first(&text[start..], markers).map(|(p, i)| (start + p, i));
+        self.searched = match found {
+            Some(_) => 0,
+            None => text.len(),
+        };
+        found
+    }
+}
+
+/// One more `"key":value` of an arguments object being streamed member by member (Qwen3-Coder, GLM):
+/// `{` before the first, `,` before the others, as the compact serialization of the whole object writes it.
+pub(crate) fn object_member(first: bool, key: &str, value: &Value, out: &mut String) {
+    out.push(if first { '{' } else { ',' });
+    out.push_str(&Value::String(key.to_string()).to_string());
+    out.push(':');
+    out.push_str(&value.to_string());
+}

@@ -40,9 +40,32 @@ pub(crate) fn run(parser: &mut dyn OutputParser, pieces: &[&str]) -> Merged {
     merged
 }
 
-/// Parses `text` whole, split in two at every char boundary, and one char at a time; asserts every split
-/// gives the whole-text result and that each call's arguments are a JSON object; returns that result.
+/// A parser as a stream runs it (`stream_calls` on, no declared tools).
+pub(crate) fn streaming(make: &dyn Fn() -> Box<dyn OutputParser>) -> Box<dyn OutputParser> {
+    let mut parser = make();
+    parser.stream_calls(None);
+    parser
+}
+
+/// Parses `text` whole, split in two at every char boundary, and one char at a time, as a whole answer
+/// and as a stream; asserts every run gives the whole-text result and that each call's arguments are a
+/// JSON object; returns that result. (For well-formed calls: a stream keeps a malformed call whose name
+/// it sent, see `parse_whole_splits`.)
 pub(crate) fn parse_all_splits(make: &dyn Fn() -> Box<dyn OutputParser>, text: &str) -> Merged {
+    let whole = parse_whole_splits(make, text);
+    for (i, _) in text.char_indices().skip(1) {
+        let split = run(streaming(make).as_mut(), &[&text[..i], &text[i..]]);
+        assert_eq!(split, whole, "streamed, split at byte {i} of {text:?}");
+    }
+    let chars: Vec<String> = text.chars().map(String::from).collect();
+    let pieces: Vec<&str> = chars.iter().map(String::as_str).collect();
+    let by_char = run(streaming(make).as_mut(), &pieces);
+    assert_eq!(by_char, whole, "streamed one char at a time: {text:?}");
+    whole
+}
+
+/// `parse_all_splits` for a whole answer only.
+pub(crate) fn parse_whole_splits(make: &dyn Fn() -> Box<dyn OutputParser>, text: &str) -> Merged {
     let whole = run(make().as_mut(), &[text]);
     for (i, _) in text.char_indices().skip(1) {
         let split = run(make().as_mut(), &[&text[..i], &text[i..]]);
@@ -96,18 +119,20 @@ pub(crate) fn long_plain_text_streams(make: &dyn Fn() -> Box<dyn OutputParser>) 
 pub(crate) fn assert_linear(make: &dyn Fn() -> Box<dyn OutputParser>, prefix: &str, suffix: &str) {
     let text = format!("{prefix}{}{suffix}", "ab cd ".repeat(100_000 / 6));
     let whole = run(make().as_mut(), &[&text]);
-    super::scan::WORK.with(|w| w.set(0));
-    let mut parser = make();
-    let mut merged = Merged::default();
-    for c in text.chars() {
-        merged.add(parser.push(c.encode_utf8(&mut [0u8; 4])));
+    for stream in [false, true] {
+        super::scan::WORK.with(|w| w.set(0));
+        let mut parser = if stream { streaming(make) } else { make() };
+        let mut merged = Merged::default();
+        for c in text.chars() {
+            merged.add(parser.push(c.encode_utf8(&mut [0u8; 4])));
+        }
+        merged.add(parser.finish());
+        let work = super::scan::WORK.with(|w| w.get());
+        assert!(
+            work < 80 * text.len(),
+            "{work} bytes examined for {} bytes of output (stream: {stream})",
+            text.len()
+        );
+        assert_eq!(merged, whole, "stream: {stream}");
     }
-    merged.add(parser.finish());
-    let work = super::scan::WORK.with(|w| w.get());
-    assert!(
-        work < 80 * text.len(),
-        "{work} bytes examined for {} bytes of output",
-        text.len()
-    );
-    assert_eq!(merged, whole);
 }

@@ -128,6 +128,10 @@ impl OutputParser for Think {
         self.state = State::After;
         out
     }
+
+    fn stream_calls(&mut self, declared: Option<std::sync::Arc<std::collections::HashSet<String>>>) {
+        self.inner.stream_calls(declared);
+    }
 }
 
 #[cfg(test)]

@@ -59,9 +59,14 @@ pub struct ChatInput {
     /// Messages with text content parts joined into one string.
     pub messages: Vec<Value>,
     pub tools: Option<Value>,
+    /// vLLM's `documents` (retrieval templates): a list of objects, the template's `documents` variable
+    /// (boxed: rarely given, and the chat variant of the prompt enums stays small).
+    pub documents: Option<Box<Value>>,
     pub add_generation_prompt: bool,
     pub continue_final_message: bool,
     pub chat_template_kwargs: Map<String, Value>,
+    /// vLLM's `include_reasoning` (default true): false leaves the parsed reasoning out of the answer.
+    pub include_reasoning: bool,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -299,14 +304,26 @@ pub(crate) fn parse_chat_input(obj: &Object) -> Result<ChatInput, ApiError> {
             return Err(ApiError::invalid_param("tools", "'tools' must be a list").with_code(super::codes::INVALID_TYPE))
         }
     };
+    let documents = match obj.get("documents") {
+        None | Some(Value::Null) => None,
+        Some(Value::Array(docs)) if docs.iter().all(Value::is_object) => Some(Box::new(Value::Array(docs.clone()))),
+        Some(_) => {
+            return Err(
+                ApiError::invalid_param("documents", "'documents' must be a list of objects")
+                    .with_code(super::codes::INVALID_TYPE),
+            )
+        }
+    };
     let mut chat_template_kwargs = opt_object(obj, "chat_template_kwargs")?.cloned().unwrap_or_default();
     apply_reasoning_effort(obj, &mut chat_template_kwargs)?;
     Ok(ChatInput {
         messages,
         tools,
+        documents,
         add_generation_prompt,
         continue_final_message,
         chat_template_kwargs,
+        include_reasoning: opt_bool(obj, "include_reasoning")?.unwrap_or(true),
     })
 }
 

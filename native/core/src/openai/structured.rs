@@ -239,7 +239,7 @@ fn parse_structured_outputs(obj: &Object) -> Result<Option<(&'static str, Constr
             ("json_object", Some(Value::Bool(true))) => Constraint::JsonSchema(ANY_JSON_OBJECT.into()),
             ("json_object", Some(_)) => return Err(refuse(&at, INVALID_TYPE, format!("'{at}' must be a boolean"))),
             ("json", Some(v)) => json_schema_value(v, &at)?,
-            ("regex", Some(v)) => Constraint::Regex(non_empty_string(v, &at)?),
+            ("regex", Some(v)) => Constraint::Regex(regex_pattern(v, &at)?),
             ("grammar", Some(v)) => Constraint::Grammar(non_empty_string(v, &at)?),
             ("structural_tag", Some(v)) => Constraint::StructuralTag(non_empty_string(v, &at)?),
             ("choice", Some(v)) => Constraint::Choice(choices(v, &at)?),
@@ -271,11 +271,47 @@ fn parse_guided(obj: &Object, name: &str) -> Result<Option<Constraint>, ApiError
     };
     Ok(Some(match name {
         "guided_json" => json_schema_value(v, name)?,
-        "guided_regex" => Constraint::Regex(non_empty_string(v, name)?),
+        "guided_regex" => Constraint::Regex(regex_pattern(v, name)?),
         "guided_choice" => Constraint::Choice(choices(v, name)?),
         "guided_grammar" => Constraint::Grammar(non_empty_string(v, name)?),
         _ => unreachable!("GUIDED names"),
     }))
+}
+
+/// A regex constraint's pattern: a non-empty string whose syntax is not surely broken. The engines' regex
+/// dialects (outlines, xgrammar, llguidance) differ from each other and from Rust's, so only errors that
+/// every dialect shares are refused (unbalanced parentheses or brackets, a repetition with nothing to
+/// repeat, an unfinished escape or count, a reversed range); look-arounds, back-references and unknown
+/// flags are left to the engine.
+fn regex_pattern(v: &Value, at: &str) -> Result<String, ApiError> {
+    use regex_syntax::ast::ErrorKind as E;
+    let pattern = non_empty_string(v, at)?;
+    let Err(e) = regex_syntax::ast::parse::Parser::new().parse(&pattern) else {
+        return Ok(pattern);
+    };
+    let surely_invalid = matches!(
+        e.kind(),
+        E::GroupUnclosed
+            | E::GroupUnopened
+            | E::ClassUnclosed
+            | E::ClassRangeInvalid
+            | E::RepetitionMissing
+            | E::RepetitionCountUnclosed
+            | E::RepetitionCountInvalid
+            | E::EscapeUnexpectedEof
+    );
+    if !surely_invalid {
+        return Ok(pattern);
+    }
+    Err(refuse(
+        at,
+        INVALID_VALUE,
+        format!(
+            "'{at}' is not a valid regular expression: {} (at offset {})",
+            e.kind(),
+            e.span().start.offset
+        ),
+    ))
 }
 
 /// A JSON Schema given as an object or as its serialized text.
@@ -522,6 +558,30 @@ mod tests {
         assert!(
             chat(json!({"tools": tools, "tool_choice": "auto", "response_format": {"type": "json_object"}})).is_ok()
         );
+    }
+
+    #[test]
+    fn broken_regex_patterns_are_refused_and_other_dialects_pass() {
+        for (body, param) in [
+            (json!({"guided_regex": "(ab"}), "guided_regex"),
+            (json!({"guided_regex": "ab)"}), "guided_regex"),
+            (json!({"guided_regex": "[a-z"}), "guided_regex"),
+            (json!({"guided_regex": "*a"}), "guided_regex"),
+            (json!({"guided_regex": "a{2"}), "guided_regex"),
+            (json!({"guided_regex": "[z-a]"}), "guided_regex"),
+            (json!({"guided_regex": "a\\"}), "guided_regex"),
+            (
+                json!({"structured_outputs": {"regex": "((a)"}}),
+                "structured_outputs.regex",
+            ),
+        ] {
+            let e = chat(body.clone()).unwrap_err();
+            assert_eq!(e.param.as_deref(), Some(param), "{body}");
+            assert!(e.message.contains("not a valid regular expression"), "{}", e.message);
+        }
+        for ok in ["\\d{3}-\\d{4}", "(?=a)a", "(a)\\1", "[\\w.]+@[a-z]+\\.com", "(yes|no)"] {
+            assert!(chat(json!({"guided_regex": ok})).is_ok(), "{ok}");
+        }
     }
 
     #[test]

@@ -100,6 +100,7 @@ impl ForcedCallsParser {
                                 Some((name, arguments)) => {
                                     parsed.calls.push(ToolCallPiece {
                                         index: self.calls,
+                                        id: None,
                                         name: Some(name),
                                         arguments,
                                     });

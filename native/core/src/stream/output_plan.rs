@@ -125,6 +125,10 @@ pub struct ParsingPlan {
     dropped: Arc<HashSet<u32>>,
     /// The message says `reasoning_content` (null when none).
     pub reasoning_parsed: bool,
+    /// The names of the request's tools: a stream sends a call's name early only when it is one of them.
+    declared: Arc<HashSet<String>>,
+    /// `include_reasoning` (vLLM, default true): false parses reasoning out and leaves it out of the answer.
+    pub include_reasoning: bool,
 }
 
 impl ParsingPlan {
@@ -141,6 +145,15 @@ impl ParsingPlan {
             }),
             None => calls,
         }
+    }
+
+    /// A new parser for one choice of a stream (`stream`) or of a whole answer.
+    pub fn parser_for(&self, stream: bool) -> Box<dyn OutputParser> {
+        let mut parser = self.parser();
+        if stream {
+            parser.stream_calls(Some(self.declared.clone()));
+        }
+        parser
     }
 
     /// The special token ids to drop before decoding, unless the client asked to keep them all.
@@ -189,7 +202,19 @@ pub fn plan(model: &ServedModel, request: &GenerationRequest, opens_think: bool)
         prompt_opens_think: opens_think,
         dropped: model.non_marker_special_ids(),
         reasoning_parsed: reasoning.is_some(),
+        declared: Arc::new(tool_names(chat.tools.as_ref())),
+        include_reasoning: chat.include_reasoning,
     })
+}
+
+/// The `function.name` of each tool.
+fn tool_names(tools: Option<&Value>) -> HashSet<String> {
+    let tools = tools.and_then(Value::as_array).map(Vec::as_slice).unwrap_or_default();
+    tools
+        .iter()
+        .filter_map(|t| t.pointer("/function/name").and_then(Value::as_str))
+        .map(str::to_string)
+        .collect()
 }
 
 /// Two parsers in a row: the first's content is the second's input; reasoning and calls of both pass.

@@ -31,6 +31,8 @@ pub struct ChoiceOutput {
     pub message: ParsedMessage,
     /// The parser's index of each call, by position in `message.tool_calls`.
     parser_indexes: Vec<u32>,
+    /// `include_reasoning: false`: reasoning is parsed out of the text and not sent.
+    leave_out_reasoning: bool,
 }
 
 impl ChoiceOutput {
@@ -42,7 +44,14 @@ impl ChoiceOutput {
                 ..ParsedMessage::default()
             },
             parser_indexes: Vec::new(),
+            leave_out_reasoning: false,
         }
+    }
+
+    /// With `leave_out`, reasoning is parsed out of the text and then dropped (streamed and not).
+    pub fn leaving_out_reasoning(mut self, leave_out: bool) -> Self {
+        self.leave_out_reasoning = leave_out;
+        self
     }
 
     /// The next text of the choice (after detokenizing and stop strings).
@@ -66,7 +75,7 @@ impl ChoiceOutput {
 
     fn take(&mut self, parsed: Parsed) -> Vec<StreamPiece> {
         let mut pieces = Vec::new();
-        if !parsed.reasoning.is_empty() {
+        if !parsed.reasoning.is_empty() && !self.leave_out_reasoning {
             self.message.reasoning.push_str(&parsed.reasoning);
             pieces.push(StreamPiece::Reasoning(parsed.reasoning));
         }
@@ -79,7 +88,7 @@ impl ChoiceOutput {
                 Some(position) => position,
                 None => {
                     let call = ToolCall {
-                        id: new_call_id(),
+                        id: piece.id.clone().unwrap_or_else(new_call_id),
                         name: piece.name.clone().unwrap_or_default(),
                         arguments: String::new(),
                     };
@@ -133,6 +142,24 @@ mod tests {
     use crate::stream::forced_calls::ForcedCallsParser;
 
     #[test]
+    fn reasoning_left_out_is_neither_streamed_nor_in_the_message() {
+        let think = || crate::agent::parser(None, Some(crate::agent::ReasoningFormat::Think), false);
+        let mut out = ChoiceOutput::new(think(), true).leaving_out_reasoning(true);
+        let mut pieces = out.push("<think>secret plan</thi");
+        pieces.extend(out.push("nk>\n\nThe answer."));
+        pieces.extend(out.finish());
+        assert_eq!(pieces, [StreamPiece::Content("The answer.".into())]);
+        assert_eq!(
+            (out.message.reasoning.as_str(), out.message.content.as_str()),
+            ("", "The answer.")
+        );
+        let mut kept = ChoiceOutput::new(think(), true);
+        kept.push("<think>secret plan</think>\n\nThe answer.");
+        kept.finish();
+        assert_eq!(kept.message.reasoning, "secret plan");
+    }
+
+    #[test]
     fn call_ids_are_unique_alphanumerics() {
         let ids: Vec<String> = (0..2000).map(|_| new_call_id()).collect();
         let mut unique = ids.clone();
@@ -144,6 +171,83 @@ mod tests {
             assert_eq!(tail.len(), 24);
             assert!(tail.bytes().all(|b| b.is_ascii_alphanumeric()), "{id}");
         }
+    }
+
+    const HERMES: &str = "Checking.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"days\": [1, 2]}}\n</tool_call>";
+
+    fn hermes(stream: bool, declared: &[&str]) -> ChoiceOutput {
+        let mut parser = crate::agent::parser(Some(crate::agent::ToolFormat::Hermes), None, false);
+        if stream {
+            parser.stream_calls(Some(std::sync::Arc::new(
+                declared.iter().map(|s| s.to_string()).collect(),
+            )));
+        }
+        ChoiceOutput::new(parser, false)
+    }
+
+    /// (pieces, arguments concatenated) of a Hermes answer streamed in pieces of `size` bytes.
+    fn streamed_in_pieces(size: usize, declared: &[&str]) -> (Vec<StreamPiece>, ChoiceOutput) {
+        let mut out = hermes(true, declared);
+        let mut pieces = Vec::new();
+        let chars: Vec<char> = HERMES.chars().collect();
+        for chunk in chars.chunks(size) {
+            pieces.extend(out.push(&chunk.iter().collect::<String>()));
+        }
+        pieces.extend(out.finish());
+        (pieces, out)
+    }
+
+    #[test]
+    fn a_streamed_call_sends_its_name_first_then_argument_fragments_equal_to_the_whole_answer() {
+        let mut whole = hermes(false, &[]);
+        whole.push(HERMES);
+        whole.finish();
+        let expected = &whole.message.tool_calls[0].arguments;
+        assert_eq!(expected, r#"{"city":"Paris","days":[1,2]}"#);
+        for size in 1..=8 {
+            let (pieces, out) = streamed_in_pieces(size, &["get_weather"]);
+            let starts = pieces
+                .iter()
+                .filter(|p| matches!(p, StreamPiece::CallStart { .. }))
+                .count();
+            let fragments: Vec<&str> = pieces
+                .iter()
+                .filter_map(|p| match p {
+                    StreamPiece::CallArguments { fragment, .. } => Some(fragment.as_str()),
+                    _ => None,
+                })
+                .collect();
+            assert_eq!(starts, 1);
+            assert_eq!(fragments.concat(), *expected, "pieces of {size}");
+            assert!(
+                fragments.len() >= 29 / size,
+                "arguments stream as they arrive: {fragments:?}"
+            );
+            let first_call = pieces.iter().find(|p| !matches!(p, StreamPiece::Content(_)));
+            assert!(matches!(first_call, Some(StreamPiece::CallStart { name, .. }) if name == "get_weather"));
+            assert_eq!(out.message.content, "Checking.");
+            let content: String = pieces
+                .iter()
+                .filter_map(|p| match p {
+                    StreamPiece::Content(t) => Some(t.as_str()),
+                    _ => None,
+                })
+                .collect();
+            assert_eq!(content, "Checking.");
+        }
+    }
+
+    #[test]
+    fn a_call_to_an_undeclared_tool_streams_whole() {
+        let (pieces, _) = streamed_in_pieces(3, &["other"]);
+        let calls: Vec<_> = pieces
+            .iter()
+            .filter(|p| !matches!(p, StreamPiece::Content(_)))
+            .collect();
+        assert_eq!(calls.len(), 2, "{calls:?}");
+        assert!(
+            matches!(calls[1], StreamPiece::CallArguments { fragment, .. } if fragment == r#"{"city":"Paris","days":[1,2]}"#)
+        );
     }
 
     #[test]

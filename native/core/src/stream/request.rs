@@ -64,7 +64,7 @@ pub fn chat_prompt(model: &ServedModel, request: &ChatInput) -> Result<Prompt, A
     let inputs = ChatInputs {
         messages: &request.messages,
         tools: request.tools.as_ref(),
-        documents: None,
+        documents: request.documents.as_deref(),
         add_generation_prompt: request.add_generation_prompt,
         continue_final_message: request.continue_final_message.then_some("content"),
         special_tokens: None,

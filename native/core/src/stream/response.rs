@@ -81,10 +81,10 @@ impl ResponseTranslator {
                 offset: 0,
                 started: false,
                 finish_reason: None,
-                output: shape
-                    .parsing
-                    .as_ref()
-                    .map(|plan| ChoiceOutput::new(plan.parser(), plan.reasoning_parsed)),
+                output: shape.parsing.as_ref().map(|plan| {
+                    ChoiceOutput::new(plan.parser_for(shape.stream), plan.reasoning_parsed)
+                        .leaving_out_reasoning(!plan.include_reasoning)
+                }),
             })
             .collect();
         ResponseTranslator {
