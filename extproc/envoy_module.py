@@ -7,6 +7,9 @@ import os
 from pathlib import Path
 
 MODULE_NAME = "extproc_envoy"
+# Where extproc leaves each routed request's response plan for the module (core's
+# `stream/response_plan.rs`, PLAN_NAMESPACE; the module-path tests fail if the two differ).
+RESPONSE_PLAN_NAMESPACE = "extproc.response"
 MODULE_FILE = f"lib{MODULE_NAME}.so"
 _REPO = Path(__file__).resolve().parent.parent
 
@@ -22,3 +25,12 @@ def module_dir() -> Path | None:
         if (directory / MODULE_FILE).is_file():
             return directory
     return None
+
+
+def module_path() -> str:
+    """The module's shared object, for `response_path = "module"`; an error naming the build step when
+    it is not built."""
+    directory = module_dir()
+    if directory is None:
+        raise FileNotFoundError(f"{MODULE_FILE} not found: build it with `make envoy-module`")
+    return str(directory / MODULE_FILE)

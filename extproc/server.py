@@ -130,6 +130,7 @@ async def start(settings: Settings, *, engine_wait_s: float = ENGINE_WAIT_S) -> 
         max_buffered_output_tokens=settings.max_buffered_output_tokens,
         first_token_timeout=settings.first_token_timeout,
         inter_token_timeout=settings.inter_token_timeout,
+        response_in_envoy=settings.response_path == "module",
     )
     spans = None
     if request_traces.tracing_wanted(settings.tracing):

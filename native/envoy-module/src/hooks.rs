@@ -35,8 +35,12 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_config_new(
     config: EnvoyBuffer,
 ) -> *const c_void {
     match FilterConfig::new(name.as_slice(), config.as_slice()) {
-        Some(c) => Box::into_raw(Box::new(c)) as *const c_void,
-        None => std::ptr::null(),
+        Ok(c) => Box::into_raw(Box::new(c)) as *const c_void,
+        Err(why) => {
+            // Envoy only says the config was refused: say why on its stderr.
+            eprintln!("extproc_envoy: {why}");
+            std::ptr::null()
+        }
     }
 }
 
@@ -145,15 +149,19 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_stream_complete(
     filter(module).complete(&Stream::new(envoy));
 }
 
-/// Local replies go out as Envoy makes them.
+/// Local replies go out as Envoy makes them (`Continue`); the filter hears of them.
+///
+/// # Safety
+/// This module's filter.
 #[no_mangle]
-pub extern "C" fn envoy_dynamic_module_on_http_filter_local_reply(
+pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_local_reply(
     _envoy: FilterEnvoyPtr,
-    _module: *const c_void,
+    module: *const c_void,
     _response_code: u32,
     _details: EnvoyBuffer,
     _reset_imminent: bool,
 ) -> u32 {
+    filter(module).local_reply();
     0
 }
 
