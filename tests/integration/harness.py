@@ -86,6 +86,8 @@ class Stack:
     loop: LoopThread
     # Every model's engines, by model name.
     clusters: dict[str, SimCluster] = field(default_factory=dict)
+    # Where engine responses become answers: "ext_proc" (extproc) or "module" (inside Envoy).
+    response_path: str = "ext_proc"
 
     def openai(self, timeout: float = 30.0) -> openai.OpenAI:
         """The official client against the stack's `/v1`, without its own retries (a test sees every
@@ -331,6 +333,7 @@ def local_stack(
                 envoy,
                 loop,
                 clusters,
+                response_path,
             )
     finally:
         loop.run(running.stop(grace=1))

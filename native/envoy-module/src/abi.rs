@@ -156,11 +156,4 @@ extern "C" {
         key: ModuleBuffer,
         result: *mut EnvoyBuffer,
     ) -> bool;
-
-    pub fn envoy_dynamic_module_callback_http_set_dynamic_metadata_string(
-        filter: FilterEnvoyPtr,
-        namespace: ModuleBuffer,
-        key: ModuleBuffer,
-        value: ModuleBuffer,
-    );
 }

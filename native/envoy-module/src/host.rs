@@ -58,6 +58,10 @@ impl Stream {
         self.set(header_type::RESPONSE_HEADERS, name, None);
     }
 
+    pub fn set_response_trailer(&self, name: &str, value: &str) {
+        self.set(header_type::RESPONSE_TRAILERS, name, Some(value));
+    }
+
     pub fn remove_response_trailer(&self, name: &str) {
         self.set(header_type::RESPONSE_TRAILERS, name, None);
     }
@@ -130,18 +134,6 @@ impl Stream {
                 &mut value,
             )
             .then(|| value.as_slice().to_vec())
-        }
-    }
-
-    pub fn set_metadata_string(&self, namespace: &str, key: &str, value: &str) {
-        // SAFETY: live filter pointer; Envoy copies the three buffers.
-        unsafe {
-            abi::envoy_dynamic_module_callback_http_set_dynamic_metadata_string(
-                self.0,
-                ModuleBuffer::of(namespace.as_bytes()),
-                ModuleBuffer::of(key.as_bytes()),
-                ModuleBuffer::of(value.as_bytes()),
-            );
         }
     }
 

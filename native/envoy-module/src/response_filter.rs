@@ -12,7 +12,7 @@ use std::sync::Arc;
 use extproc_core::error::ApiError;
 use extproc_core::stream::engine_outcome::{self, Ending};
 use extproc_core::stream::response::ResponseTranslator;
-use extproc_core::stream::response_plan::{ResponsePlan, PLAN_KEY, PLAN_NAMESPACE};
+use extproc_core::stream::response_plan::{ResponseOutcome, ResponsePlan, OUTCOME_TRAILER, PLAN_KEY, PLAN_NAMESPACE};
 
 use crate::abi::status;
 use crate::filter::HttpFilter;
@@ -37,6 +37,8 @@ enum State {
 pub struct ResponseFilter {
     models: Arc<Models>,
     state: State,
+    /// What the answer came to, once it ended: extproc reads it from the trailers (`OUTCOME_TRAILER`).
+    outcome: Option<ResponseOutcome>,
 }
 
 impl ResponseFilter {
@@ -44,6 +46,7 @@ impl ResponseFilter {
         ResponseFilter {
             models,
             state: State::Passing,
+            outcome: None,
         }
     }
 
@@ -54,9 +57,7 @@ impl ResponseFilter {
             .models
             .get(&plan.model)
             .ok_or_else(|| ApiError::internal(format!("the Envoy module does not serve model '{}'", plan.model)))?;
-        let shape = plan
-            .shape(|| model.dropped_special_ids())
-            .map_err(ApiError::internal)?;
+        let shape = plan.shape(|| model.dropped_special_ids()).map_err(ApiError::internal)?;
         let translator = ResponseTranslator::new(model.files.clone(), shape, plan.max_message);
         Ok((translator, plan.request_id))
     }
@@ -95,7 +96,8 @@ fn header_str(value: &Option<Vec<u8>>) -> Option<&str> {
 }
 
 impl ResponseFilter {
-    /// The end of the exchange: headers if still owed, then the last bytes.
+    /// The end of the exchange: headers if still owed, then the last bytes; `self.outcome` keeps what the
+    /// answer came to.
     fn end(&mut self, stream: &Stream, error: Option<ApiError>) -> Vec<u8> {
         let State::Translating {
             translator,
@@ -105,7 +107,15 @@ impl ResponseFilter {
         else {
             return Vec::new();
         };
-        let Ending { headers, body, .. } = engine_outcome::ending(translator, error.as_ref(), *headers_sent);
+        let Ending { headers, body, status } = engine_outcome::ending(translator, error.as_ref(), *headers_sent);
+        self.outcome = Some(ResponseOutcome {
+            status,
+            prompt_tokens: translator.usage.prompt_tokens,
+            completion_tokens: translator.usage.completion_tokens,
+            cached_tokens: translator.usage.cached_tokens,
+            finish_reason: translator.finish_reason().unwrap_or_default(),
+            error: error.as_ref().map(|e| e.message.clone()).unwrap_or_default(),
+        });
         if let Some((status, content_type)) = headers {
             set_client_headers(stream, status, content_type, request_id);
         }
@@ -226,6 +236,9 @@ impl HttpFilter for ResponseFilter {
         }
         for name in ["grpc-status", "grpc-message", "grpc-status-details-bin"] {
             stream.remove_response_trailer(name);
+        }
+        if let Some(json) = self.outcome.as_ref().and_then(|o| serde_json::to_string(o).ok()) {
+            stream.set_response_trailer(OUTCOME_TRAILER, &json);
         }
         status::CONTINUE
     }

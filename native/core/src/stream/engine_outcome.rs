@@ -43,7 +43,11 @@ pub fn trailers_error(
     match grpc_status.unwrap_or("") {
         "0" => (unfinished_error(translator), target::grpc_outcome(0)),
         "" => (
-            Some(ApiError::new(502, "bad_gateway", "engine call ended without a gRPC status")),
+            Some(ApiError::new(
+                502,
+                "bad_gateway",
+                "engine call ended without a gRPC status",
+            )),
             None,
         ),
         code => (

@@ -9,8 +9,8 @@
 mod answers;
 mod batch;
 mod deadline;
-pub mod engine_outcome;
 mod engine_id;
+pub mod engine_outcome;
 mod epp;
 mod forced_calls;
 mod health_answer;
@@ -153,6 +153,8 @@ pub struct RequestStream {
     summary: Summary,
     /// When the engine's first output came (for the time to first token).
     first_output: Option<Instant>,
+    /// What the Envoy module said the answer came to (`Limits::response_in_envoy`).
+    module_outcome: Option<response_plan::ResponseOutcome>,
 }
 
 impl RequestStream {
@@ -171,6 +173,7 @@ impl RequestStream {
             batch: None,
             summary: Summary::default(),
             first_output: None,
+            module_outcome: None,
         }
     }
 
@@ -230,6 +233,14 @@ impl RequestStream {
             s.completion_tokens = x.translator.usage.completion_tokens;
             s.cached_tokens = x.translator.usage.cached_tokens;
             s.finish_reason = x.translator.finish_reason().unwrap_or_default();
+        }
+        if let Some(o) = &self.module_outcome {
+            s.status = o.status;
+            s.prompt_tokens = o.prompt_tokens;
+            s.completion_tokens = o.completion_tokens;
+            s.cached_tokens = o.cached_tokens;
+            s.finish_reason = o.finish_reason.clone();
+            s.error = o.error.clone();
         }
         if s.timings.finished_ns == 0 {
             s.timings.finished_ns = trace::now_ns();
@@ -673,7 +684,11 @@ impl RequestStream {
             exchange.target.in_flight = None;
             self.phase = Phase::Done;
             self.summary.status = 200;
-            return vec![replies::pass_response_trailers()];
+            // What the module says the answer came to, into the summary (logs and metrics).
+            self.module_outcome = trailers
+                .get(response_plan::OUTCOME_TRAILER)
+                .and_then(|json| serde_json::from_str(json).ok());
+            return vec![replies::remove_outcome_trailer()];
         }
         let exchange = self.exchange.as_ref().expect("an exchange exists after routing");
         let (error, outcome) = engine_outcome::trailers_error(

@@ -9,7 +9,7 @@ use crate::pb::ext_proc::{
     HeadersResponse, HttpStatus, ImmediateResponse, ProcessingResponse, StreamedBodyResponse, TrailersResponse,
 };
 use crate::pb::structs::{Struct, Value};
-use crate::stream::response_plan::{PLAN_KEY, PLAN_NAMESPACE};
+use crate::stream::response_plan::{OUTCOME_TRAILER, PLAN_KEY, PLAN_NAMESPACE};
 
 /// Envoy's ext_proc takes streamed body chunks of at most 64 KiB; stay clearly under it.
 pub const MAX_BODY_CHUNK: usize = 62_000;
@@ -190,9 +190,14 @@ pub fn pass_response_headers() -> ProcessingResponse {
     }
 }
 
-pub fn pass_response_trailers() -> ProcessingResponse {
+/// The trailers the Envoy module made the client's, less the outcome it left for extproc.
+pub fn remove_outcome_trailer() -> ProcessingResponse {
+    let mut m = HeaderMutation::default();
+    m.remove(OUTCOME_TRAILER);
     ProcessingResponse {
-        response: Some(Response::ResponseTrailers(TrailersResponse { header_mutation: None })),
+        response: Some(Response::ResponseTrailers(TrailersResponse {
+            header_mutation: Some(m),
+        })),
         dynamic_metadata: None,
     }
 }

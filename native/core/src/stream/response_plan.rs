@@ -18,6 +18,22 @@ use crate::openai::response::ResponseMeta;
 pub const PLAN_NAMESPACE: &str = "extproc.response";
 pub const PLAN_KEY: &str = "plan";
 
+/// The response trailer in which the module tells extproc what the answer came to (`ResponseOutcome`,
+/// JSON), for its logs and metrics: on the way back the module runs before ext_proc, which reads the
+/// trailer and removes it before the client could see it.
+pub const OUTCOME_TRAILER: &str = "x-extproc-outcome";
+
+/// What one answer came to: the request summary's response fields.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ResponseOutcome {
+    pub status: u16,
+    pub prompt_tokens: u32,
+    pub completion_tokens: u32,
+    pub cached_tokens: u32,
+    pub finish_reason: String,
+    pub error: String,
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ResponsePlan {
     /// The served model's name (the module finds its tokenizer under it).
@@ -163,7 +179,10 @@ mod tests {
     fn unknown_names_in_a_plan_are_refused() {
         let mut plan = ResponsePlan::of(&shape(), 1024, "r");
         plan.protocol = "trt".into();
-        let refused = plan.shape(Default::default).err().expect("an unknown protocol is refused");
+        let refused = plan
+            .shape(Default::default)
+            .err()
+            .expect("an unknown protocol is refused");
         assert!(refused.contains("unknown protocol 'trt'"));
         assert!(ResponsePlan::from_json(b"{}").is_err());
     }
