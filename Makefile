@@ -25,7 +25,7 @@ FUZZ := $(CARGO) run --release --quiet $(MANIFEST) -p extproc-fuzz --
 FUZZ_TEST_ARGS := --seconds 5 --seed 15
 
 .DEFAULT_GOAL := help
-.PHONY: help venv .venv run test test-rust test-python lint envoy-configs deploy-configs docs bench bench-routing bench-routing-trace vllm-engine fuzz soak wasm-plugin clean
+.PHONY: help venv .venv run test test-rust test-python envoy-module lint envoy-configs deploy-configs docs bench bench-routing bench-routing-trace vllm-engine fuzz soak wasm-plugin clean
 
 help: ## list the targets
 	@echo "usage: make TARGET"
@@ -65,7 +65,12 @@ soak: $(RUNTIME_STAMP) ## minutes of mixed load with engine faults, disconnects 
 vllm-engine: $(RUNTIME_STAMP) ## build the real vLLM engine the tests run (its venv + tiny model, cached in ~/.cache/extproc/vllm)
 	$(BIN)/python -m load.vllm_engine prepare
 
-test-python: $(TEST_STAMP) vllm-engine wasm-plugin ## the Python suite (unit, real-Envoy integration, load, contract vs real vLLM)
+# The response path as an Envoy dynamic module (native/envoy-module, issue 17): its own cdylib, built apart
+# from the Python extension so that build never waits on it.
+envoy-module: ## build the Envoy dynamic module (native/target/release/libextproc_envoy.so)
+	$(CARGO) build --release $(MANIFEST) -p extproc-envoy-module
+
+test-python: $(TEST_STAMP) vllm-engine wasm-plugin envoy-module ## the Python suite (unit, real-Envoy integration, load, contract vs real vLLM)
 	$(BIN)/pytest -q
 
 lint: $(TEST_STAMP) ## ruff check + format check, clippy -D warnings, rustfmt check

@@ -32,6 +32,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from extproc import envoy_module
+
 # The header and metadata names extproc reads and writes, declared once in native/core/src/contracts.rs.
 from extproc.contracts import (
     CLIENT_HEADERS_REMOVED,
@@ -41,6 +43,7 @@ from extproc.contracts import (
     SUBSET_HINT_NAMESPACE,
     UPSTREAM_ADDRESS_ATTRIBUTE,
 )
+from extproc.envoy_module import RESPONSE_PLAN_NAMESPACE
 from extproc.setting_parsers import MiB, parse_host_port
 
 if TYPE_CHECKING:
@@ -152,6 +155,17 @@ class EnvoyOptions:
     # Envoy -> extproc and Envoy -> engines over TLS (mTLS with a client certificate).
     extproc_tls: UpstreamTls | None = None
     engine_tls: UpstreamTls | None = None
+    # The response path inside Envoy (`response_path = "module"`): the extproc_envoy dynamic module turns
+    # engine responses into answers, and ext_proc gets no response bodies.
+    response_module: ResponseModule | None = None
+
+
+@dataclass(frozen=True)
+class ResponseModule:
+    """The `extproc_envoy` module's shared object and the served models' directories by name."""
+
+    path: str
+    models: tuple[tuple[str, str], ...]
 
 
 # --- addresses -------------------------------------------------------------------------------------------
@@ -427,7 +441,10 @@ def _override_host_policy() -> dict[str, Any]:
     }
 
 
-def _ext_proc_filter() -> dict[str, Any]:
+def _ext_proc_filter(in_envoy: bool = False) -> dict[str, Any]:
+    """`in_envoy`: the response module answers the client; extproc gets the response's headers and
+    trailers only (the call's start and end), and leaves the response plan as dynamic metadata."""
+    receiving = [LB_METADATA_NAMESPACE, *([RESPONSE_PLAN_NAMESPACE] if in_envoy else [])]
     return {
         "name": "envoy.filters.http.ext_proc",
         "typed_config": {
@@ -440,7 +457,7 @@ def _ext_proc_filter() -> dict[str, Any]:
                 "response_header_mode": "SEND",
                 # The only mode in which a body may be replaced by one of another size, streaming both ways.
                 "request_body_mode": "FULL_DUPLEX_STREAMED",
-                "response_body_mode": "FULL_DUPLEX_STREAMED",
+                "response_body_mode": "NONE" if in_envoy else "FULL_DUPLEX_STREAMED",
                 # FULL_DUPLEX_STREAMED requires trailers both ways (and gRPC status arrives in trailers).
                 "request_trailer_mode": "SEND",
                 "response_trailer_mode": "SEND",
@@ -457,13 +474,28 @@ def _ext_proc_filter() -> dict[str, Any]:
             },
             "metadata_options": {
                 # The endpoint-picker protocol also carries the destination as dynamic metadata.
-                "receiving_namespaces": {"untyped": [LB_METADATA_NAMESPACE]},
+                "receiving_namespaces": {"untyped": receiving},
                 # A filter before this one may restrict the engines to pick from (subset hint); the
                 # override_host policy records the engine that served under the protocol's namespace.
                 "forwarding_namespaces": {"untyped": [SUBSET_HINT_NAMESPACE, LB_METADATA_NAMESPACE]},
             },
             # Which engine actually answered (after a fallback): Abort and accounting follow it.
             "response_attributes": [UPSTREAM_ADDRESS_ATTRIBUTE],
+        },
+    }
+
+
+def _response_module_filter(module: ResponseModule) -> dict[str, Any]:
+    """The extproc_envoy module's `response` filter, between ext_proc and the router: on the way back it
+    sees the engine's response first."""
+    config = json.dumps({"models": dict(module.models)})
+    return {
+        "name": "envoy.filters.http.dynamic_modules",
+        "typed_config": {
+            "@type": _TYPE + "envoy.extensions.filters.http.dynamic_modules.v3.DynamicModuleFilter",
+            "dynamic_module_config": {"module": {"local": {"filename": module.path}}},
+            "filter_name": "response",
+            "filter_config": {"@type": _TYPE + "google.protobuf.StringValue", "value": config},
         },
     }
 
@@ -631,7 +663,8 @@ def _http_connection_manager(opts: EnvoyOptions) -> dict[str, Any]:
         "route_config": _route_config(opts),
         "local_reply_config": _local_reply_config(),
         "http_filters": [
-            _ext_proc_filter(),
+            _ext_proc_filter(opts.response_module is not None),
+            *([_response_module_filter(opts.response_module)] if opts.response_module else []),
             {
                 "name": "envoy.filters.http.router",
                 "typed_config": {"@type": _TYPE + "envoy.extensions.filters.http.router.v3.Router"},
@@ -766,7 +799,20 @@ def edge_options(settings: Settings) -> dict[str, Any]:
         "tls": tls,
         "extproc_tls": extproc_tls,
         "engine_tls": engine_tls,
+        "response_module": response_module(settings),
     }
+
+
+def response_module(settings: Settings) -> ResponseModule | None:
+    """The response module's EnvoyOptions field for `response_path = "module"` (else None): the built
+    module and every served model's directory, where it loads the tokenizers from."""
+    if settings.response_path != "module":
+        return None
+    # Imported here: extproc.config imports the settings this module is used with.
+    from extproc.config import served_models
+
+    models = tuple((m.name, str(m.model_dir)) for m in served_models(settings))
+    return ResponseModule(envoy_module.module_path(), models)
 
 
 def render_bootstrap(opts: EnvoyOptions) -> str:

@@ -147,6 +147,7 @@ async def start(
         max_buffered_output_tokens=settings.max_buffered_output_tokens,
         first_token_timeout=settings.first_token_timeout,
         inter_token_timeout=settings.inter_token_timeout,
+        response_in_envoy=settings.response_path == "module",
     )
     spans = None
     if request_traces.tracing_wanted(settings.tracing):

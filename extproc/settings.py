@@ -538,6 +538,17 @@ class Settings:
         "SECONDS",
         doc="how long each child may take to become ready",
     )
+    response_path: str = setting(
+        "ext_proc",
+        p.choice(("ext_proc", "module")),
+        _ALL,
+        "where engine responses become OpenAI answers: ext_proc (extproc) or module (inside Envoy)",
+        "PATH",
+        doc="where the engine's response is turned into the client's answer: `ext_proc` (extproc, every "
+        "engine message crosses Envoy's ext_proc stream) or `module` (the `extproc_envoy` dynamic module "
+        "inside Envoy, built by `make envoy-module`; extproc sees only the response's headers and "
+        "trailers); both answer the same bytes (see [architecture.md](architecture.md))",
+    )
     envoy_access_log: bool = setting(
         False,
         p.parse_bool,

@@ -533,3 +533,26 @@ async def test_known_engines_follow_the_fallback_list(tmp_path: Path, free_ports
 def test_known_engines_must_be_ip_addresses() -> None:
     with pytest.raises(ValueError, match="IP addresses"):
         eb.build_bootstrap(eb.EnvoyOptions(engines=("engine-0.svc:50051",)))
+
+
+def test_the_response_module_config_passes_envoy_validate(tmp_path: Path) -> None:
+    settings = Settings(response_path="module")
+    module = eb.response_module(settings)
+    assert module is not None and module.path.endswith("libextproc_envoy.so")
+    assert module.models == tuple((m.name, str(m.model_dir)) for m in served_models(settings))
+    _validate(tmp_path, eb.EnvoyOptions(response_module=module))
+    hcm = eb.build_bootstrap(eb.EnvoyOptions(response_module=module))["static_resources"]["listeners"][0]
+    filters = hcm["filter_chains"][0]["filters"][0]["typed_config"]["http_filters"]
+    names = [f["name"] for f in filters]
+    assert names == [
+        "envoy.filters.http.ext_proc",
+        "envoy.filters.http.dynamic_modules",
+        "envoy.filters.http.router",
+    ]
+    mode = filters[0]["typed_config"]["processing_mode"]
+    assert (mode["response_header_mode"], mode["response_body_mode"], mode["response_trailer_mode"]) == (
+        "SEND",
+        "NONE",
+        "SEND",
+    )
+    assert eb.response_module(Settings()) is None

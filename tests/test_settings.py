@@ -54,6 +54,7 @@ def samples(model_dir: Path) -> dict[str, tuple[str, Any]]:
         "first_token_timeout": ("1.5", 1.5),
         "inter_token_timeout": ("0", 0.0),
         "routing_config": ('{"spill_abs": 4}', '{"spill_abs": 4}'),
+        "response_path": ("module", "module"),
         "destination_fallbacks": ("3", 3),
         "log_level": ("debug", "debug"),
         "log_format": ("JSON", "json"),

@@ -10,9 +10,12 @@ from tests.conftest import FreePorts
 from tests.integration.harness import Stack, local_stack
 
 
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    with local_stack(FreePorts(), Path(tmp_path_factory.mktemp("stack"))) as s:
+@pytest.fixture(scope="module", params=["ext_proc", "module"])
+def stack(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Iterator[Stack]:
+    """The shared stack, once per response path: extproc translates engine responses, or the extproc_envoy
+    module does inside Envoy (docs/architecture.md, "The response path in Envoy")."""
+    tmp = Path(tmp_path_factory.mktemp("stack"))
+    with local_stack(FreePorts(), tmp, response_path=request.param) as s:
         yield s
 
 

@@ -30,7 +30,7 @@ from smg_grpc_proto.generated import vllm_engine_pb2_grpc as vllm_grpc
 
 from extproc import server
 from extproc.config import EngineConfig, ModelConfig, Settings
-from extproc.envoy_bootstrap import EnvoyOptions, build_bootstrap, envoy_binary
+from extproc.envoy_bootstrap import EnvoyOptions, build_bootstrap, envoy_binary, response_module
 from extproc.models import default_model_dir
 from extproc.simulator import SimCluster, SimOptions, start_engines
 from extproc.simulator.cluster import STOP_GRACE_S, SimEngine
@@ -86,6 +86,8 @@ class Stack:
     loop: LoopThread
     # Every model's engines, by model name.
     clusters: dict[str, SimCluster] = field(default_factory=dict)
+    # Where engine responses become answers: "ext_proc" (extproc) or "module" (inside Envoy).
+    response_path: str = "ext_proc"
 
     def openai(self, timeout: float = 30.0) -> openai.OpenAI:
         """The official client against the stack's `/v1`, without its own retries (a test sees every
@@ -249,13 +251,15 @@ def local_stack(
     envoy_overrides: Mapping[str, Any] | None = None,
     api_keys_file: Path | None = None,
     extproc_settings: Mapping[str, Any] | None = None,
+    response_path: str = "ext_proc",
 ) -> Iterator[Stack]:
     """`engines`, `protocol` and `sim` describe the single default model; `models` several instead.
     `fallbacks` > 0: Envoy knows every model's engines (one cluster) and follows up to that many
     fallbacks, as under `extproc up`; 0 leaves Envoy one address per request (ORIGINAL_DST).
     `filters_before`: given the first model's engine addresses, Envoy HTTP filters to run before ext_proc
     (as a gateway in front of extproc would). `envoy_overrides`: EnvoyOptions fields to set (timeouts,
-    connection cap, TLS). `extproc_settings`: further extproc settings by name."""
+    connection cap, TLS). `extproc_settings`: further extproc settings by name. `response_path`: "module"
+    turns engine responses into answers inside Envoy (the extproc_envoy dynamic module)."""
     loop = LoopThread()
     single = models is None
     if models is None:
@@ -270,6 +274,7 @@ def local_stack(
         extra["routing_config"] = routing_config
     if api_keys_file is not None:
         extra["api_keys_file"] = api_keys_file
+    extra["response_path"] = response_path
     extra.update(extproc_settings or {})
     known: tuple[str, ...] = ()
     if fallbacks:
@@ -309,6 +314,7 @@ def local_stack(
         max_request_bytes=max_request_bytes,
         engines=known,
         engine_retries=fallbacks if known else 0,
+        response_module=response_module(settings),
     )
     options = replace(options, **(envoy_overrides or {}))
     config = tmp / "envoy.json"
@@ -328,6 +334,7 @@ def local_stack(
                 envoy,
                 loop,
                 clusters,
+                response_path,
             )
     finally:
         loop.run(running.stop(grace=1))

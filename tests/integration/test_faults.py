@@ -14,10 +14,11 @@ from tests.conftest import FreePorts
 from tests.integration.harness import Stack, local_stack, post_json, wait_for
 
 
-@pytest.fixture
-def slow_stack(tmp_path: Path) -> Iterator[Stack]:
-    # 50 ms per token: a 200-token generation takes 10 s, long enough to walk away from.
-    with local_stack(FreePorts(), tmp_path, sim=SimOptions(itl_ms=50.0)) as s:
+@pytest.fixture(params=["ext_proc", "module"])
+def slow_stack(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Stack]:
+    # 50 ms per token: a 200-token generation takes 10 s, long enough to walk away from. Each fault on
+    # both response paths (extproc, or the extproc_envoy module inside Envoy).
+    with local_stack(FreePorts(), tmp_path, sim=SimOptions(itl_ms=50.0), response_path=request.param) as s:
         yield s
 
 

@@ -140,6 +140,10 @@ pub struct Limits {
     pub max_buffered_output_tokens: u64,
     /// First-token and inter-token deadlines of every engine call (`stream/deadline.rs`).
     pub deadlines: Deadlines,
+    /// The response side runs in Envoy (the `extproc_envoy` dynamic module, issue 17): routed requests
+    /// carry their response plan in dynamic metadata, and extproc sees only the response's headers and
+    /// trailers (Envoy's ext_proc processing mode sends it no response body).
+    pub response_in_envoy: bool,
 }
 
 impl Default for Limits {
@@ -150,6 +154,7 @@ impl Default for Limits {
             destination_fallbacks: 0,
             max_buffered_output_tokens: DEFAULT_MAX_BUFFERED_OUTPUT_TOKENS,
             deadlines: Deadlines::default(),
+            response_in_envoy: false,
         }
     }
 }

@@ -10,6 +10,7 @@ mod answers;
 mod batch;
 mod deadline;
 mod engine_id;
+pub mod engine_outcome;
 mod epp;
 mod forced_calls;
 mod gateway_call;
@@ -21,7 +22,8 @@ pub mod output_plan;
 mod parsed_output;
 mod replies;
 mod request;
-mod response;
+pub mod response;
+pub mod response_plan;
 mod target;
 pub mod trace;
 
@@ -52,6 +54,7 @@ use crate::routing::{Failure, PickRequest};
 use deadline::CallClock;
 use http_api::HttpApi;
 use response::{ResponseShape, ResponseTranslator};
+use response_plan::ResponsePlan;
 use target::Target;
 
 pub use batch::{CallOutcome, FanoutCall};
@@ -130,6 +133,9 @@ struct Exchange {
     client_headers_sent: bool,
     /// The call's first-token and inter-token deadlines.
     clock: CallClock,
+    /// The Envoy module translates this call's response (`Limits::response_in_envoy`): extproc sees its
+    /// headers and trailers only.
+    in_envoy: bool,
 }
 
 pub struct RequestStream {
@@ -157,6 +163,8 @@ pub struct RequestStream {
     summary: Summary,
     /// When the engine's first output came (for the time to first token).
     first_output: Option<Instant>,
+    /// What the Envoy module said the answer came to (`Limits::response_in_envoy`).
+    module_outcome: Option<response_plan::ResponseOutcome>,
 }
 
 impl RequestStream {
@@ -178,6 +186,7 @@ impl RequestStream {
             method: String::new(),
             summary: Summary::default(),
             first_output: None,
+            module_outcome: None,
         }
     }
 
@@ -240,6 +249,14 @@ impl RequestStream {
             s.completion_tokens = x.translator.usage.completion_tokens;
             s.cached_tokens = x.translator.usage.cached_tokens;
             s.finish_reason = x.translator.finish_reason().unwrap_or_default();
+        }
+        if let Some(o) = &self.module_outcome {
+            s.status = o.status;
+            s.prompt_tokens = o.prompt_tokens;
+            s.completion_tokens = o.completion_tokens;
+            s.cached_tokens = o.cached_tokens;
+            s.finish_reason = o.finish_reason.clone();
+            s.error = o.error.clone();
         }
         if s.timings.finished_ns == 0 {
             s.timings.finished_ns = trace::now_ns();
@@ -609,7 +626,10 @@ impl RequestStream {
             logprobs: req.sampling.logprobs,
             parsing,
         };
-        let translator = ResponseTranslator::new(model.clone(), shape, self.gateway.limits.max_engine_message);
+        let max_message = self.gateway.limits.max_engine_message;
+        let in_envoy = self.gateway.limits.response_in_envoy;
+        let plan = in_envoy.then(|| ResponsePlan::of(&shape, max_message, &self.summary.request_id).to_json());
+        let translator = ResponseTranslator::new(model.clone(), shape, max_message);
         // Envoy connects to the engine's address; the rank travels in the request.
         let destination = target.destination(self.gateway.limits.destination_fallbacks);
         self.summary.timings.routed_ns = trace::now_ns();
@@ -620,6 +640,9 @@ impl RequestStream {
         )];
         if let Some(trace) = &self.summary.trace {
             trace.add_to(&mut out[0]);
+        }
+        if let Some(plan) = &plan {
+            replies::add_response_plan(&mut out[0], plan);
         }
         out.extend(replies::body_chunks(&grpc_frame::encode(&generate), true, true));
         Step::Encode.observe(encoding);
@@ -638,6 +661,7 @@ impl RequestStream {
             translator,
             client_headers_sent: false,
             clock,
+            in_envoy,
         });
         self.phase = Phase::ResponseHeaders;
         Ok(out)
@@ -659,30 +683,20 @@ impl RequestStream {
     }
 
     fn on_response_headers(&mut self, h: HttpHeaders) -> Vec<ProcessingResponse> {
+        if self.exchange.as_ref().is_some_and(|x| x.in_envoy) {
+            return self.on_module_response_headers();
+        }
         let headers = h.headers.unwrap_or_default();
-        let status = headers.get(":status").unwrap_or_default().to_string();
-        // A gRPC error before any message comes "trailers-only": grpc-status in the headers.
-        if let Some(code) = headers.get("grpc-status") {
-            if code != "0" {
-                self.report(target::grpc_outcome(code.parse().unwrap_or(2)));
-                return self.fail(grpc_error(&headers, code));
-            }
-        }
-        if status != "200" {
-            // Envoy's own reply (a 503 after the connection failed or was reset): the engine is down.
-            self.report(Some(Err(Failure::Down)));
-            return self.fail(ApiError::new(
-                502,
-                "bad_gateway",
-                format!("engine answered HTTP {status}"),
-            ));
-        }
-        if h.end_of_stream {
-            return self.fail(ApiError::new(
-                502,
-                "bad_gateway",
-                "engine ended the call without a response",
-            ));
+        let status = headers.get(":status").unwrap_or_default();
+        let ended = engine_outcome::headers_error(
+            status,
+            headers.get("grpc-status"),
+            headers.get("grpc-message"),
+            h.end_of_stream,
+        );
+        if let Some((error, outcome)) = ended {
+            self.report(outcome);
+            return self.fail(error);
         }
         // The client headers wait until the first content (streams) or the outcome (non-streamed)
         // is known, so an early engine error can still get its own status code.
@@ -715,7 +729,7 @@ impl RequestStream {
         };
         if b.end_of_stream {
             // The engine closed the body without trailers: the end, and the call's outcome is unknown.
-            let error = exchange_error_without_trailers(exchange);
+            let error = engine_outcome::unfinished_error(&exchange.translator);
             return self.finish(error);
         }
         if events.is_empty() {
@@ -734,20 +748,39 @@ impl RequestStream {
         out
     }
 
-    fn on_response_trailers(&mut self, trailers: HeaderMap) -> Vec<ProcessingResponse> {
-        let code = trailers.get("grpc-status").unwrap_or("");
-        let error = match code {
-            "0" => self.exchange.as_ref().and_then(exchange_error_without_trailers),
-            "" => Some(ApiError::new(
-                502,
-                "bad_gateway",
-                "engine call ended without a gRPC status",
-            )),
-            code => Some(grpc_error(&trailers, code)),
-        };
-        if !code.is_empty() {
-            self.report(target::grpc_outcome(code.parse().unwrap_or(2)));
+    /// The Envoy module answers the client: the engine has begun (its prefill is done, the router stops
+    /// counting it as backlog and any penalty ends); extproc waits for the trailers, which say the call
+    /// is over (a stream that ends before them is a client gone away: the server aborts the call).
+    fn on_module_response_headers(&mut self) -> Vec<ProcessingResponse> {
+        let exchange = self.exchange.as_mut().expect("an exchange exists after routing");
+        if let Some(in_flight) = exchange.target.in_flight.as_mut() {
+            in_flight.first_token();
         }
+        exchange.target.report(&exchange.model, Ok(()));
+        self.summary.timings.first_token_ns = trace::now_ns();
+        self.first_output.get_or_insert_with(Instant::now);
+        self.phase = Phase::ResponseBody;
+        vec![replies::pass_response_headers()]
+    }
+
+    fn on_response_trailers(&mut self, trailers: HeaderMap) -> Vec<ProcessingResponse> {
+        if let Some(exchange) = self.exchange.as_mut().filter(|x| x.in_envoy) {
+            exchange.target.in_flight = None;
+            self.phase = Phase::Done;
+            self.summary.status = 200;
+            // What the module says the answer came to, into the summary (logs and metrics).
+            self.module_outcome = trailers
+                .get(response_plan::OUTCOME_TRAILER)
+                .and_then(|json| serde_json::from_str(json).ok());
+            return vec![replies::remove_outcome_trailer()];
+        }
+        let exchange = self.exchange.as_ref().expect("an exchange exists after routing");
+        let (error, outcome) = engine_outcome::trailers_error(
+            trailers.get("grpc-status"),
+            trailers.get("grpc-message"),
+            &exchange.translator,
+        );
+        self.report(outcome);
         self.finish(error)
     }
 
@@ -761,6 +794,8 @@ impl RequestStream {
     /// When the engine call times out unless the engine sends something (`None`: no call waiting).
     pub fn deadline(&self) -> Option<Instant> {
         match (&self.exchange, self.phase) {
+            // Once the Envoy module has the response, extproc can no longer end it.
+            (Some(x), Phase::ResponseBody) if x.in_envoy => None,
             (Some(x), Phase::ResponseHeaders | Phase::ResponseBody) => x.clock.deadline(),
             _ => None,
         }
@@ -805,29 +840,12 @@ impl RequestStream {
         let exchange = self.exchange.as_mut().expect("an exchange exists after routing");
         exchange.target.in_flight = None;
         let mut out = Vec::new();
-        let body = match (&error, exchange.client_headers_sent) {
-            (None, sent) => {
-                if !sent {
-                    let content_type = if exchange.translator.stream() {
-                        "text/event-stream"
-                    } else {
-                        "application/json"
-                    };
-                    out.push(replies::client_headers(200, content_type, &request_id));
-                }
-                self.summary.status = 200;
-                exchange.translator.finish()
-            }
-            (Some(e), false) => {
-                out.push(replies::client_headers(e.status, "application/json", &request_id));
-                self.summary.status = e.status;
-                e.to_json()
-            }
-            (Some(e), true) => {
-                self.summary.status = 200;
-                exchange.translator.fail_stream(e)
-            }
-        };
+        let ending = engine_outcome::ending(&mut exchange.translator, error.as_ref(), exchange.client_headers_sent);
+        if let Some((status, content_type)) = ending.headers {
+            out.push(replies::client_headers(status, content_type, &request_id));
+        }
+        self.summary.status = ending.status;
+        let body = ending.body;
         exchange.client_headers_sent = true;
         if let Some(e) = error {
             self.summary.error = e.message;
@@ -846,44 +864,6 @@ fn method_not_allowed(method: &str, path: &str) -> ApiError {
     )
 }
 
-fn grpc_error(headers: &HeaderMap, code: &str) -> ApiError {
-    let message = headers.get("grpc-message").map(percent_decode).unwrap_or_default();
-    ApiError::from_grpc(code.parse().unwrap_or(2), &message)
-}
-
-/// An OK status with an unfinished choice is still a failure the client must hear about.
-fn exchange_error_without_trailers(exchange: &Exchange) -> Option<ApiError> {
-    if exchange.translator.all_finished() {
-        None
-    } else {
-        Some(ApiError::new(
-            502,
-            "bad_gateway",
-            "engine stream ended before the generation finished",
-        ))
-    }
-}
-
-/// `grpc-message` is percent-encoded.
-fn percent_decode(s: &str) -> String {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' && i + 2 < bytes.len() {
-            let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).unwrap_or("");
-            if let Ok(b) = u8::from_str_radix(hex, 16) {
-                out.push(b);
-                i += 3;
-                continue;
-            }
-        }
-        out.push(bytes[i]);
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
 #[cfg(test)]
 mod tests {
     // Data-parallel ranks through the stream: the destination names engine addresses only, the rank
@@ -894,7 +874,7 @@ mod tests {
 
     use prost::Message;
 
-    use super::{percent_decode, RequestStream};
+    use super::RequestStream;
     use crate::contracts::{DESTINATION_HEADER, LB_METADATA_NAMESPACE, MAX_RETRIES_HEADER};
     use crate::engine::Protocol;
     use crate::gateway::{Gateway, Limits};
@@ -906,13 +886,6 @@ mod tests {
     use crate::pb::{sglang, vllm};
     use crate::routing::RouterConfig;
     use crate::test_assets::llama3_model_dir;
-
-    #[test]
-    fn grpc_messages_are_percent_decoded() {
-        assert_eq!(percent_decode("prompt%20too%20long"), "prompt too long");
-        assert_eq!(percent_decode("100%"), "100%");
-        assert_eq!(percent_decode("%e2%9c%93"), "✓");
-    }
 
     const A: &str = "10.0.0.1:50051";
     const B: &str = "10.0.0.2:50051";

@@ -43,6 +43,12 @@ impl RequestStream {
                 end.first_token = self.first_output.map(|t| t.saturating_duration_since(started));
             }
         }
+        // The Envoy module translated the answer: its counts came back with the trailers.
+        if let Some(o) = &self.module_outcome {
+            end.prompt_tokens = o.prompt_tokens;
+            end.cached_tokens = o.cached_tokens;
+            end.completion_tokens = o.completion_tokens;
+        }
         m.request_ended(&end);
     }
 }

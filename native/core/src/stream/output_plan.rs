@@ -164,6 +164,45 @@ impl ParsingPlan {
 
 /// Whether `thinking` is off for this chat (`chat_template_kwargs`: `enable_thinking` as Qwen3's
 /// templates name it, `thinking` as DeepSeek V3.1's).
+/// A parsing plan as data: what the response plan (`response_plan.rs`) carries to another host of the
+/// response side, which rebuilds the plan with the model's own dropped special tokens.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct ParsingSpec {
+    pub tool: Option<String>,
+    pub reasoning: Option<String>,
+    pub forced: bool,
+    pub prompt_opens_think: bool,
+    pub reasoning_parsed: bool,
+}
+
+impl ParsingPlan {
+    pub fn spec(&self) -> ParsingSpec {
+        ParsingSpec {
+            tool: self.tool.map(|t| t.to_string()),
+            reasoning: self.reasoning.map(|r| r.to_string()),
+            forced: self.forced,
+            prompt_opens_think: self.prompt_opens_think,
+            reasoning_parsed: self.reasoning_parsed,
+        }
+    }
+}
+
+impl ParsingSpec {
+    /// The plan again; `dropped` is the model's `non_marker_special_ids`.
+    pub fn plan(&self, dropped: Arc<HashSet<u32>>) -> Result<ParsingPlan, String> {
+        let tool = self.tool.as_deref().map(str::parse::<ToolFormat>).transpose();
+        let reasoning = self.reasoning.as_deref().map(str::parse::<ReasoningFormat>).transpose();
+        Ok(ParsingPlan {
+            tool: tool.map_err(|e| e.to_string())?,
+            reasoning: reasoning.map_err(|e| e.to_string())?,
+            forced: self.forced,
+            prompt_opens_think: self.prompt_opens_think,
+            dropped,
+            reasoning_parsed: self.reasoning_parsed,
+        })
+    }
+}
+
 fn thinking_off(kwargs: &serde_json::Map<String, Value>) -> bool {
     ["enable_thinking", "thinking"]
         .iter()

@@ -10,6 +10,7 @@ use crate::pb::ext_proc::{
     ImmediateResponse, ProcessingResponse, StreamedBodyResponse, StreamedImmediateResponse, TrailersResponse,
 };
 use crate::pb::structs::{Struct, Value};
+use crate::stream::response_plan::{OUTCOME_TRAILER, PLAN_KEY, PLAN_NAMESPACE};
 
 /// Envoy's ext_proc takes streamed body chunks of at most 64 KiB; stay clearly under it.
 pub const MAX_BODY_CHUNK: usize = 62_000;
@@ -225,6 +226,38 @@ fn local_stream_part(part: streamed_immediate_response::Response) -> ProcessingR
 }
 
 /// The response-trailers reply: gRPC status trailers are the engine's business, not the client's.
+/// Attach the response plan to the reply that routes the request (`response_plan.rs`): Envoy keeps it as
+/// dynamic metadata, where the `extproc_envoy` module reads it.
+pub fn add_response_plan(reply: &mut ProcessingResponse, plan_json: &str) {
+    let mut plan = Struct::default();
+    plan.fields.insert(PLAN_KEY.to_string(), Value::string(plan_json));
+    reply
+        .dynamic_metadata
+        .get_or_insert_with(Struct::default)
+        .fields
+        .insert(PLAN_NAMESPACE.to_string(), Value::structure(plan));
+}
+
+/// Response headers or trailers the Envoy module already made the client's: passed on unchanged.
+pub fn pass_response_headers() -> ProcessingResponse {
+    ProcessingResponse {
+        response: Some(Response::ResponseHeaders(HeadersResponse { response: None })),
+        dynamic_metadata: None,
+    }
+}
+
+/// The trailers the Envoy module made the client's, less the outcome it left for extproc.
+pub fn remove_outcome_trailer() -> ProcessingResponse {
+    let mut m = HeaderMutation::default();
+    m.remove(OUTCOME_TRAILER);
+    ProcessingResponse {
+        response: Some(Response::ResponseTrailers(TrailersResponse {
+            header_mutation: Some(m),
+        })),
+        dynamic_metadata: None,
+    }
+}
+
 pub fn strip_grpc_trailers() -> ProcessingResponse {
     let mut m = HeaderMutation::default();
     m.remove("grpc-status")

@@ -20,6 +20,24 @@ use crate::stream::output_plan::ParsingPlan;
 use crate::stream::parsed_output::{ChoiceOutput, StreamPiece};
 use crate::tokenize::TextTokenizer;
 
+/// Where a translator finds the model's tokenizer: the served model (ext_proc) or the model's files
+/// alone (the Envoy module, which has no router or templates of its own to keep).
+pub trait TokenizerSource: Send + Sync {
+    fn tokenizer(&self) -> &TextTokenizer;
+}
+
+impl TokenizerSource for ServedModel {
+    fn tokenizer(&self) -> &TextTokenizer {
+        &self.files.tokenizer
+    }
+}
+
+impl TokenizerSource for crate::model::ModelFiles {
+    fn tokenizer(&self) -> &TextTokenizer {
+        &self.tokenizer
+    }
+}
+
 /// How the client wants the answer.
 pub struct ResponseShape {
     pub meta: ResponseMeta,
@@ -59,7 +77,7 @@ struct Choice {
 
 /// What the engine has said so far, translated.
 pub struct ResponseTranslator {
-    model: Arc<ServedModel>,
+    model: Arc<dyn TokenizerSource>,
     shape: ResponseShape,
     frames: FrameDecoder,
     choices: Vec<Choice>,
@@ -67,7 +85,7 @@ pub struct ResponseTranslator {
 }
 
 impl ResponseTranslator {
-    pub fn new(model: Arc<ServedModel>, shape: ResponseShape, max_message: usize) -> Self {
+    pub fn new(model: Arc<dyn TokenizerSource>, shape: ResponseShape, max_message: usize) -> Self {
         let echo = shape.echo.clone().unwrap_or_default();
         let choices = (0..shape.n.max(1))
             .map(|_| Choice {
@@ -151,7 +169,7 @@ impl ResponseTranslator {
         if choice.finish_reason.is_some() {
             return Ok(());
         }
-        let tokenizer = &self.model.files.tokenizer;
+        let tokenizer = self.model.tokenizer();
         // Tokens after a stop string the gateway caught are not the client's, nor their logprobs.
         let logprobs: &[TokenLogprob] = if choice.stop.matched().is_some() {
             &[]
@@ -205,7 +223,7 @@ impl ResponseTranslator {
 
     /// End every choice the engine left open (as "stop"); streams return the events that says.
     pub fn close_choices(&mut self) -> Vec<u8> {
-        let tokenizer = &self.model.files.tokenizer;
+        let tokenizer = self.model.tokenizer();
         let mut out = Vec::new();
         for (index, choice) in self.choices.iter_mut().enumerate() {
             if choice.finish_reason.is_none() {

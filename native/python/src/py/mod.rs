@@ -55,6 +55,7 @@ impl PyGateway {
         max_buffered_output_tokens = DEFAULT_MAX_BUFFERED_OUTPUT_TOKENS,
         first_token_timeout = 60.0,
         inter_token_timeout = 30.0,
+        response_in_envoy = false,
     ))]
     fn new(
         max_body_bytes: usize,
@@ -63,6 +64,7 @@ impl PyGateway {
         max_buffered_output_tokens: u64,
         first_token_timeout: f64,
         inter_token_timeout: f64,
+        response_in_envoy: bool,
     ) -> PyResult<Self> {
         let seconds = |name: &str, s: f64| {
             Duration::try_from_secs_f64(s).map_err(|_| PyValueError::new_err(format!("{name} must be seconds >= 0")))
@@ -77,6 +79,7 @@ impl PyGateway {
                     first_token: seconds("first_token_timeout", first_token_timeout)?,
                     inter_token: seconds("inter_token_timeout", inter_token_timeout)?,
                 },
+                response_in_envoy,
             })),
         })
     }
