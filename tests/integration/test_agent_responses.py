@@ -341,7 +341,9 @@ def test_streamed_answers_add_up_to_the_whole_one_per_choice(client: openai.Open
         assert len(set(ids)) == (len(ids) if model != "kimi-k2" else len(ids) // 2)
 
 
-@pytest.mark.parametrize("model", ["qwen2.5-hermes", "qwen3-coder-xml", "kimi-k2", "glm-4.5-sglang", "deepseek-v3"])
+@pytest.mark.parametrize(
+    "model", ["qwen2.5-hermes", "qwen3-coder-xml", "kimi-k2", "glm-4.5-sglang", "deepseek-v3"]
+)
 def test_a_streamed_call_sends_its_name_before_its_arguments_are_complete(
     client: openai.OpenAI, model: str
 ) -> None:
