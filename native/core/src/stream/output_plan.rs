@@ -162,8 +162,6 @@ impl ParsingPlan {
     }
 }
 
-/// Whether `thinking` is off for this chat (`chat_template_kwargs`: `enable_thinking` as Qwen3's
-/// templates name it, `thinking` as DeepSeek V3.1's).
 /// A parsing plan as data: what the response plan (`response_plan.rs`) carries to another host of the
 /// response side, which rebuilds the plan with the model's own dropped special tokens.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -173,6 +171,15 @@ pub struct ParsingSpec {
     pub forced: bool,
     pub prompt_opens_think: bool,
     pub reasoning_parsed: bool,
+    /// The request's tool names (a stream sends a call's name early only for these).
+    #[serde(default)]
+    pub declared: Vec<String>,
+    #[serde(default = "include_reasoning_default")]
+    pub include_reasoning: bool,
+}
+
+fn include_reasoning_default() -> bool {
+    true
 }
 
 impl ParsingPlan {
@@ -183,6 +190,8 @@ impl ParsingPlan {
             forced: self.forced,
             prompt_opens_think: self.prompt_opens_think,
             reasoning_parsed: self.reasoning_parsed,
+            declared: self.declared.iter().cloned().collect(),
+            include_reasoning: self.include_reasoning,
         }
     }
 }
@@ -199,10 +208,14 @@ impl ParsingSpec {
             prompt_opens_think: self.prompt_opens_think,
             dropped,
             reasoning_parsed: self.reasoning_parsed,
+            declared: Arc::new(self.declared.iter().cloned().collect()),
+            include_reasoning: self.include_reasoning,
         })
     }
 }
 
+/// Whether `thinking` is off for this chat (`chat_template_kwargs`: `enable_thinking` as Qwen3's
+/// templates name it, `thinking` as DeepSeek V3.1's).
 fn thinking_off(kwargs: &serde_json::Map<String, Value>) -> bool {
     ["enable_thinking", "thinking"]
         .iter()
