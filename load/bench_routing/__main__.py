@@ -21,7 +21,6 @@ import argparse
 import json
 import shlex
 import shutil
-import subprocess
 import sys
 import time
 from collections.abc import Sequence
@@ -30,10 +29,9 @@ from pathlib import Path
 from typing import Any
 
 from load.bench import gateways as bench_gateways
-from load.bench.procs import StartError
 from load.bench_routing import report, trace
 from load.bench_routing.engines import EngineConfig
-from load.bench_routing.gateways import POLICIES, SMG_POLICY
+from load.bench_routing.gateways import POLICIES, SMG_POLICY, smg_binary
 from load.bench_routing.run import Context, RunSpec, measure_capacity, run_trace
 from load.loadgen.records import json_safe
 from load.loadgen.text import load_vocab
@@ -122,16 +120,6 @@ def run_order(policies: Sequence[str], smg: bool) -> list[RunSpec]:
     return ours
 
 
-def _smg_binary(args: argparse.Namespace, log_dir: Path) -> Path | None:
-    if args.no_smg:
-        return None
-    try:
-        return bench_gateways.ensure_smg(args.smg_venv, log_dir)
-    except (OSError, subprocess.CalledProcessError, StartError) as exc:
-        print(f"SMG unavailable, running without it: {exc}", file=sys.stderr)
-        return None
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     from extproc.models import default_model_dir, served_model_name
@@ -147,7 +135,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         model_dir=model_dir,
         log_dir=log_dir,
         envoy_concurrency=args.envoy_concurrency,
-        smg_binary=_smg_binary(args, log_dir),
+        smg_binary=smg_binary(args.no_smg, args.smg_venv, log_dir),
         smg_extra=tuple(shlex.split(args.smg_args)),
     )
 

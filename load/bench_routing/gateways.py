@@ -10,6 +10,8 @@ cache-aware policy routes on the same KV events as ours.
 from __future__ import annotations
 
 import contextlib
+import subprocess
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -29,6 +31,18 @@ class Started:
     gateway: bench_gateways.Gateway
     # SMG's Prometheus port (its KV index gauges); None for ours.
     metrics_port: int | None = None
+
+
+def smg_binary(no_smg: bool, smg_venv: Path, log_dir: Path) -> Path | None:
+    """SMG's binary (installed into its cached venv on first use), or None when left out or not installable:
+    the run then goes on with our gateways only and says so."""
+    if no_smg:
+        return None
+    try:
+        return bench_gateways.ensure_smg(smg_venv, log_dir)
+    except (OSError, subprocess.CalledProcessError, StartError) as exc:
+        print(f"SMG unavailable, running without it: {exc}", file=sys.stderr)
+        return None
 
 
 def start_ours(policy: str, engines: list[str], model: str, log_dir: Path, envoy_concurrency: int) -> Started:

@@ -25,7 +25,6 @@ import json
 import os
 import shlex
 import shutil
-import subprocess
 import sys
 import time
 from collections.abc import Iterator, Sequence
@@ -355,16 +354,6 @@ def _guarded(
         return {"gateway": gw.name, "failed": str(exc)[-500:]}
 
 
-def _smg_binary(args: argparse.Namespace, log_dir: Path) -> Path | None:
-    if args.no_smg:
-        return None
-    try:
-        return bench_gateways.ensure_smg(args.smg_venv, log_dir)
-    except (OSError, subprocess.CalledProcessError, StartError) as exc:
-        print(f"SMG unavailable, running without it: {exc}", file=sys.stderr)
-        return None
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     from extproc.models import default_model_dir, served_model_name
@@ -380,7 +369,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         model_dir=model_dir,
         log_dir=log_dir,
         envoy_concurrency=args.envoy_concurrency,
-        smg_binary=_smg_binary(args, log_dir),
+        smg_binary=gateways.smg_binary(args.no_smg, args.smg_venv, log_dir),
         smg_extra=tuple(shlex.split(args.smg_args)),
     )
     ours_gateways = [ours(p) for p in args.policies] + args.variants
