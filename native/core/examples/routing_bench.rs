@@ -4,11 +4,8 @@
 //!
 //! `cargo run --release --example routing_bench` (a few seconds).
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicIsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Instant;
-
-use prost::Message;
 
 use extproc_core::pb::kv_events as pb;
 use extproc_core::routing::block_hash::{prompt_hashes, ROOT};
@@ -17,81 +14,11 @@ use extproc_core::routing::policy::registry::policy_names;
 use extproc_core::routing::prefix_index::EventIndex;
 use extproc_core::routing::{Router, RouterConfig};
 
-struct Counting;
-static LIVE: AtomicIsize = AtomicIsize::new(0);
-
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-        LIVE.fetch_add(l.size() as isize, Ordering::Relaxed);
-        unsafe { System.alloc(l) }
-    }
-    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
-        LIVE.fetch_sub(l.size() as isize, Ordering::Relaxed);
-        unsafe { System.dealloc(p, l) }
-    }
-    unsafe fn realloc(&self, p: *mut u8, l: Layout, new: usize) -> *mut u8 {
-        LIVE.fetch_add(new as isize - l.size() as isize, Ordering::Relaxed);
-        unsafe { System.realloc(p, l, new) }
-    }
-}
-
-#[global_allocator]
-static GLOBAL: Counting = Counting;
+#[path = "routing_common/mod.rs"]
+mod common;
+use common::{percentile, stored, tokens, Lcg, BLOCK, LIVE, SYSTEM_BLOCKS, SYSTEM_PROMPTS, TAIL_BLOCKS};
 
 const ENDPOINTS: usize = 64;
-const BLOCK: usize = 16;
-const SYSTEM_PROMPTS: u32 = 256;
-const SYSTEM_BLOCKS: u32 = 64; // 1,024-token shared prefixes
-const TAIL_BLOCKS: u32 = 64; // 1,024 tokens per user turn
-
-struct Lcg(u64);
-impl Lcg {
-    fn next(&mut self) -> u32 {
-        self.0 = self
-            .0
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        (self.0 >> 33) as u32
-    }
-}
-
-fn tokens(system: u32, user: u32) -> Vec<u32> {
-    let mut t: Vec<u32> = (0..SYSTEM_BLOCKS as usize * BLOCK)
-        .map(|i| system * 1_000_003 + i as u32)
-        .collect();
-    t.extend((0..TAIL_BLOCKS as usize * BLOCK).map(|i| 0x4000_0000 + user * 7919 + i as u32));
-    t
-}
-
-fn stored(seq: u64, t: &[u32], engine_hash_base: i64) -> Vec<u8> {
-    let blocks = t
-        .chunks_exact(BLOCK)
-        .enumerate()
-        .map(|(k, b)| pb::KvBlock {
-            block_hash: engine_hash_base + k as i64,
-            token_ids: b.to_vec(),
-            block_size: BLOCK as i32,
-            ..Default::default()
-        })
-        .collect();
-    let ev = pb::KvCacheEvent {
-        event_id: 0,
-        data: Some(pb::kv_cache_event::Data::Stored(pb::KvBlocksStored {
-            blocks,
-            ..Default::default()
-        })),
-    };
-    pb::KvEventBatch {
-        sequence_number: seq,
-        events: vec![ev],
-        ..Default::default()
-    }
-    .encode_to_vec()
-}
-
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    sorted[((sorted.len() as f64 - 1.0) * p) as usize]
-}
 
 fn main() {
     let addr = |i: usize| format!("10.1.{}.{}:50051", i / 250, i % 250);
