@@ -11,6 +11,7 @@ use bytes::Bytes;
 use serde_json::json;
 
 use super::deadline::Deadlines;
+use super::engine_outcome::translate_whole;
 use super::request;
 use super::response::{ResponseShape, ResponseTranslator};
 use super::target::{self, Target};
@@ -178,18 +179,7 @@ impl Batch {
         let mut usage = Usage::default();
         let mut choices = Vec::new();
         for (i, (part, outcome)) in self.parts.iter_mut().zip(outcomes).enumerate() {
-            let mut ignored = Vec::new();
-            for message in outcome? {
-                part.translator.push_message(&message, &mut ignored)?;
-            }
-            if !part.translator.all_finished() {
-                return Err(ApiError::new(
-                    502,
-                    "bad_gateway",
-                    "engine stream ended before the generation finished",
-                ));
-            }
-            part.translator.close_choices();
+            translate_whole(&mut part.translator, outcome?)?;
             for (j, mut choice) in part.translator.choice_values().into_iter().enumerate() {
                 choice["index"] = json!(i as u64 * u64::from(self.n) + j as u64);
                 choices.push(choice);

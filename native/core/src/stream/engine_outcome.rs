@@ -3,6 +3,8 @@
 //! `native/envoy-module`): the error its response headers or trailers mean, and the last bytes the
 //! client gets (the final JSON, the closing SSE events, or the error).
 
+use bytes::Bytes;
+
 use super::response::ResponseTranslator;
 use crate::error::ApiError;
 use crate::routing::Failure;
@@ -68,6 +70,21 @@ pub fn unfinished_error(translator: &ResponseTranslator) -> Option<ApiError> {
             "engine stream ended before the generation finished",
         ))
     }
+}
+
+/// A whole (non-streamed) call the gateway made itself (batched prompts, the Responses API): every engine
+/// message through the translator, then the choices closed; the unfinished-generation error when the
+/// engine's stream ended early.
+pub fn translate_whole(translator: &mut ResponseTranslator, messages: Vec<Bytes>) -> Result<(), ApiError> {
+    let mut ignored = Vec::new();
+    for message in messages {
+        translator.push_message(&message, &mut ignored)?;
+    }
+    if let Some(error) = unfinished_error(translator) {
+        return Err(error);
+    }
+    translator.close_choices();
+    Ok(())
 }
 
 /// The client's last bytes, and the headers still owed (status, content type) when none went out yet.

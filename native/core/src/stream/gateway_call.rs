@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
+use super::engine_outcome::{translate_whole, unfinished_error};
 use super::output_plan;
 use super::request;
 use super::response::{ResponseShape, ResponseTranslator};
@@ -118,12 +119,8 @@ impl GatewayCall {
 
     /// A streamed call's closing chunks (the usage chunk among them), once the engine's call ended.
     pub fn finish_stream(&mut self) -> Result<Vec<u8>, ApiError> {
-        if !self.translator.all_finished() {
-            return Err(ApiError::new(
-                502,
-                "bad_gateway",
-                "engine stream ended before the generation finished",
-            ));
+        if let Some(error) = unfinished_error(&self.translator) {
+            return Err(error);
         }
         Ok(self.translator.finish())
     }
@@ -135,18 +132,7 @@ impl GatewayCall {
 
     /// The chat choice (`{"message": {...}, "finish_reason"}`) and usage from the call's outcome.
     pub fn answer(mut self, outcome: CallOutcome) -> Result<(Value, Usage), ApiError> {
-        let mut ignored = Vec::new();
-        for message in outcome? {
-            self.translator.push_message(&message, &mut ignored)?;
-        }
-        if !self.translator.all_finished() {
-            return Err(ApiError::new(
-                502,
-                "bad_gateway",
-                "engine stream ended before the generation finished",
-            ));
-        }
-        self.translator.close_choices();
+        translate_whole(&mut self.translator, outcome?)?;
         let choice = self
             .translator
             .choice_values()
