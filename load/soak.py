@@ -37,6 +37,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from load.bench.procs import free_port
 from load.soak_client import plan_request, send
 from load.soak_outcomes import Tally
 
@@ -57,12 +58,6 @@ FAULTS: tuple[dict[str, object], ...] = (
     {"stall": True},
     {"slow": 4.0},
 )
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def free_block(n: int) -> int:

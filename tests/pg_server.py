@@ -22,6 +22,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from load.bench.procs import free_port
+
 START_TIMEOUT_S = 15.0
 STOP_TIMEOUT_S = 10.0
 
@@ -53,12 +55,6 @@ def _run_as() -> dict[str, Any]:
     return {"user": nobody.pw_uid, "group": nobody.pw_gid, "extra_groups": []}
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _accepts(port: int) -> bool:
     with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.5):
         return True
@@ -82,7 +78,7 @@ def postgres_server() -> Iterator[str]:
         done = subprocess.run(initdb, cwd=root, capture_output=True, text=True, check=False, **drop)
         if done.returncode != 0:
             raise RuntimeError(f"initdb failed ({done.returncode}):\n{done.stdout}{done.stderr}")
-        port = _free_port()
+        port = free_port()
         argv = [str(bin_dir / "postgres"), "-D", str(data), "-p", str(port), "-k", str(root)]
         # A test server: durability off (fast), loopback only.
         for option in ("listen_addresses=127.0.0.1", "fsync=off", "synchronous_commit=off"):
