@@ -230,7 +230,10 @@ def stack_specs(
     common = (*common, "engine_tls_ca", "engine_tls_cert", "engine_tls_key", "engine_tls_server_name")
     common = (*common, "metrics_host", "metrics_port")
     common = (*common, "dns_refresh_interval", "kubernetes_api", "kubernetes_token_file")
-    common = (*common, "kubernetes_ca_file", "xds_listen")
+    common = (*common, "kubernetes_ca_file", "xds_listen", "destination_fallbacks")
+    # The fallbacks extproc lists must match the retries `up` gives Envoy (envoy_spec), for every model.
+    fallbacks = known_engines(served, settings.xds_listen is not None)[1]
+    settings = replace(settings, destination_fallbacks=fallbacks)
     if settings.models:
         # Tables have no flag form: the server reads the resolved models from a file of their own.
         models_file = run_dir / "models.toml"
@@ -246,11 +249,9 @@ def stack_specs(
             engines=tuple(e.url for e in model.engines),
             engine_protocol=model.engine_protocol,
             routing_config=model.routing_config,
-            destination_fallbacks=known_engines(served, settings.xds_listen is not None)[1],
         )
         fields = (*common, "model_dir", "model_name", "engines", "routing_policy", "routing_config")
         fields = (*fields, "engine_protocol")
-        fields = (*fields, "destination_fallbacks")
         argv = [sys.executable, "-m", "extproc", "serve", *settings_to_flags(single, fields)]
     specs.append(server_spec(settings, argv, env))
     specs.append(envoy_spec(settings, served, run_dir, env))

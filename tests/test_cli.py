@@ -288,6 +288,8 @@ def test_up_plans_a_simulator_per_model(tmp_path: Path, monkeypatch: pytest.Monk
         ("gamma", ["grpc://10.0.0.9:1"], "least_load"),
     ]
     assert [e.protocol for e in reread.models[1].engines] == ["sglang"]
+    # Envoy knows every engine, so extproc lists fallbacks (one: alpha's other engine) for every model.
+    assert server[server.index("--destination-fallbacks") + 1] == "1"
     assert stack.describe(served, sims) == (
         "models alpha (2 simulated engines), beta (1 simulated engine), gamma (1 engine)"
     )
@@ -309,6 +311,7 @@ def test_up_hands_the_single_model_settings_to_the_server(
         ("--routing-policy", "round_robin"),
         ("--engine-protocol", "sglang"),
         ("--load-interval", "2.0"),
+        ("--destination-fallbacks", "0"),
     ]:
         assert server[server.index(flag) + 1] == value
     assert stack.describe(served, sims) == "model llama3-default, 1 simulated engine"
