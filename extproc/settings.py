@@ -522,6 +522,16 @@ class Settings:
         "first simulated engine's port; engine i uses sim-port+i",
         "PORT",
     )
+    sim_script: str | None = setting(
+        None,
+        p.parse_file,
+        (UP,),
+        "JSON file of scripted outputs for the simulated engines (tool calls, reasoning, fixed answers)",
+        "FILE",
+        doc="scripted outputs for the simulated engines: a JSON list of rules, e.g. "
+        '`[{"match": "weather", "text": "<tool_call>...</tool_call>"}]`; a request whose prompt matches a '
+        "rule gets that text's tokens (see the simulator's `--script`)",
+    )
     envoy_log_level: str = setting(
         "warning",
         p.choice(p.ENVOY_LOG_LEVELS),

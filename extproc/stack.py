@@ -182,11 +182,23 @@ def check_ports(settings: Settings, sims: list[SimPlan]) -> None:
         ensure_port_free(host, port, f"{what} address")
 
 
-def _sim_spec(plan: SimPlan, name: str, env: dict[str, str]) -> ChildSpec:
+def check_script(path: str) -> None:
+    """A bad scripted-outputs file stops `up` before anything starts, not a simulator after."""
+    from extproc.simulator.script import load_script_arg
+
+    try:
+        load_script_arg(f"@{path}")
+    except (OSError, ValueError) as e:
+        raise StackError(f"sim_script {path}: {e}") from None
+
+
+def _sim_spec(plan: SimPlan, name: str, env: dict[str, str], script: str | None) -> ChildSpec:
     model = plan.model
     argv = [sys.executable, "-m", "extproc.simulator", "--host", SIM_HOST, "--port", str(plan.first_port)]
     argv += ["--engines", str(model.sim), "--model-dir", str(model.model_dir), "--model-name", model.name]
     argv += ["--protocol", model.sim_protocol]
+    if script:
+        argv += ["--script", f"@{script}"]
     probes = [tcp_accepts(SIM_HOST, port) for port in plan.ports]
     desc = f"ports {plan.ports[0]}-{plan.ports[-1]} accepting"
     return ChildSpec(name, argv, lambda: all(p() for p in probes), desc, env, restart=RESTART)
@@ -220,8 +232,11 @@ def stack_specs(
         raise StackError(
             "listen_tls_client_ca needs extproc_tls_cert and extproc_tls_key: Envoy's certificate"
         )
+    if sims and settings.sim_script:
+        check_script(settings.sim_script)
     for plan in sims:
-        specs.append(_sim_spec(plan, "sim" if len(sims) == 1 else _child_name(plan.model.name), env))
+        name = "sim" if len(sims) == 1 else _child_name(plan.model.name)
+        specs.append(_sim_spec(plan, name, env, settings.sim_script))
 
     common = ("listen", "max_body_bytes", "log_level", "load_interval", "kv_events", "shutdown_grace")
     common = (*common, "api_keys_file", "max_buffered_output_tokens", "request_workers", "responses_store")

@@ -317,6 +317,21 @@ def test_up_hands_the_single_model_settings_to_the_server(
     assert stack.describe(served, sims) == "model llama3-default, 1 simulated engine"
 
 
+def test_up_gives_the_simulators_its_script(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from extproc import stack
+    from extproc.config import load_settings
+    from extproc.supervisor import StackError
+
+    monkeypatch.setenv("EXTPROC_CACHE_DIR", str(tmp_path / "cache"))
+    script = tmp_path / "script.json"
+    script.write_text('[{"match": "weather", "text": "sunny"}]')
+    specs, _, _ = stack.stack_specs(load_settings({"sim_script": str(script)}, env={}), tmp_path)
+    assert specs[0].argv[specs[0].argv.index("--script") + 1] == f"@{script}"
+    script.write_text('[{"match": "weather"')
+    with pytest.raises(StackError, match=r"sim_script .*script\.json"):
+        stack.stack_specs(load_settings({"sim_script": str(script)}, env={}), tmp_path)
+
+
 def test_up_stores_responses_in_its_state_dir_unless_told(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -67,6 +67,7 @@ def samples(model_dir: Path) -> dict[str, tuple[str, Any]]:
         "admin_port": ("9191", 9191),
         "sim": ("5", 5),
         "sim_port": ("41000", 41000),
+        "sim_script": ("/etc/extproc/script.json", "/etc/extproc/script.json"),
         "envoy_log_level": ("DEBUG", "debug"),
         "startup_timeout": ("2.5", 2.5),
         "envoy_access_log": ("true", True),
