@@ -1,7 +1,8 @@
 """Issue 15: "no authentication option at all; a raw gRPC client on the ext_proc port gets batched
 completions answered without Envoy". With `api_keys_file` set, every request needs `Authorization: Bearer
 <key>` of a listed key, checked in the native stream at the request headers, before any body or engine
-work: through Envoy and on the raw ext_proc port alike."""
+work: through Envoy and on the raw ext_proc port alike. Issue 18: what the Responses API stores belongs to
+the key that stored it; another key finds nothing of it."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import openai
 import pytest
 from envoy.config.core.v3 import base_pb2 as core
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
@@ -24,6 +26,7 @@ from tests.integration.harness import Stack, local_stack, post_json
 ALICE = "sk-alice-0123456789"  # the served model, no rate limit
 BOB = "sk-bob-0123456789"  # another model only
 CAROL = "sk-carol-0123456789"  # the served model, 2 requests a minute
+DAVE = "sk-dave-0123456789"  # the served model, no rate limit: a second tenant beside alice
 
 
 @pytest.fixture(scope="module")
@@ -35,6 +38,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         KeyEntry(key_digest(ALICE), "alice", ("*",), 0),
         KeyEntry(key_digest(BOB), "bob", ("some-other-model",), 0),
         KeyEntry(key_digest(CAROL), "carol", ("*",), 2),
+        KeyEntry(key_digest(DAVE), "dave", ("*",), 0),
     ]
     keys.write_text("# test keys\n" + "".join(e.line() + "\n" for e in entries))
     with local_stack(FreePorts(), tmp, api_keys_file=keys) as s:
@@ -130,3 +134,63 @@ def test_a_raw_grpc_client_on_the_ext_proc_port_is_refused_too(stack: Stack) -> 
     assert first.immediate_response.status.code == 401
     assert json.loads(first.immediate_response.body)["error"]["code"] == "invalid_api_key"
     assert stack.generate_requests() == before
+
+
+def test_stored_responses_and_conversations_belong_to_the_key_that_stored_them(stack: Stack) -> None:
+    """Another key gets the 404 of an id that does not exist, on every route, and changes nothing; the
+    key that stored them finds all of it."""
+    alice, dave = (
+        openai.OpenAI(base_url=f"{stack.base_url}/v1", api_key=key, max_retries=0, timeout=30)
+        for key in (ALICE, DAVE)
+    )
+    first = alice.responses.create(model=stack.model, input="Name a color.", max_output_tokens=3)
+    conv = alice.conversations.create(
+        items=[{"type": "message", "role": "user", "content": "Remember: blue."}]
+    )
+    (item,) = alice.conversations.items.list(conv.id).data
+    note = [{"type": "message", "role": "user", "content": "Forget it."}]
+    before = stack.generate_requests()
+    foreign: dict[str, Any] = {
+        "retrieve": lambda: dave.responses.retrieve(first.id),
+        "input_items": lambda: dave.responses.input_items.list(first.id),
+        "delete": lambda: dave.responses.delete(first.id),
+        "chain": lambda: dave.responses.create(
+            model=stack.model, input="More.", previous_response_id=first.id
+        ),
+        "conversation": lambda: dave.conversations.retrieve(conv.id),
+        "update": lambda: dave.conversations.update(conv.id, metadata={"k": "v"}),
+        "items": lambda: dave.conversations.items.list(conv.id),
+        "add items": lambda: dave.conversations.items.create(conv.id, items=note),
+        "item": lambda: dave.conversations.items.retrieve(item.id, conversation_id=conv.id),
+        "delete item": lambda: dave.conversations.items.delete(item.id, conversation_id=conv.id),
+        "delete conversation": lambda: dave.conversations.delete(conv.id),
+        "respond in": lambda: dave.responses.create(model=stack.model, input="Which?", conversation=conv.id),
+    }
+    for name, attempt in foreign.items():
+        with pytest.raises(openai.NotFoundError) as e:
+            attempt()
+        assert "not found" in e.value.body["message"], (name, e.value.body)
+    assert stack.generate_requests() == before, "a foreign history reached no engine"
+    # Exactly what an id that never existed answers: nothing tells that it exists.
+    unknown_id = "resp_never" + first.id[len("resp_never") :]
+    with pytest.raises(openai.NotFoundError) as foreign_error:
+        dave.responses.retrieve(first.id)
+    with pytest.raises(openai.NotFoundError) as unknown_error:
+        dave.responses.retrieve(unknown_id)
+    assert json.dumps(foreign_error.value.body) == json.dumps(unknown_error.value.body).replace(
+        unknown_id, first.id
+    )
+
+    assert alice.responses.retrieve(first.id).model_dump() == first.model_dump()
+    assert [i.id for i in alice.conversations.items.list(conv.id).data] == [item.id], (
+        "nothing added or deleted"
+    )
+    assert alice.conversations.retrieve(conv.id).metadata == {}
+    second = alice.responses.create(
+        model=stack.model, input="And another?", previous_response_id=first.id, max_output_tokens=2
+    )
+    assert second.usage.input_tokens > first.usage.input_tokens + first.usage.output_tokens, (
+        "the history was read"
+    )
+    alice.responses.delete(first.id)
+    alice.conversations.delete(conv.id)

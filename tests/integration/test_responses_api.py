@@ -30,6 +30,9 @@ WEATHER = {
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
 }
 CALL_TEXT = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+TEXT = {"type": "input_text", "text": "What is in this picture?"}
+IMAGE = {"type": "input_image", "image_url": "https://example.com/cat.png"}
+FILE = {"type": "input_file", "file_data": "data:application/pdf;base64,JVBERg==", "filename": "a.pdf"}
 
 
 @pytest.fixture(scope="module")
@@ -141,6 +144,9 @@ def test_bad_requests_name_the_param(client: openai.OpenAI, stack: Stack) -> Non
         ({"input": "x", "previous_response_id": "resp_unknown"}, 404, "previous_response_id"),
         ({"input": "x", "conversation": "conv_x", "previous_response_id": "resp_x"}, 400, "conversation"),
         ({"input": [{"type": "image", "url": "x"}]}, 400, "input[0].type"),
+        # Text-only engines: an image or file is refused by name, never dropped.
+        ({"input": [{"role": "user", "content": [TEXT, IMAGE]}]}, 400, "input[0].content[1].type"),
+        ({"input": [{"role": "user", "content": [FILE]}]}, 400, "input[0].content[0].type"),
         ({"input": "x", "max_output_tokens": 0}, 400, "max_output_tokens"),
         ({"input": "x", "tools": [{"type": "web_search"}]}, 400, "tools[0].type"),
         ({"input": "x", "background": True}, 400, "background"),
@@ -153,6 +159,35 @@ def test_bad_requests_name_the_param(client: openai.OpenAI, stack: Stack) -> Non
         client.responses.create(model="no-such-model", input="x")
     assert e.value.body["param"] == "model"
     assert stack.generate_requests() == before
+
+
+def test_replayed_assistant_items_keep_their_text_and_refusals(client: openai.OpenAI, stack: Stack) -> None:
+    """History sent back as items (a client keeping its own state): an assistant's `output_text` and
+    `refusal` parts are its turn's text in the prompt, as the same chat messages make it."""
+    history = [
+        {"role": "user", "content": "Say hi."},
+        {
+            "type": "message",
+            "role": "assistant",
+            "content": [{"type": "output_text", "text": "Hi!", "annotations": []}],
+        },
+        {"role": "user", "content": "Now something rude."},
+        {"type": "message", "role": "assistant", "content": [{"type": "refusal", "refusal": "I won't."}]},
+        {"role": "user", "content": "Fine."},
+    ]
+    r = client.responses.create(model=stack.model, input=history, max_output_tokens=1, store=False)
+    chat = client.chat.completions.create(
+        model=stack.model,
+        messages=[
+            {"role": "user", "content": "Say hi."},
+            {"role": "assistant", "content": "Hi!"},
+            {"role": "user", "content": "Now something rude."},
+            {"role": "assistant", "content": "I won't."},
+            {"role": "user", "content": "Fine."},
+        ],
+        max_tokens=1,
+    )
+    assert r.usage.input_tokens == chat.usage.prompt_tokens
 
 
 def test_conversations_hold_their_items(client: openai.OpenAI, stack: Stack) -> None:

@@ -9,6 +9,9 @@
 //! the key's models.
 //!
 //! The presented key is hashed and the digest looked up, so no comparison runs on the key itself.
+//!
+//! Each key is also a tenant: what the Responses API stores with it (responses, conversations) is marked
+//! with the key's `owner`, a hash of the key's digest, and only that key finds it again.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -34,11 +37,13 @@ pub struct KeyEntry {
     pub requests_per_minute: u32,
 }
 
-/// A key that passed: its name and the models it may use.
+/// A key that passed: its name, the models it may use, and the tenant it is.
 #[derive(Debug)]
 pub struct Grant {
     pub name: String,
     models: Vec<String>,
+    /// What stored responses and conversations are marked with (`owner_of` the key's digest).
+    pub owner: String,
 }
 
 impl Grant {
@@ -109,6 +114,7 @@ impl ApiKeys {
                 grant: Arc::new(Grant {
                     name: entry.name.clone(),
                     models: entry.models,
+                    owner: owner_of(&digest),
                 }),
                 bucket: (entry.requests_per_minute > 0)
                     .then(|| Mutex::new(Bucket::new(entry.requests_per_minute, now))),
@@ -172,6 +178,16 @@ pub fn key_digest_hex(key: &str) -> String {
         .collect()
 }
 
+/// The owner stored with a key's responses: the SHA-256 (hex) of the key's digest under a label of its
+/// own, so the database holds neither the key nor the digest the keys file lists, and names the key by
+/// its identity (the same key is the same tenant whatever its name; a new key is a new tenant).
+fn owner_of(digest: &[u8; 32]) -> String {
+    let mut hasher = Sha256::new();
+    hasher.update(b"extproc responses owner\0");
+    hasher.update(digest);
+    hasher.finalize().iter().map(|b| format!("{b:02x}")).collect()
+}
+
 fn invalid_key(message: &str) -> ApiError {
     ApiError::new(401, "invalid_request_error", message).with_code("invalid_api_key")
 }
@@ -224,6 +240,11 @@ mod tests {
         let now = Instant::now();
         let grant = keys.authorize(Some("Bearer sk-alice"), now).unwrap();
         assert_eq!(grant.name, "alice");
+        // The owner is stable per key, and holds neither the key nor the digest the keys file lists.
+        assert_eq!(grant.owner.len(), 64);
+        assert_ne!(grant.owner, key_digest_hex("sk-alice"));
+        assert!(!grant.owner.contains("sk-alice"));
+        assert_eq!(keys.authorize(Some("Bearer sk-alice"), now).unwrap().owner, grant.owner);
         assert!(grant.allows("m1") && !grant.allows("m2"));
         assert!(keys.authorize(Some("bearer  sk-alice "), now).is_ok());
         for bad in [
@@ -276,5 +297,23 @@ mod tests {
             .authorize(Some("Bearer x"), Instant::now())
             .unwrap()
             .allows("anything"));
+    }
+
+    #[test]
+    fn each_key_is_its_own_tenant() {
+        let entry = |key: &str| KeyEntry {
+            sha256: key_digest_hex(key),
+            name: "same name".into(),
+            models: vec!["*".into()],
+            requests_per_minute: 0,
+        };
+        let keys = ApiKeys::new(vec![entry("sk-a"), entry("sk-b")]).unwrap();
+        let owner = |key: &str| {
+            keys.authorize(Some(&format!("Bearer {key}")), Instant::now())
+                .unwrap()
+                .owner
+                .clone()
+        };
+        assert_ne!(owner("sk-a"), owner("sk-b"), "the owner follows the key, not its name");
     }
 }

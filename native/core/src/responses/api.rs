@@ -680,12 +680,12 @@ mod tests {
     use super::{serve, Context, Job};
     use crate::error::ApiError;
     use crate::gateway::{Gateway, Limits};
-    use crate::responses::store::MemoryStore;
+    use crate::responses::store::{MemoryStore, TenantStore};
 
     fn context(store: bool) -> Context {
         Context {
             gateway: Arc::new(Gateway::new(Limits::default())),
-            store: store.then(|| Arc::new(MemoryStore::default()) as _),
+            store: store.then(|| Arc::new(TenantStore::new(Arc::new(MemoryStore::default()), None)) as _),
             engine: Arc::new(|_| Box::pin(async { Err(ApiError::internal("no engine in this test")) })),
             streaming_engine: Arc::new(|_, _| Box::pin(async { Err(ApiError::internal("no engine in this test")) })),
         }

@@ -2,10 +2,12 @@
 //! gateway already serves (template, tools, structured outputs, reasoning), so the Responses API adds
 //! no second path to the engines.
 //!
-//! Items become chat messages: `message` items (`input_text`/`output_text` parts joined) keep their role
-//! (`developer` reads as `system`), `function_call` items become the assistant's `tool_calls`,
-//! `function_call_output` items `tool` messages; `reasoning` items are not replayed (chat templates drop
-//! past reasoning too).
+//! Items become chat messages: `message` items (`input_text`/`output_text` parts joined, an assistant's
+//! `refusal` parts as its text) keep their role (`developer` reads as `system`), `function_call` items
+//! become the assistant's `tool_calls`, `function_call_output` items `tool` messages; `reasoning` items are
+//! not replayed (chat templates drop past reasoning too). Image, file and audio parts are refused with a
+//! 400 naming the part: the engines behind the gateway take text only, and a part dropped silently would
+//! change the question unseen.
 
 use serde_json::{json, Map, Value};
 
@@ -210,15 +212,7 @@ pub fn input_item(item: &Value, param: &str) -> Result<Value, ApiError> {
                 }
                 Some(Value::Array(parts)) => {
                     for (j, part) in parts.iter().enumerate() {
-                        let t = part.get("type").and_then(Value::as_str).unwrap_or_default();
-                        let text_ok = part.get("text").is_some_and(Value::is_string);
-                        if !matches!(t, "input_text" | "output_text" | "text") || !text_ok {
-                            return Err(ApiError::invalid_param(
-                                &format!("{param}.content[{j}]"),
-                                "only text content parts (input_text, output_text) are supported",
-                            )
-                            .with_code("unsupported_value"));
-                        }
+                        check_part(part, role, &format!("{param}.content[{j}]"))?;
                     }
                     Value::Array(parts.clone())
                 }
@@ -268,13 +262,51 @@ pub fn input_item(item: &Value, param: &str) -> Result<Value, ApiError> {
     Ok(Value::Object(obj))
 }
 
-/// The text of a message item's content parts, joined.
+/// Checks one content part of a message whose role is `role`: text parts (`input_text`, `output_text`,
+/// `text`) with a `text` string, or an assistant's `refusal` (replayed history) with a `refusal` string.
+fn check_part(part: &Value, role: &str, param: &str) -> Result<(), ApiError> {
+    let Value::Object(part) = part else {
+        return Err(invalid(param, "a content part must be an object"));
+    };
+    let kind_param = format!("{param}.type");
+    let field = match part.get("type").and_then(Value::as_str) {
+        Some("input_text" | "output_text" | "text") => "text",
+        Some("refusal") if role == "assistant" => "refusal",
+        Some("refusal") => {
+            return Err(invalid(&kind_param, "'refusal' parts belong to assistant messages"));
+        }
+        Some(kind @ ("input_image" | "input_file" | "input_audio")) => {
+            return Err(ApiError::invalid_param(
+                &kind_param,
+                format!("'{kind}' content parts are not supported: the models of this gateway take text only"),
+            )
+            .with_code("unsupported_value"));
+        }
+        Some(other) => {
+            return Err(ApiError::invalid_param(
+                &kind_param,
+                format!("content parts of type '{other}' are not supported"),
+            )
+            .with_code("unsupported_value"));
+        }
+        None => return Err(invalid(&kind_param, "a content part needs a 'type'")),
+    };
+    if !part.get(field).is_some_and(Value::is_string) {
+        return Err(invalid(
+            &format!("{param}.{field}"),
+            format!("'{field}' must be a string"),
+        ));
+    }
+    Ok(())
+}
+
+/// The text of a message item's content parts (a refusal's as text), joined.
 fn item_text(item: &Value) -> String {
     match item.get("content") {
         Some(Value::String(s)) => s.clone(),
         Some(Value::Array(parts)) => parts
             .iter()
-            .filter_map(|p| p.get("text").and_then(Value::as_str))
+            .filter_map(|p| p.get("text").or_else(|| p.get("refusal")).and_then(Value::as_str))
             .collect::<Vec<_>>()
             .join(""),
         _ => String::new(),
@@ -576,5 +608,80 @@ mod tests {
             chat_request(&req, &[]).unwrap_err().param.as_deref(),
             Some("max_output_tokens")
         );
+    }
+
+    #[test]
+    fn content_parts_are_text_or_refused_by_name() {
+        let message = |role: &str, parts: serde_json::Value| json!({"model": "m", "input": [{"type": "message", "role": role, "content": parts}]});
+        let text = json!({"type": "input_text", "text": "a"});
+        // (role, second part, the param a 400 names; None: accepted)
+        let cases = [
+            ("user", json!({"type": "input_text", "text": "b"}), None),
+            ("user", json!({"type": "text", "text": "b"}), None),
+            (
+                "assistant",
+                json!({"type": "output_text", "text": "b", "annotations": []}),
+                None,
+            ),
+            ("assistant", json!({"type": "refusal", "refusal": "b"}), None),
+            (
+                "user",
+                json!({"type": "input_image", "image_url": "https://x/y.png"}),
+                Some("input[0].content[1].type"),
+            ),
+            (
+                "user",
+                json!({"type": "input_image", "file_id": "file-1"}),
+                Some("input[0].content[1].type"),
+            ),
+            (
+                "user",
+                json!({"type": "input_file", "file_data": "data:application/pdf;base64,AA=="}),
+                Some("input[0].content[1].type"),
+            ),
+            (
+                "user",
+                json!({"type": "input_audio", "input_audio": {}}),
+                Some("input[0].content[1].type"),
+            ),
+            (
+                "user",
+                json!({"type": "refusal", "refusal": "b"}),
+                Some("input[0].content[1].type"),
+            ),
+            ("user", json!({"type": "video"}), Some("input[0].content[1].type")),
+            ("user", json!({"text": "b"}), Some("input[0].content[1].type")),
+            ("user", json!("b"), Some("input[0].content[1]")),
+            ("user", json!({"type": "input_text"}), Some("input[0].content[1].text")),
+            (
+                "assistant",
+                json!({"type": "refusal", "text": "b"}),
+                Some("input[0].content[1].refusal"),
+            ),
+        ];
+        for (role, part, param) in cases {
+            let parsed = parse(&body(message(role, json!([text.clone(), part.clone()]))));
+            match param {
+                None => {
+                    let req = parsed.unwrap_or_else(|e| panic!("{part}: {e:?}"));
+                    let chat = chat_request(&req, &[]).unwrap();
+                    let PromptInput::Chat(input) = &chat.input else {
+                        panic!("chat")
+                    };
+                    // Both parts' text reach the prompt: nothing dropped.
+                    assert_eq!(input.messages[0]["content"], "ab", "{part}");
+                }
+                Some(param) => {
+                    let e = parsed.unwrap_err();
+                    assert_eq!((e.status, e.param.as_deref()), (400, Some(param)), "{part}");
+                }
+            }
+        }
+        let e = parse(&body(message(
+            "user",
+            json!([{"type": "input_image", "image_url": "x"}]),
+        )))
+        .unwrap_err();
+        assert!(e.message.contains("text only"), "{}", e.message);
     }
 }

@@ -25,7 +25,7 @@ use crate::gateway::Gateway;
 use crate::pb::ext_proc::external_processor_server::{ExternalProcessor, ExternalProcessorServer};
 use crate::pb::ext_proc::{ProcessingRequest, ProcessingResponse};
 use crate::responses::api::{self as responses_api, Answer, Piece};
-use crate::responses::store::ResponseStore;
+use crate::responses::store::{ResponseStore, StoreBackend, TenantStore};
 use crate::stream::{CallOutcome, RequestStream};
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
@@ -42,8 +42,8 @@ pub struct Shared {
     pub cancel: watch::Receiver<bool>,
     /// Where large request bodies are parsed, templated and tokenized.
     pub workers: Workers,
-    /// The Responses API's storage (None: `responses_store = none`).
-    pub responses_store: Option<Arc<dyn ResponseStore>>,
+    /// The Responses API's storage of every tenant (None: `responses_store = none`).
+    pub responses_store: Option<Arc<dyn StoreBackend>>,
 }
 
 /// The state machine back from the worker pool with its replies; `None` if the work panicked.
@@ -256,11 +256,22 @@ impl ProcessStream {
                 })
             });
             let aborter = self.shared.aborter.clone();
-            let streaming_engine: responses_api::StreamingEngineCaller =
-                Arc::new(move |call, sink| Box::pin(fanout::run_streamed(aborter.clone(), call, limit, sink)));
+            // A streamed call has the first-token and inter-token deadlines a streamed chat call has.
+            let deadlines = self.shared.gateway.limits.deadlines;
+            let streaming_engine: responses_api::StreamingEngineCaller = Arc::new(move |call, sink| {
+                Box::pin(fanout::run_streamed(aborter.clone(), call, limit, deadlines, sink))
+            });
+            // The caller sees only its own tenant's responses and conversations: its API key's, or the
+            // keyless tenant's when keys are off.
+            let owner = job.grant.as_ref().map(|grant| grant.owner.clone());
+            let store = self
+                .shared
+                .responses_store
+                .clone()
+                .map(|backend| Arc::new(TenantStore::new(backend, owner)) as Arc<dyn ResponseStore>);
             let context = responses_api::Context {
                 gateway: self.shared.gateway.clone(),
-                store: self.shared.responses_store.clone(),
+                store,
                 engine,
                 streaming_engine,
             };

@@ -51,14 +51,13 @@ use crate::pb::ext_proc::{
     processing_request::Request, HeaderMap, HttpBody, HttpHeaders, ProcessingRequest, ProcessingResponse,
 };
 use crate::routing::{Failure, PickRequest};
-use deadline::CallClock;
 use http_api::HttpApi;
 use response::{ResponseShape, ResponseTranslator};
 use response_plan::ResponsePlan;
 use target::Target;
 
 pub use batch::{CallOutcome, FanoutCall};
-pub use deadline::{Deadlines, Missed};
+pub use deadline::{CallClock, Deadlines, Missed};
 pub use engine_id::next as new_engine_request_id;
 pub use gateway_call::GatewayCall;
 pub use replies::MAX_BODY_CHUNK;

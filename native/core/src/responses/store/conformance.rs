@@ -1,6 +1,7 @@
 //! One behaviour suite every store passes (memory, SQLite, PostgreSQL): what the API relies on, checked the
-//! same way against each backend, plus what only the persistent ones promise (a reopen reads what was
-//! written; a schema newer than the code is refused).
+//! same way against each backend (one tenant's view, then tenants side by side), plus what only the
+//! persistent ones promise (a reopen reads what was written; a schema newer than the code is refused;
+//! rows stored before owners were recorded belong to the keyless tenant).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -8,10 +9,25 @@ use std::sync::Arc;
 use serde_json::{json, Value};
 
 use super::pg_cluster::PgCluster;
+use super::postgres::MIGRATIONS as POSTGRES_MIGRATIONS;
+use super::sqlite::MIGRATIONS as SQLITE_MIGRATIONS;
 use super::{
-    open, Conversation, ConversationItem, MemoryStore, Order, PostgresStore, ResponseStore, SqliteStore, StoreError,
-    StoredResponse,
+    open, Conversation, ConversationItem, MemoryStore, Order, PostgresStore, ResponseStore, SqliteStore, StoreBackend,
+    StoreError, StoredResponse, TenantStore,
 };
+
+/// The tenant the single-tenant checks run as (an API key's owner hash, as the gateway stores it).
+const OWNER: &str = "owner-of-key-a";
+
+/// `backend` as `owner` sees it.
+fn view(backend: &Arc<dyn StoreBackend>, owner: Option<&str>) -> TenantStore {
+    TenantStore::new(backend.clone(), owner.map(str::to_owned))
+}
+
+/// A new backend as `OWNER` sees it.
+fn as_owner(backend: impl StoreBackend + 'static) -> TenantStore {
+    view(&(Arc::new(backend) as Arc<dyn StoreBackend>), Some(OWNER))
+}
 
 fn response(id: &str, conversation_id: Option<&str>) -> StoredResponse {
     StoredResponse {
@@ -55,8 +71,10 @@ fn not_found<T: std::fmt::Debug>(result: Result<T, StoreError>, id: &str) {
     }
 }
 
-/// Every method's behaviour, on a store that may already hold other data (ids are prefixed).
-pub fn conforms(store: &dyn ResponseStore) {
+/// Every method's behaviour, on a backend that may already hold other data (ids are prefixed): as one
+/// tenant sees it, then across tenants.
+pub fn conforms(backend: &Arc<dyn StoreBackend>) {
+    let store = &view(backend, Some(OWNER));
     responses(store);
     conversations(store);
     items_and_cursors(store);
@@ -64,6 +82,86 @@ pub fn conforms(store: &dyn ResponseStore) {
     duplicates_change_nothing(store);
     a_response_into_a_deleted_conversation_stores_nothing(store);
     concurrent_writers(&[store]);
+    tenants_see_only_their_own(backend);
+}
+
+/// What one tenant stored is absent for every other (another key, or the keyless tenant): not found, not
+/// deleted, not changed, not appended to; its owner still sees all of it.
+fn tenants_see_only_their_own(backend: &Arc<dyn StoreBackend>) {
+    let (a, b, keyless) = (
+        view(backend, Some("tenant-a")),
+        view(backend, Some("tenant-b")),
+        view(backend, None),
+    );
+    a.create_conversation(&conversation("conv_o1"), &[item("o0")]).unwrap();
+    let stored = response("resp_o1", Some("conv_o1"));
+    a.put_response(&stored, &[item("o1")]).unwrap();
+    keyless.put_response(&response("resp_o2", None), &[]).unwrap();
+    for other in [&b, &keyless] {
+        assert_eq!(other.get_response("resp_o1").unwrap(), None);
+        assert!(!other.delete_response("resp_o1").unwrap());
+        assert_eq!(other.get_conversation("conv_o1").unwrap(), None);
+        assert!(!other.update_conversation("conv_o1", &json!({"x": "y"})).unwrap());
+        assert!(!other.delete_conversation("conv_o1").unwrap());
+        not_found(other.add_items("conv_o1", &[item("ox")]), "conv_o1");
+        not_found(other.list_items("conv_o1", None, 10, Order::Asc), "conv_o1");
+        not_found(other.get_item("conv_o1", "o0"), "conv_o1");
+        not_found(other.delete_item("conv_o1", "o0"), "conv_o1");
+        // A response into another tenant's conversation is not stored and appends nothing.
+        not_found(
+            other.put_response(&response("resp_ox", Some("conv_o1")), &[item("ox")]),
+            "conv_o1",
+        );
+        assert_eq!(other.get_response("resp_ox").unwrap(), None);
+    }
+    assert_eq!(a.get_response("resp_o1").unwrap(), Some(stored));
+    assert_eq!(a.get_conversation("conv_o1").unwrap(), Some(conversation("conv_o1")));
+    let listed = a.list_items("conv_o1", None, 10, Order::Asc).unwrap();
+    assert_eq!(ids(&listed), ["o0", "o1"]);
+    assert_eq!(positions(&listed), [0, 1]);
+    // The keyless tenant is a tenant like any other: a key does not see its rows either.
+    assert_eq!(a.get_response("resp_o2").unwrap(), None);
+    assert!(keyless.get_response("resp_o2").unwrap().is_some());
+    // The owner changes and deletes its own.
+    assert_eq!(positions(&a.add_items("conv_o1", &[item("o2")]).unwrap()), [2]);
+    assert!(a.delete_item("conv_o1", "o0").unwrap());
+    assert!(a.delete_conversation("conv_o1").unwrap());
+    assert!(a.delete_response("resp_o1").unwrap());
+    assert!(keyless.delete_response("resp_o2").unwrap());
+}
+
+/// Rows a schema-1 gateway wrote (no owner column), in SQL both SQLite and PostgreSQL take.
+const SCHEMA_1_ROWS: &str = r#"
+    INSERT INTO responses (id, created_at, model, previous_response_id, conversation_id, input_items, response)
+        VALUES ('resp_v1', 1, 'm', NULL, 'conv_v1', '[]', '{"id": "resp_v1"}');
+    INSERT INTO conversations (id, created_at, metadata, next_position) VALUES ('conv_v1', 1, '{}', 1);
+    INSERT INTO conversation_items (conversation_id, position, id, item)
+        VALUES ('conv_v1', 0, 'v0', '{"id": "v0"}');
+"#;
+
+/// The schema-1 database with `SCHEMA_1_ROWS`, as `migrations[0]` built it.
+fn schema_1_database(first_migration: &str) -> String {
+    format!(
+        "{first_migration}; CREATE TABLE schema_version (version BIGINT NOT NULL); \
+         INSERT INTO schema_version (version) VALUES (1); {SCHEMA_1_ROWS}"
+    )
+}
+
+/// After the migration, `SCHEMA_1_ROWS` read as the keyless tenant's (and only as its).
+fn rows_from_before_owners_are_the_keyless_tenants(backend: &Arc<dyn StoreBackend>) {
+    let (keyless, keyed) = (view(backend, None), view(backend, Some(OWNER)));
+    let old = keyless.get_response("resp_v1").unwrap().expect("an old row reads");
+    assert_eq!(
+        (old.response, old.conversation_id),
+        (json!({"id": "resp_v1"}), Some("conv_v1".into()))
+    );
+    assert_eq!(keyed.get_response("resp_v1").unwrap(), None);
+    assert_eq!(
+        ids(&keyless.list_items("conv_v1", None, 10, Order::Asc).unwrap()),
+        ["v0"]
+    );
+    not_found(keyed.list_items("conv_v1", None, 10, Order::Asc), "conv_v1");
+    assert_eq!(positions(&keyless.add_items("conv_v1", &[item("v1")]).unwrap()), [1]);
 }
 
 fn responses(store: &dyn ResponseStore) {
@@ -307,7 +405,7 @@ impl Drop for TempDir {
 
 #[test]
 fn the_memory_store_conforms() {
-    conforms(&MemoryStore::default());
+    conforms(&(Arc::new(MemoryStore::default()) as Arc<dyn StoreBackend>));
 }
 
 #[test]
@@ -315,7 +413,7 @@ fn the_sqlite_store_conforms() {
     let dir = TempDir::new("sqlite");
     let path = dir.path().join("state/responses.db");
     let store = open(&format!("sqlite:{}", path.display())).unwrap();
-    conforms(store.as_ref());
+    conforms(&store);
     let mode: String = rusqlite::Connection::open(&path)
         .unwrap()
         .query_row("PRAGMA journal_mode", [], |row| row.get(0))
@@ -328,10 +426,25 @@ fn sqlite_stores_of_one_file_write_concurrently() {
     // Separate connections to one file, as two processes would have: the busy timeout lets them take turns.
     let dir = TempDir::new("sqlite-shared");
     let path = dir.path().join("responses.db");
-    let one = SqliteStore::open(&path).unwrap();
-    let two = SqliteStore::open(&path).unwrap();
-    let three = SqliteStore::open(&path).unwrap();
+    let [one, two, three] = [(); 3].map(|()| as_owner(SqliteStore::open(&path).unwrap()));
     concurrent_writers(&[&one, &two, &three]);
+}
+
+#[test]
+fn sqlite_rows_from_before_owners_belong_to_the_keyless_tenant() {
+    let dir = TempDir::new("sqlite-schema-1");
+    let path = dir.path().join("responses.db");
+    rusqlite::Connection::open(&path)
+        .unwrap()
+        .execute_batch(&schema_1_database(SQLITE_MIGRATIONS[0]))
+        .unwrap();
+    let backend: Arc<dyn StoreBackend> = Arc::new(SqliteStore::open(&path).unwrap());
+    rows_from_before_owners_are_the_keyless_tenants(&backend);
+    let version: i64 = rusqlite::Connection::open(&path)
+        .unwrap()
+        .query_row("SELECT version FROM schema_version", [], |row| row.get(0))
+        .unwrap();
+    assert_eq!(version, SQLITE_MIGRATIONS.len() as i64);
 }
 
 #[test]
@@ -339,14 +452,15 @@ fn a_sqlite_store_reads_after_a_reopen_what_it_wrote() {
     let dir = TempDir::new("sqlite-reopen");
     let path = dir.path().join("responses.db");
     let stored = response("resp_p1", Some("conv_p1"));
+    let reopen = || as_owner(SqliteStore::open(&path).unwrap());
     {
-        let store = SqliteStore::open(&path).unwrap();
+        let store = reopen();
         store
             .create_conversation(&conversation("conv_p1"), &[item("p0")])
             .unwrap();
         store.put_response(&stored, &[item("p1")]).unwrap();
     }
-    let store = SqliteStore::open(&path).unwrap();
+    let store = reopen();
     assert_eq!(store.get_response("resp_p1").unwrap(), Some(stored));
     assert_eq!(
         store.get_conversation("conv_p1").unwrap(),
@@ -388,27 +502,33 @@ fn the_postgres_store_conforms_and_persists() {
 
     let url = cluster.create_database("conformance");
     let store = open(&url).unwrap();
-    conforms(store.as_ref());
+    conforms(&store);
     drop(store);
 
     // Two stores on one database, as two gateway replicas: concurrent writers still get unique positions.
     let url = cluster.create_database("replicas");
-    let one = PostgresStore::open(&url).unwrap();
-    let two = PostgresStore::open(&url).unwrap();
+    let replica = || as_owner(PostgresStore::open(&url).unwrap());
+    let (one, two) = (replica(), replica());
     concurrent_writers(&[&one, &two]);
     drop((one, two));
+
+    // A database of schema 1 is migrated; its rows are the keyless tenant's.
+    let url = cluster.create_database("schema1");
+    cluster.execute("schema1", &schema_1_database(POSTGRES_MIGRATIONS[0]));
+    rows_from_before_owners_are_the_keyless_tenants(&open(&url).unwrap());
 
     // A reopen reads what was written.
     let url = cluster.create_database("reopen");
     let stored = response("resp_p1", Some("conv_p1"));
+    let reopen = || as_owner(PostgresStore::open(&url).unwrap());
     {
-        let store = PostgresStore::open(&url).unwrap();
+        let store = reopen();
         store
             .create_conversation(&conversation("conv_p1"), &[item("p0")])
             .unwrap();
         store.put_response(&stored, &[item("p1")]).unwrap();
     }
-    let store = PostgresStore::open(&url).unwrap();
+    let store = reopen();
     assert_eq!(store.get_response("resp_p1").unwrap(), Some(stored.clone()));
     let listed = store.list_items("conv_p1", None, 10, Order::Asc).unwrap();
     assert_eq!(ids(&listed), ["p0", "p1"]);
@@ -438,7 +558,8 @@ fn the_postgres_store_conforms_and_persists() {
     runtime.block_on(async move {
         let store: Arc<dyn ResponseStore> = {
             let url = url.clone();
-            tokio::task::spawn_blocking(move || open(&url).unwrap()).await.unwrap()
+            let backend = tokio::task::spawn_blocking(move || open(&url).unwrap()).await.unwrap();
+            Arc::new(view(&backend, None))
         };
         let calls = (0..4).map(|n| {
             let store = store.clone();

@@ -5,7 +5,7 @@ use std::sync::Mutex;
 
 use serde_json::Value;
 
-use super::{Conversation, ConversationItem, Order, ResponseStore, StoreError, StoredResponse};
+use super::{Conversation, ConversationItem, Order, Owner, StoreBackend, StoreError, StoredResponse};
 
 #[derive(Default)]
 pub struct MemoryStore {
@@ -14,8 +14,18 @@ pub struct MemoryStore {
 
 #[derive(Default)]
 struct State {
-    responses: HashMap<String, StoredResponse>,
-    conversations: HashMap<String, (Conversation, Vec<ConversationItem>, i64)>,
+    /// Each response with its owner.
+    responses: HashMap<String, (Option<String>, StoredResponse)>,
+    conversations: HashMap<String, Stored>,
+}
+
+/// A conversation, its owner and its items.
+struct Stored {
+    owner: Option<String>,
+    conversation: Conversation,
+    items: Vec<ConversationItem>,
+    /// The position the next item gets: never reused, even after deletes.
+    next: i64,
 }
 
 fn item_id(item: &Value) -> Result<String, StoreError> {
@@ -26,12 +36,38 @@ fn item_id(item: &Value) -> Result<String, StoreError> {
 }
 
 impl State {
-    fn append(&mut self, conversation_id: &str, items: &[Value]) -> Result<Vec<ConversationItem>, StoreError> {
+    /// The owner's conversation; another owner's reads as absent.
+    fn conversation(&self, owner: Owner<'_>, id: &str) -> Result<&Stored, StoreError> {
+        self.conversations
+            .get(id)
+            .filter(|c| c.owner.as_deref() == owner)
+            .ok_or_else(|| StoreError::ConversationNotFound(id.to_owned()))
+    }
+
+    fn conversation_mut(&mut self, owner: Owner<'_>, id: &str) -> Result<&mut Stored, StoreError> {
+        self.conversations
+            .get_mut(id)
+            .filter(|c| c.owner.as_deref() == owner)
+            .ok_or_else(|| StoreError::ConversationNotFound(id.to_owned()))
+    }
+
+    fn response(&self, owner: Owner<'_>, id: &str) -> Option<&StoredResponse> {
+        self.responses
+            .get(id)
+            .filter(|(o, _)| o.as_deref() == owner)
+            .map(|(_, r)| r)
+    }
+
+    fn append(
+        &mut self,
+        owner: Owner<'_>,
+        conversation_id: &str,
+        items: &[Value],
+    ) -> Result<Vec<ConversationItem>, StoreError> {
         let ids = items.iter().map(item_id).collect::<Result<Vec<_>, _>>()?;
-        let (_, stored, next) = self
-            .conversations
-            .get_mut(conversation_id)
-            .ok_or_else(|| StoreError::ConversationNotFound(conversation_id.to_owned()))?;
+        let Stored {
+            items: stored, next, ..
+        } = self.conversation_mut(owner, conversation_id)?;
         let mut added = Vec::with_capacity(items.len());
         for (id, item) in ids.into_iter().zip(items) {
             let row = ConversationItem {
@@ -55,76 +91,105 @@ impl MemoryStore {
     }
 }
 
-impl ResponseStore for MemoryStore {
-    fn put_response(&self, response: &StoredResponse, conversation_items: &[Value]) -> Result<(), StoreError> {
+impl StoreBackend for MemoryStore {
+    fn put_response(
+        &self,
+        owner: Owner<'_>,
+        response: &StoredResponse,
+        conversation_items: &[Value],
+    ) -> Result<(), StoreError> {
         let mut state = self.lock();
         if state.responses.contains_key(&response.id) {
             return Err(StoreError::Duplicate(response.id.clone()));
         }
         if let Some(conversation_id) = &response.conversation_id {
-            state.append(conversation_id, conversation_items)?;
+            state.append(owner, conversation_id, conversation_items)?;
         }
-        state.responses.insert(response.id.clone(), response.clone());
+        state
+            .responses
+            .insert(response.id.clone(), (owner.map(str::to_owned), response.clone()));
         Ok(())
     }
 
-    fn get_response(&self, id: &str) -> Result<Option<StoredResponse>, StoreError> {
-        Ok(self.lock().responses.get(id).cloned())
+    fn get_response(&self, owner: Owner<'_>, id: &str) -> Result<Option<StoredResponse>, StoreError> {
+        Ok(self.lock().response(owner, id).cloned())
     }
 
-    fn delete_response(&self, id: &str) -> Result<bool, StoreError> {
-        Ok(self.lock().responses.remove(id).is_some())
+    fn delete_response(&self, owner: Owner<'_>, id: &str) -> Result<bool, StoreError> {
+        let mut state = self.lock();
+        let found = state.response(owner, id).is_some();
+        if found {
+            state.responses.remove(id);
+        }
+        Ok(found)
     }
 
-    fn create_conversation(&self, conversation: &Conversation, items: &[Value]) -> Result<(), StoreError> {
+    fn create_conversation(
+        &self,
+        owner: Owner<'_>,
+        conversation: &Conversation,
+        items: &[Value],
+    ) -> Result<(), StoreError> {
         let mut state = self.lock();
         if state.conversations.contains_key(&conversation.id) {
             return Err(StoreError::Duplicate(conversation.id.clone()));
         }
-        state
-            .conversations
-            .insert(conversation.id.clone(), (conversation.clone(), Vec::new(), 0));
-        if let Err(error) = state.append(&conversation.id, items) {
+        let stored = Stored {
+            owner: owner.map(str::to_owned),
+            conversation: conversation.clone(),
+            items: Vec::new(),
+            next: 0,
+        };
+        state.conversations.insert(conversation.id.clone(), stored);
+        if let Err(error) = state.append(owner, &conversation.id, items) {
             state.conversations.remove(&conversation.id);
             return Err(error);
         }
         Ok(())
     }
 
-    fn get_conversation(&self, id: &str) -> Result<Option<Conversation>, StoreError> {
-        Ok(self.lock().conversations.get(id).map(|(c, _, _)| c.clone()))
+    fn get_conversation(&self, owner: Owner<'_>, id: &str) -> Result<Option<Conversation>, StoreError> {
+        Ok(self.lock().conversation(owner, id).ok().map(|c| c.conversation.clone()))
     }
 
-    fn update_conversation(&self, id: &str, metadata: &Value) -> Result<bool, StoreError> {
-        Ok(match self.lock().conversations.get_mut(id) {
-            Some((conversation, _, _)) => {
-                conversation.metadata = metadata.clone();
+    fn update_conversation(&self, owner: Owner<'_>, id: &str, metadata: &Value) -> Result<bool, StoreError> {
+        Ok(match self.lock().conversation_mut(owner, id) {
+            Ok(stored) => {
+                stored.conversation.metadata = metadata.clone();
                 true
             }
-            None => false,
+            Err(_) => false,
         })
     }
 
-    fn delete_conversation(&self, id: &str) -> Result<bool, StoreError> {
-        Ok(self.lock().conversations.remove(id).is_some())
+    fn delete_conversation(&self, owner: Owner<'_>, id: &str) -> Result<bool, StoreError> {
+        let mut state = self.lock();
+        let found = state.conversation(owner, id).is_ok();
+        if found {
+            state.conversations.remove(id);
+        }
+        Ok(found)
     }
 
-    fn add_items(&self, conversation_id: &str, items: &[Value]) -> Result<Vec<ConversationItem>, StoreError> {
-        self.lock().append(conversation_id, items)
+    fn add_items(
+        &self,
+        owner: Owner<'_>,
+        conversation_id: &str,
+        items: &[Value],
+    ) -> Result<Vec<ConversationItem>, StoreError> {
+        self.lock().append(owner, conversation_id, items)
     }
 
     fn list_items(
         &self,
+        owner: Owner<'_>,
         conversation_id: &str,
         after: Option<&str>,
         limit: usize,
         order: Order,
     ) -> Result<Vec<ConversationItem>, StoreError> {
         let state = self.lock();
-        let (_, items, _) = state
-            .conversations
-            .get(conversation_id)
-            .ok_or_else(|| StoreError::ConversationNotFound(conversation_id.to_owned()))?;
+        let items = &state.conversation(owner, conversation_id)?.items;
         let ordered: Box<dyn Iterator<Item = &ConversationItem>> = match order {
             Order::Asc => Box::new(items.iter()),
             Order::Desc => Box::new(items.iter().rev()),
@@ -141,21 +206,20 @@ impl ResponseStore for MemoryStore {
         Ok(ordered.take(limit).cloned().collect())
     }
 
-    fn get_item(&self, conversation_id: &str, item_id: &str) -> Result<Option<ConversationItem>, StoreError> {
+    fn get_item(
+        &self,
+        owner: Owner<'_>,
+        conversation_id: &str,
+        item_id: &str,
+    ) -> Result<Option<ConversationItem>, StoreError> {
         let state = self.lock();
-        let (_, items, _) = state
-            .conversations
-            .get(conversation_id)
-            .ok_or_else(|| StoreError::ConversationNotFound(conversation_id.to_owned()))?;
+        let items = &state.conversation(owner, conversation_id)?.items;
         Ok(items.iter().find(|item| item.id == item_id).cloned())
     }
 
-    fn delete_item(&self, conversation_id: &str, item_id: &str) -> Result<bool, StoreError> {
+    fn delete_item(&self, owner: Owner<'_>, conversation_id: &str, item_id: &str) -> Result<bool, StoreError> {
         let mut state = self.lock();
-        let (_, items, _) = state
-            .conversations
-            .get_mut(conversation_id)
-            .ok_or_else(|| StoreError::ConversationNotFound(conversation_id.to_owned()))?;
+        let items = &mut state.conversation_mut(owner, conversation_id)?.items;
         let before = items.len();
         items.retain(|item| item.id != item_id);
         Ok(items.len() != before)
@@ -180,7 +244,11 @@ mod tests {
     fn a_response_and_its_conversation_items_are_stored_together() {
         let store = MemoryStore::default();
         store
-            .create_conversation(&conversation("conv_1"), &[json!({"id": "msg_0", "type": "message"})])
+            .create_conversation(
+                None,
+                &conversation("conv_1"),
+                &[json!({"id": "msg_0", "type": "message"})],
+            )
             .unwrap();
         let response = StoredResponse {
             id: "resp_1".into(),
@@ -192,18 +260,18 @@ mod tests {
             response: json!({"id": "resp_1"}),
         };
         store
-            .put_response(&response, &[json!({"id": "msg_1"}), json!({"id": "msg_2"})])
+            .put_response(None, &response, &[json!({"id": "msg_1"}), json!({"id": "msg_2"})])
             .unwrap();
-        assert_eq!(store.get_response("resp_1").unwrap(), Some(response));
+        assert_eq!(store.get_response(None, "resp_1").unwrap(), Some(response));
         let ids: Vec<_> = store
-            .list_items("conv_1", None, 10, Order::Desc)
+            .list_items(None, "conv_1", None, 10, Order::Desc)
             .unwrap()
             .into_iter()
             .map(|item| item.id)
             .collect();
         assert_eq!(ids, ["msg_2", "msg_1", "msg_0"]);
         let after: Vec<_> = store
-            .list_items("conv_1", Some("msg_0"), 10, Order::Asc)
+            .list_items(None, "conv_1", Some("msg_0"), 10, Order::Asc)
             .unwrap()
             .into_iter()
             .map(|item| item.position)
@@ -224,9 +292,9 @@ mod tests {
             response: json!({}),
         };
         assert!(matches!(
-            store.put_response(&response, &[json!({"id": "msg_1"})]),
+            store.put_response(None, &response, &[json!({"id": "msg_1"})]),
             Err(StoreError::ConversationNotFound(_))
         ));
-        assert_eq!(store.get_response("resp_1").unwrap(), None);
+        assert_eq!(store.get_response(None, "resp_1").unwrap(), None);
     }
 }

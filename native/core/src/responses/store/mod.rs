@@ -7,6 +7,12 @@
 //!
 //! Items and response objects are stored as the JSON the API returns (OpenAI's shapes), so a read gives back
 //! exactly what was answered; the columns beside them are only what lookups and ordering need.
+//!
+//! Every response and conversation belongs to an owner: the tenant that created it (`Owner`). A backend
+//! (`StoreBackend`) holds every tenant's data and takes the owner on each call; a row of another owner is
+//! treated as absent (a read finds nothing, a delete deletes nothing, an append finds no conversation), so
+//! a caller cannot learn that it exists. The request path sees one tenant's view (`ResponseStore`, made by
+//! `TenantStore`), so it cannot forget the owner on a call.
 
 #[cfg(test)]
 mod conformance;
@@ -15,6 +21,7 @@ mod memory;
 mod pg_cluster;
 mod postgres;
 mod sqlite;
+mod tenant;
 
 use std::sync::Arc;
 
@@ -23,6 +30,12 @@ use serde_json::Value;
 pub use self::postgres::PostgresStore;
 pub use self::sqlite::SqliteStore;
 pub use memory::MemoryStore;
+pub use tenant::TenantStore;
+
+/// Whose a stored response or conversation is: `Some(hash)` for the API key that created it (the key's
+/// `Grant::owner`, a hash, never the key), `None` for the one tenant of a gateway without API keys (and
+/// for every row stored before owners were recorded).
+pub type Owner<'a> = Option<&'a str>;
 
 /// One stored response: the object as it was answered, and what chaining by `previous_response_id` needs.
 #[derive(Debug, Clone, PartialEq)]
@@ -78,6 +91,8 @@ pub enum StoreError {
     Backend(String),
 }
 
+/// One tenant's responses and conversations: what the request path uses (`TenantStore` binds a backend to
+/// the caller's owner).
 pub trait ResponseStore: Send + Sync {
     /// Stores a response and appends `conversation_items` to its conversation (when it has one), in one
     /// transaction. `ConversationNotFound` when the conversation was deleted meanwhile.
@@ -108,9 +123,55 @@ pub trait ResponseStore: Send + Sync {
     fn delete_item(&self, conversation_id: &str, item_id: &str) -> Result<bool, StoreError>;
 }
 
+/// The storage of every tenant: `ResponseStore`'s calls, each acting only on rows of `owner`; another
+/// owner's rows read as absent (nothing found, nothing deleted, `ConversationNotFound`). Ids are unique
+/// across owners (the gateway makes them at random), so a `Duplicate` tells a caller nothing.
+pub trait StoreBackend: Send + Sync {
+    fn put_response(
+        &self,
+        owner: Owner<'_>,
+        response: &StoredResponse,
+        conversation_items: &[Value],
+    ) -> Result<(), StoreError>;
+    fn get_response(&self, owner: Owner<'_>, id: &str) -> Result<Option<StoredResponse>, StoreError>;
+    fn delete_response(&self, owner: Owner<'_>, id: &str) -> Result<bool, StoreError>;
+
+    fn create_conversation(
+        &self,
+        owner: Owner<'_>,
+        conversation: &Conversation,
+        items: &[Value],
+    ) -> Result<(), StoreError>;
+    fn get_conversation(&self, owner: Owner<'_>, id: &str) -> Result<Option<Conversation>, StoreError>;
+    fn update_conversation(&self, owner: Owner<'_>, id: &str, metadata: &Value) -> Result<bool, StoreError>;
+    fn delete_conversation(&self, owner: Owner<'_>, id: &str) -> Result<bool, StoreError>;
+
+    fn add_items(
+        &self,
+        owner: Owner<'_>,
+        conversation_id: &str,
+        items: &[Value],
+    ) -> Result<Vec<ConversationItem>, StoreError>;
+    fn list_items(
+        &self,
+        owner: Owner<'_>,
+        conversation_id: &str,
+        after: Option<&str>,
+        limit: usize,
+        order: Order,
+    ) -> Result<Vec<ConversationItem>, StoreError>;
+    fn get_item(
+        &self,
+        owner: Owner<'_>,
+        conversation_id: &str,
+        item_id: &str,
+    ) -> Result<Option<ConversationItem>, StoreError>;
+    fn delete_item(&self, owner: Owner<'_>, conversation_id: &str, item_id: &str) -> Result<bool, StoreError>;
+}
+
 /// Opens the store a setting names: `memory` (tests, one process), `sqlite:PATH`, `postgres://…` or
 /// `postgresql://…`; `none` is handled by the caller (nothing stored, chaining refused).
-pub fn open(spec: &str) -> Result<Arc<dyn ResponseStore>, StoreError> {
+pub fn open(spec: &str) -> Result<Arc<dyn StoreBackend>, StoreError> {
     match spec {
         "memory" => Ok(Arc::new(MemoryStore::default())),
         _ if spec.starts_with("postgres://") || spec.starts_with("postgresql://") => {

@@ -19,7 +19,7 @@ use postgres::{Client, Config, IsolationLevel, NoTls, Transaction};
 use serde_json::Value;
 
 use super::sqlite::item_ids;
-use super::{Conversation, ConversationItem, Order, ResponseStore, StoreError, StoredResponse};
+use super::{Conversation, ConversationItem, Order, Owner, StoreBackend, StoreError, StoredResponse};
 
 /// Connections the pool holds at most; callers beyond wait for one to come back.
 const POOL_SIZE: usize = 8;
@@ -31,7 +31,8 @@ const MIGRATION_LOCK: i64 = 0x6578_7470_7263; // "extprc"
 
 /// The schema, one entry per version: migration `i` takes the database from version `i` to `i + 1`.
 /// Append only; a shipped migration never changes.
-const MIGRATIONS: &[&str] = &["
+pub(super) const MIGRATIONS: &[&str] = &[
+    "
     CREATE TABLE responses (
         id TEXT PRIMARY KEY,
         created_at BIGINT NOT NULL,
@@ -56,7 +57,13 @@ const MIGRATIONS: &[&str] = &["
         PRIMARY KEY (conversation_id, position)
     );
     CREATE INDEX conversation_items_by_id ON conversation_items (conversation_id, id);
-"];
+",
+    "
+    -- The tenant (API key hash) a row belongs to; NULL: the keyless tenant, and every row stored before.
+    ALTER TABLE responses ADD COLUMN owner TEXT;
+    ALTER TABLE conversations ADD COLUMN owner TEXT;
+",
+];
 
 fn backend(error: impl std::fmt::Display) -> StoreError {
     StoreError::Backend(error.to_string())
@@ -263,15 +270,22 @@ fn migrate(tx: &mut Transaction) -> Result<(), StoreError> {
     Ok(())
 }
 
-/// Appends items at the conversation's next positions; `ConversationNotFound` when it does not exist.
-fn append(tx: &mut Transaction, conversation_id: &str, items: &[Value]) -> Result<Vec<ConversationItem>, StoreError> {
+/// Appends items at the conversation's next positions; `ConversationNotFound` when the owner has no such
+/// conversation. (`IS NOT DISTINCT FROM` compares NULLs as equal: the keyless tenant's rows match a NULL
+/// owner.)
+fn append(
+    tx: &mut Transaction,
+    owner: Owner<'_>,
+    conversation_id: &str,
+    items: &[Value],
+) -> Result<Vec<ConversationItem>, StoreError> {
     let ids = item_ids(items)?;
     let count = items.len() as i64;
     let start: i64 = tx
         .query_opt(
-            "UPDATE conversations SET next_position = next_position + $2 WHERE id = $1 \
-             RETURNING next_position - $2",
-            &[&conversation_id, &count],
+            "UPDATE conversations SET next_position = next_position + $2 \
+             WHERE id = $1 AND owner IS NOT DISTINCT FROM $3 RETURNING next_position - $2",
+            &[&conversation_id, &count, &owner],
         )
         .map_err(pg)?
         .ok_or_else(|| StoreError::ConversationNotFound(conversation_id.to_owned()))?
@@ -297,9 +311,12 @@ fn append(tx: &mut Transaction, conversation_id: &str, items: &[Value]) -> Resul
     Ok(added)
 }
 
-fn require_conversation(tx: &mut Transaction, id: &str) -> Result<(), StoreError> {
+fn require_conversation(tx: &mut Transaction, owner: Owner<'_>, id: &str) -> Result<(), StoreError> {
     match tx
-        .query_opt("SELECT 1 FROM conversations WHERE id = $1", &[&id])
+        .query_opt(
+            "SELECT 1 FROM conversations WHERE id = $1 AND owner IS NOT DISTINCT FROM $2",
+            &[&id, &owner],
+        )
         .map_err(pg)?
     {
         Some(_) => Ok(()),
@@ -316,14 +333,20 @@ fn to_item(conversation_id: &str, row: &postgres::Row) -> ConversationItem {
     }
 }
 
-impl ResponseStore for PostgresStore {
-    fn put_response(&self, response: &StoredResponse, conversation_items: &[Value]) -> Result<(), StoreError> {
+impl StoreBackend for PostgresStore {
+    fn put_response(
+        &self,
+        owner: Owner<'_>,
+        response: &StoredResponse,
+        conversation_items: &[Value],
+    ) -> Result<(), StoreError> {
         let input_items = Value::Array(response.input_items.clone());
         self.transaction(false, |tx| {
             let inserted = tx
                 .execute(
                     "INSERT INTO responses (id, created_at, model, previous_response_id, conversation_id, \
-                     input_items, response) VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (id) DO NOTHING",
+                     input_items, response, owner) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) \
+                     ON CONFLICT (id) DO NOTHING",
                     &[
                         &response.id,
                         &response.created_at,
@@ -332,6 +355,7 @@ impl ResponseStore for PostgresStore {
                         &response.conversation_id,
                         &input_items,
                         &response.response,
+                        &owner,
                     ],
                 )
                 .map_err(pg)?;
@@ -339,19 +363,19 @@ impl ResponseStore for PostgresStore {
                 return Err(StoreError::Duplicate(response.id.clone()));
             }
             if let Some(conversation_id) = &response.conversation_id {
-                append(tx, conversation_id, conversation_items)?;
+                append(tx, owner, conversation_id, conversation_items)?;
             }
             Ok(())
         })
     }
 
-    fn get_response(&self, id: &str) -> Result<Option<StoredResponse>, StoreError> {
+    fn get_response(&self, owner: Owner<'_>, id: &str) -> Result<Option<StoredResponse>, StoreError> {
         self.transaction(true, |tx| {
             let Some(row) = tx
                 .query_opt(
                     "SELECT created_at, model, previous_response_id, conversation_id, input_items, response \
-                     FROM responses WHERE id = $1",
-                    &[&id],
+                     FROM responses WHERE id = $1 AND owner IS NOT DISTINCT FROM $2",
+                    &[&id, &owner],
                 )
                 .map_err(pg)?
             else {
@@ -373,34 +397,51 @@ impl ResponseStore for PostgresStore {
         })
     }
 
-    fn delete_response(&self, id: &str) -> Result<bool, StoreError> {
+    fn delete_response(&self, owner: Owner<'_>, id: &str) -> Result<bool, StoreError> {
         self.transaction(false, |tx| {
-            tx.execute("DELETE FROM responses WHERE id = $1", &[&id])
-                .map(|deleted| deleted > 0)
-                .map_err(pg)
+            tx.execute(
+                "DELETE FROM responses WHERE id = $1 AND owner IS NOT DISTINCT FROM $2",
+                &[&id, &owner],
+            )
+            .map(|deleted| deleted > 0)
+            .map_err(pg)
         })
     }
 
-    fn create_conversation(&self, conversation: &Conversation, items: &[Value]) -> Result<(), StoreError> {
+    fn create_conversation(
+        &self,
+        owner: Owner<'_>,
+        conversation: &Conversation,
+        items: &[Value],
+    ) -> Result<(), StoreError> {
         self.transaction(false, |tx| {
             let inserted = tx
                 .execute(
-                    "INSERT INTO conversations (id, created_at, metadata) VALUES ($1, $2, $3) \
+                    "INSERT INTO conversations (id, created_at, metadata, owner) VALUES ($1, $2, $3, $4) \
                      ON CONFLICT (id) DO NOTHING",
-                    &[&conversation.id, &conversation.created_at, &conversation.metadata],
+                    &[
+                        &conversation.id,
+                        &conversation.created_at,
+                        &conversation.metadata,
+                        &owner,
+                    ],
                 )
                 .map_err(pg)?;
             if inserted == 0 {
                 return Err(StoreError::Duplicate(conversation.id.clone()));
             }
-            append(tx, &conversation.id, items).map(drop)
+            append(tx, owner, &conversation.id, items).map(drop)
         })
     }
 
-    fn get_conversation(&self, id: &str) -> Result<Option<Conversation>, StoreError> {
+    fn get_conversation(&self, owner: Owner<'_>, id: &str) -> Result<Option<Conversation>, StoreError> {
         self.transaction(true, |tx| {
             Ok(tx
-                .query_opt("SELECT created_at, metadata FROM conversations WHERE id = $1", &[&id])
+                .query_opt(
+                    "SELECT created_at, metadata FROM conversations WHERE id = $1 \
+                     AND owner IS NOT DISTINCT FROM $2",
+                    &[&id, &owner],
+                )
                 .map_err(pg)?
                 .map(|row| Conversation {
                     id: id.to_owned(),
@@ -410,29 +451,41 @@ impl ResponseStore for PostgresStore {
         })
     }
 
-    fn update_conversation(&self, id: &str, metadata: &Value) -> Result<bool, StoreError> {
+    fn update_conversation(&self, owner: Owner<'_>, id: &str, metadata: &Value) -> Result<bool, StoreError> {
         self.transaction(false, |tx| {
-            tx.execute("UPDATE conversations SET metadata = $2 WHERE id = $1", &[&id, metadata])
-                .map(|updated| updated > 0)
-                .map_err(pg)
+            tx.execute(
+                "UPDATE conversations SET metadata = $2 WHERE id = $1 AND owner IS NOT DISTINCT FROM $3",
+                &[&id, metadata, &owner],
+            )
+            .map(|updated| updated > 0)
+            .map_err(pg)
         })
     }
 
-    fn delete_conversation(&self, id: &str) -> Result<bool, StoreError> {
+    fn delete_conversation(&self, owner: Owner<'_>, id: &str) -> Result<bool, StoreError> {
         // The items go with it (ON DELETE CASCADE).
         self.transaction(false, |tx| {
-            tx.execute("DELETE FROM conversations WHERE id = $1", &[&id])
-                .map(|deleted| deleted > 0)
-                .map_err(pg)
+            tx.execute(
+                "DELETE FROM conversations WHERE id = $1 AND owner IS NOT DISTINCT FROM $2",
+                &[&id, &owner],
+            )
+            .map(|deleted| deleted > 0)
+            .map_err(pg)
         })
     }
 
-    fn add_items(&self, conversation_id: &str, items: &[Value]) -> Result<Vec<ConversationItem>, StoreError> {
-        self.transaction(false, |tx| append(tx, conversation_id, items))
+    fn add_items(
+        &self,
+        owner: Owner<'_>,
+        conversation_id: &str,
+        items: &[Value],
+    ) -> Result<Vec<ConversationItem>, StoreError> {
+        self.transaction(false, |tx| append(tx, owner, conversation_id, items))
     }
 
     fn list_items(
         &self,
+        owner: Owner<'_>,
         conversation_id: &str,
         after: Option<&str>,
         limit: usize,
@@ -440,7 +493,7 @@ impl ResponseStore for PostgresStore {
     ) -> Result<Vec<ConversationItem>, StoreError> {
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         self.transaction(true, |tx| {
-            require_conversation(tx, conversation_id)?;
+            require_conversation(tx, owner, conversation_id)?;
             // The cursor is the position of the item named `after` (the first one met in this order); an
             // unknown cursor lists nothing.
             let (cursor_sql, list_sql, unbounded) = match order {
@@ -479,9 +532,14 @@ impl ResponseStore for PostgresStore {
         })
     }
 
-    fn get_item(&self, conversation_id: &str, item_id: &str) -> Result<Option<ConversationItem>, StoreError> {
+    fn get_item(
+        &self,
+        owner: Owner<'_>,
+        conversation_id: &str,
+        item_id: &str,
+    ) -> Result<Option<ConversationItem>, StoreError> {
         self.transaction(true, |tx| {
-            require_conversation(tx, conversation_id)?;
+            require_conversation(tx, owner, conversation_id)?;
             Ok(tx
                 .query_opt(
                     "SELECT id, position, item FROM conversation_items WHERE conversation_id = $1 AND id = $2 \
@@ -493,9 +551,9 @@ impl ResponseStore for PostgresStore {
         })
     }
 
-    fn delete_item(&self, conversation_id: &str, item_id: &str) -> Result<bool, StoreError> {
+    fn delete_item(&self, owner: Owner<'_>, conversation_id: &str, item_id: &str) -> Result<bool, StoreError> {
         self.transaction(false, |tx| {
-            require_conversation(tx, conversation_id)?;
+            require_conversation(tx, owner, conversation_id)?;
             tx.execute(
                 "DELETE FROM conversation_items WHERE conversation_id = $1 AND id = $2",
                 &[&conversation_id, &item_id],

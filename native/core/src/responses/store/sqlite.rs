@@ -12,14 +12,15 @@ use std::time::Duration;
 use rusqlite::{params, Connection, OptionalExtension, Transaction, TransactionBehavior};
 use serde_json::Value;
 
-use super::{Conversation, ConversationItem, Order, ResponseStore, StoreError, StoredResponse};
+use super::{Conversation, ConversationItem, Order, Owner, StoreBackend, StoreError, StoredResponse};
 
 /// How long a write waits for another process holding the file's write lock.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The schema, one entry per version: migration `i` takes the database from version `i` to `i + 1`.
 /// Append only; a shipped migration never changes.
-const MIGRATIONS: &[&str] = &["
+pub(super) const MIGRATIONS: &[&str] = &[
+    "
     CREATE TABLE responses (
         id TEXT PRIMARY KEY,
         created_at INTEGER NOT NULL,
@@ -44,7 +45,13 @@ const MIGRATIONS: &[&str] = &["
         PRIMARY KEY (conversation_id, position)
     );
     CREATE INDEX conversation_items_by_id ON conversation_items (conversation_id, id);
-"];
+",
+    "
+    -- The tenant (API key hash) a row belongs to; NULL: the keyless tenant, and every row stored before.
+    ALTER TABLE responses ADD COLUMN owner TEXT;
+    ALTER TABLE conversations ADD COLUMN owner TEXT;
+",
+];
 
 pub struct SqliteStore {
     connection: Mutex<Connection>,
@@ -158,14 +165,20 @@ fn migrate(connection: &mut Connection) -> Result<(), StoreError> {
     tx.commit().map_err(backend)
 }
 
-/// Appends items at the conversation's next positions; `ConversationNotFound` when it does not exist.
-fn append(tx: &Transaction, conversation_id: &str, items: &[Value]) -> Result<Vec<ConversationItem>, StoreError> {
+/// Appends items at the conversation's next positions; `ConversationNotFound` when the owner has no such
+/// conversation. (`IS` compares NULLs as equal: the keyless tenant's rows match a NULL owner.)
+fn append(
+    tx: &Transaction,
+    owner: Owner<'_>,
+    conversation_id: &str,
+    items: &[Value],
+) -> Result<Vec<ConversationItem>, StoreError> {
     let ids = item_ids(items)?;
     let start: Option<i64> = tx
         .query_row(
-            "UPDATE conversations SET next_position = next_position + ?2 WHERE id = ?1 \
+            "UPDATE conversations SET next_position = next_position + ?2 WHERE id = ?1 AND owner IS ?3 \
              RETURNING next_position - ?2",
-            params![conversation_id, items.len() as i64],
+            params![conversation_id, items.len() as i64, owner],
             |row| row.get(0),
         )
         .optional()
@@ -190,15 +203,19 @@ fn append(tx: &Transaction, conversation_id: &str, items: &[Value]) -> Result<Ve
     Ok(added)
 }
 
-fn conversation_exists(tx: &Transaction, id: &str) -> Result<bool, StoreError> {
-    tx.query_row("SELECT 1 FROM conversations WHERE id = ?1", [id], |_| Ok(()))
-        .optional()
-        .map(|found| found.is_some())
-        .map_err(backend)
+fn conversation_exists(tx: &Transaction, owner: Owner<'_>, id: &str) -> Result<bool, StoreError> {
+    tx.query_row(
+        "SELECT 1 FROM conversations WHERE id = ?1 AND owner IS ?2",
+        params![id, owner],
+        |_| Ok(()),
+    )
+    .optional()
+    .map(|found| found.is_some())
+    .map_err(backend)
 }
 
-fn require_conversation(tx: &Transaction, id: &str) -> Result<(), StoreError> {
-    if conversation_exists(tx, id)? {
+fn require_conversation(tx: &Transaction, owner: Owner<'_>, id: &str) -> Result<(), StoreError> {
+    if conversation_exists(tx, owner, id)? {
         Ok(())
     } else {
         Err(StoreError::ConversationNotFound(id.to_owned()))
@@ -218,13 +235,19 @@ fn to_item(conversation_id: &str, (id, position, item): (String, i64, String)) -
     })
 }
 
-impl ResponseStore for SqliteStore {
-    fn put_response(&self, response: &StoredResponse, conversation_items: &[Value]) -> Result<(), StoreError> {
+impl StoreBackend for SqliteStore {
+    fn put_response(
+        &self,
+        owner: Owner<'_>,
+        response: &StoredResponse,
+        conversation_items: &[Value],
+    ) -> Result<(), StoreError> {
         self.write(|tx| {
             let inserted = tx
                 .execute(
                     "INSERT INTO responses (id, created_at, model, previous_response_id, conversation_id, \
-                     input_items, response) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) ON CONFLICT (id) DO NOTHING",
+                     input_items, response, owner) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) \
+                     ON CONFLICT (id) DO NOTHING",
                     params![
                         response.id,
                         response.created_at,
@@ -233,6 +256,7 @@ impl ResponseStore for SqliteStore {
                         response.conversation_id,
                         to_json(&Value::Array(response.input_items.clone())),
                         to_json(&response.response),
+                        owner,
                     ],
                 )
                 .map_err(backend)?;
@@ -240,19 +264,19 @@ impl ResponseStore for SqliteStore {
                 return Err(StoreError::Duplicate(response.id.clone()));
             }
             if let Some(conversation_id) = &response.conversation_id {
-                append(tx, conversation_id, conversation_items)?;
+                append(tx, owner, conversation_id, conversation_items)?;
             }
             Ok(())
         })
     }
 
-    fn get_response(&self, id: &str) -> Result<Option<StoredResponse>, StoreError> {
+    fn get_response(&self, owner: Owner<'_>, id: &str) -> Result<Option<StoredResponse>, StoreError> {
         self.read(|tx| {
             let row = tx
                 .query_row(
                     "SELECT created_at, model, previous_response_id, conversation_id, input_items, response \
-                     FROM responses WHERE id = ?1",
-                    [id],
+                     FROM responses WHERE id = ?1 AND owner IS ?2",
+                    params![id, owner],
                     |row| {
                         Ok((
                             row.get::<_, i64>(0)?,
@@ -285,40 +309,49 @@ impl ResponseStore for SqliteStore {
         })
     }
 
-    fn delete_response(&self, id: &str) -> Result<bool, StoreError> {
+    fn delete_response(&self, owner: Owner<'_>, id: &str) -> Result<bool, StoreError> {
         self.write(|tx| {
-            tx.execute("DELETE FROM responses WHERE id = ?1", [id])
-                .map(|deleted| deleted > 0)
-                .map_err(backend)
+            tx.execute(
+                "DELETE FROM responses WHERE id = ?1 AND owner IS ?2",
+                params![id, owner],
+            )
+            .map(|deleted| deleted > 0)
+            .map_err(backend)
         })
     }
 
-    fn create_conversation(&self, conversation: &Conversation, items: &[Value]) -> Result<(), StoreError> {
+    fn create_conversation(
+        &self,
+        owner: Owner<'_>,
+        conversation: &Conversation,
+        items: &[Value],
+    ) -> Result<(), StoreError> {
         self.write(|tx| {
             let inserted = tx
                 .execute(
-                    "INSERT INTO conversations (id, created_at, metadata) VALUES (?1, ?2, ?3) \
+                    "INSERT INTO conversations (id, created_at, metadata, owner) VALUES (?1, ?2, ?3, ?4) \
                      ON CONFLICT (id) DO NOTHING",
                     params![
                         conversation.id,
                         conversation.created_at,
-                        to_json(&conversation.metadata)
+                        to_json(&conversation.metadata),
+                        owner
                     ],
                 )
                 .map_err(backend)?;
             if inserted == 0 {
                 return Err(StoreError::Duplicate(conversation.id.clone()));
             }
-            append(tx, &conversation.id, items).map(drop)
+            append(tx, owner, &conversation.id, items).map(drop)
         })
     }
 
-    fn get_conversation(&self, id: &str) -> Result<Option<Conversation>, StoreError> {
+    fn get_conversation(&self, owner: Owner<'_>, id: &str) -> Result<Option<Conversation>, StoreError> {
         self.read(|tx| {
             let row = tx
                 .query_row(
-                    "SELECT created_at, metadata FROM conversations WHERE id = ?1",
-                    [id],
+                    "SELECT created_at, metadata FROM conversations WHERE id = ?1 AND owner IS ?2",
+                    params![id, owner],
                     |row| Ok((row.get::<_, i64>(0)?, row.get::<_, String>(1)?)),
                 )
                 .optional()
@@ -334,39 +367,48 @@ impl ResponseStore for SqliteStore {
         })
     }
 
-    fn update_conversation(&self, id: &str, metadata: &Value) -> Result<bool, StoreError> {
+    fn update_conversation(&self, owner: Owner<'_>, id: &str, metadata: &Value) -> Result<bool, StoreError> {
         self.write(|tx| {
             tx.execute(
-                "UPDATE conversations SET metadata = ?2 WHERE id = ?1",
-                params![id, to_json(metadata)],
+                "UPDATE conversations SET metadata = ?2 WHERE id = ?1 AND owner IS ?3",
+                params![id, to_json(metadata), owner],
             )
             .map(|updated| updated > 0)
             .map_err(backend)
         })
     }
 
-    fn delete_conversation(&self, id: &str) -> Result<bool, StoreError> {
+    fn delete_conversation(&self, owner: Owner<'_>, id: &str) -> Result<bool, StoreError> {
         // The items go with it (ON DELETE CASCADE).
         self.write(|tx| {
-            tx.execute("DELETE FROM conversations WHERE id = ?1", [id])
-                .map(|deleted| deleted > 0)
-                .map_err(backend)
+            tx.execute(
+                "DELETE FROM conversations WHERE id = ?1 AND owner IS ?2",
+                params![id, owner],
+            )
+            .map(|deleted| deleted > 0)
+            .map_err(backend)
         })
     }
 
-    fn add_items(&self, conversation_id: &str, items: &[Value]) -> Result<Vec<ConversationItem>, StoreError> {
-        self.write(|tx| append(tx, conversation_id, items))
+    fn add_items(
+        &self,
+        owner: Owner<'_>,
+        conversation_id: &str,
+        items: &[Value],
+    ) -> Result<Vec<ConversationItem>, StoreError> {
+        self.write(|tx| append(tx, owner, conversation_id, items))
     }
 
     fn list_items(
         &self,
+        owner: Owner<'_>,
         conversation_id: &str,
         after: Option<&str>,
         limit: usize,
         order: Order,
     ) -> Result<Vec<ConversationItem>, StoreError> {
         self.read(|tx| {
-            require_conversation(tx, conversation_id)?;
+            require_conversation(tx, owner, conversation_id)?;
             let limit = i64::try_from(limit).unwrap_or(i64::MAX);
             // The cursor is the position of the item named `after` (the first one met in this order); an
             // unknown cursor lists nothing.
@@ -406,9 +448,14 @@ impl ResponseStore for SqliteStore {
         })
     }
 
-    fn get_item(&self, conversation_id: &str, item_id: &str) -> Result<Option<ConversationItem>, StoreError> {
+    fn get_item(
+        &self,
+        owner: Owner<'_>,
+        conversation_id: &str,
+        item_id: &str,
+    ) -> Result<Option<ConversationItem>, StoreError> {
         self.read(|tx| {
-            require_conversation(tx, conversation_id)?;
+            require_conversation(tx, owner, conversation_id)?;
             let row = tx
                 .query_row(
                     "SELECT id, position, item FROM conversation_items WHERE conversation_id = ?1 AND id = ?2 \
@@ -422,9 +469,9 @@ impl ResponseStore for SqliteStore {
         })
     }
 
-    fn delete_item(&self, conversation_id: &str, item_id: &str) -> Result<bool, StoreError> {
+    fn delete_item(&self, owner: Owner<'_>, conversation_id: &str, item_id: &str) -> Result<bool, StoreError> {
         self.write(|tx| {
-            require_conversation(tx, conversation_id)?;
+            require_conversation(tx, owner, conversation_id)?;
             tx.execute(
                 "DELETE FROM conversation_items WHERE conversation_id = ?1 AND id = ?2",
                 params![conversation_id, item_id],
