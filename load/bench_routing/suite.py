@@ -14,6 +14,9 @@ per second, max/mean engine load (requests served, and mean requests in flight).
 (`suite_report.py`, JSON + markdown) leads with the shape where our default policy's mean TTFT over
 SMG's is worst.
 
+Each run also reports where a session's follow-up turns found their history (`followups.py`), and
+`--replicas` adds two-replica runs of ours and SMG on the same engines (`replicas.py`).
+
 `python -m load.bench_routing.suite [--quick]` (`make bench-routing`); docs/routing-benchmark.md.
 """
 
