@@ -14,6 +14,9 @@ per second, max/mean engine load (requests served, and mean requests in flight).
 (`suite_report.py`, JSON + markdown) leads with the shape where our default policy's mean TTFT over
 SMG's is worst.
 
+Each run also reports where a session's follow-up turns found their history (`followups.py`), and
+`--replicas` adds two-replica runs of ours and SMG on the same engines (`replicas.py`).
+
 `python -m load.bench_routing.suite [--quick]` (`make bench-routing`); docs/routing-benchmark.md.
 """
 
@@ -35,10 +38,11 @@ from typing import Any
 
 from load.bench import gateways as bench_gateways
 from load.bench.procs import StartError
-from load.bench_routing import gateways, shapes, suite_report
+from load.bench_routing import followups, gateways, replicas, shapes, suite_report
 from load.bench_routing.engines import EngineConfig, EngineWatch, start_engines
 from load.bench_routing.run import Context, RunSpec, _start_gateway, summarize
-from load.bench_routing.target import RoutingTarget
+from load.bench_routing.target import SplitTarget
+from load.bench_routing.trace import RoutedSpec
 from load.loadgen.records import Record, json_safe
 from load.loadgen.runner import open_loop, poisson_arrivals
 from load.loadgen.text import load_vocab
@@ -53,6 +57,10 @@ class Gateway:
     name: str
     spec: RunSpec
     routing_config: str | None = None
+    # Replicas (`replicas.py`): "one", ours "extproc_x2" / "envoy_x2", SMG "smg_x2".
+    topology: str = "one"
+    # What a replica topology is compared with: the same gateway as one replica.
+    baseline: str | None = None
 
 
 SMG = Gateway("smg", RunSpec("smg", gateways.SMG_POLICY))
@@ -62,6 +70,16 @@ OURS_DEFAULT = "kv_events"
 
 def ours(policy: str, routing_config: str | None = None, name: str | None = None) -> Gateway:
     return Gateway(name or policy, RunSpec("ours", policy), routing_config)
+
+
+def replica_gateways(single: Sequence[Gateway], smg: bool) -> list[Gateway]:
+    """`--replicas`: each of ours as two extproc replicas behind one Envoy and as two Envoy + extproc
+    stacks, and SMG as two gateways; each compared with its one-replica run."""
+    out = [replace(SMG, name="smg_x2", topology="smg_x2", baseline="smg")] if smg else []
+    for gw in single:
+        for topology in replicas.OURS_TOPOLOGIES[1:]:
+            out.append(replace(gw, name=f"{gw.name}_{topology}", topology=topology, baseline=gw.name))
+    return out
 
 
 @dataclass(frozen=True)
@@ -117,6 +135,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--time-scale", type=float, default=EngineConfig.time_scale)
     p.add_argument("--no-smg", action="store_true")
     p.add_argument("--no-rr", action="store_true", help="leave round robin out")
+    p.add_argument(
+        "--replicas",
+        action="store_true",
+        help="add two-replica runs: ours as 2 extproc behind 1 Envoy and as 2 Envoys, SMG as 2 gateways",
+    )
     p.add_argument("--smg-venv", type=Path, default=bench_gateways.DEFAULT_SMG_VENV)
     p.add_argument("--smg-args", default="")
     p.add_argument("--envoy-concurrency", type=int, default=bench_gateways.cpu_count())
@@ -208,15 +231,25 @@ def run_one(
     engines = start_engines(cell.config, log_dir)
     try:
         with _routing_config(gw.routing_config):
-            started = _start_gateway(gw.spec, replace(ctx, config=cell.config), engines.addresses, log_dir)
+            doors = _start(gw, replace(ctx, config=cell.config), engines.addresses, log_dir)
         try:
-            records, watch, wall_s = asyncio.run(
-                _drive(started, ctx.model, engines.metrics_ports, shape, cell, arrivals, duration_s)
+            turns, watch, wall_s = asyncio.run(
+                _drive(
+                    [d.base_url for d in doors],
+                    ctx.model,
+                    engines.metrics_ports,
+                    shape,
+                    cell,
+                    arrivals,
+                    duration_s,
+                )
             )
         finally:
-            started.gateway.stop()
+            for door in doors:
+                door.stop()
     finally:
         engines.stop()
+    records = [r for _, r in turns]
     summary = summarize(records, warmup_s, duration_s)
     flight = watch["mean_in_flight"]
     mean_flight = sum(flight) / len(flight) if flight else 0.0
@@ -235,63 +268,84 @@ def run_one(
         "in_flight_max_over_mean": max(flight) / mean_flight if mean_flight else None,
         "mean_in_flight": flight,
         "peak_in_flight": watch["peak_in_flight"],
+        "topology": gw.topology,
+        "doors": len(doors),
+        "followups": followups.analyse(turns, warmup_s, cell.config.block_size),
     }
 
 
+def _start(gw: Gateway, ctx: Context, engines: list[str], log_dir: Path) -> list[bench_gateways.Gateway]:
+    """The gateway's front doors: one, or two for split replica topologies."""
+    if gw.topology == "one":
+        return [_start_gateway(gw.spec, ctx, engines, log_dir).gateway]
+    if gw.spec.gateway == "smg":
+        if ctx.smg_binary is None:
+            raise RuntimeError("SMG is not installed")
+        return replicas.start_smg(
+            gw.topology, ctx.smg_binary, engines, ctx.model_dir, ctx.model, log_dir, ctx.smg_extra
+        )
+    return replicas.start_ours(
+        gw.topology, gw.spec.policy, engines, ctx.model, log_dir, ctx.envoy_concurrency
+    )
+
+
 async def _drive(
-    started: gateways.Started,
+    base_urls: list[str],
     model: str,
     ports: list[int],
     shape: shapes.Shape,
     cell: Cell,
     arrivals: Sequence[float] | None,
     duration_s: float,
-) -> tuple[list[Record], dict[str, Any], float]:
-    target = RoutingTarget(started.gateway.base_url, model)
+) -> tuple[list[tuple[RoutedSpec, Record]], dict[str, Any], float]:
+    """The run's (spec, record) pairs, the engines' report and the wall time."""
+    target = SplitTarget(base_urls, model)
     try:
         begun = time.monotonic()
         async with EngineWatch(ports) as watch:
             if arrivals is None:
                 clients = CLIENTS_PER_ENGINE * cell.config.engines
-                records = await closed_sessions(target, shape, clients, duration_s)
+                await closed_sessions(target, shape, clients, duration_s)
             else:
                 specs = shapes.interleave(shape, len(arrivals))
                 prepared = [target.prepare(s) for s in specs]
-                records = (await open_loop(target, prepared, arrivals)).records
-        return records, watch.report(), time.monotonic() - begun
+                await open_loop(target, prepared, arrivals)
+        return target.turns, watch.report(), time.monotonic() - begun  # type: ignore[return-value]
     finally:
         target.close()
 
 
-async def closed_sessions(
-    target: RoutingTarget, shape: shapes.Shape, clients: int, duration_s: float
-) -> list[Record]:
+async def closed_sessions(target: SplitTarget, shape: shapes.Shape, clients: int, duration_s: float) -> None:
     """`clients` clients, each taking the shape's next session and sending its turns back to back (a
-    turn after the previous one's answer), until `duration_s`; what is in flight then completes."""
+    turn after the previous one's answer), until `duration_s`; what is in flight then completes. Client
+    k sends through front door k (mod the doors); the records are in `target.turns`."""
     sessions = shape.sessions()
-    records: list[Record] = []
     start = time.perf_counter()
     deadline = start + duration_s
 
-    async def client() -> None:
+    async def client(k: int) -> None:
         while time.perf_counter() < deadline:
             for spec in next(sessions):
                 if time.perf_counter() >= deadline:
                     return
-                records.append(await target.send(target.prepare(spec), start))
+                await target.send(target.prepare(spec, via=k), start)
 
-    await asyncio.gather(*(client() for _ in range(clients)))
-    return records
+    await asyncio.gather(*(client(k) for k in range(clients)))
 
 
 def run_cell(
-    cell: Cell, args: argparse.Namespace, ctx: Context, vocab: Any, ours_gateways: list[Gateway]
+    cell: Cell,
+    args: argparse.Namespace,
+    ctx: Context,
+    vocab: Any,
+    ours_gateways: list[Gateway],
+    replica_runs: Sequence[Gateway] = (),
 ) -> dict[str, Any]:
     """The cell's closed-loop runs, its capacity, then its open-loop runs."""
     shape = shapes.make_shape(cell.shape, vocab, cell.seed)
     smg = [SMG] if ctx.smg_binary is not None else []
     rr = [] if args.no_rr else [ROUND_ROBIN]
-    order = smg + ours_gateways + rr  # the capacity's source first
+    order = smg + ours_gateways + list(replica_runs) + rr  # the capacity's source first
     out: dict[str, Any] = {
         "shape": cell.shape,
         "seed": cell.seed,
@@ -337,21 +391,24 @@ def _guarded(
     args: argparse.Namespace,
     label: str,
 ) -> dict[str, Any]:
-    """A run; one that fails to start is recorded as failed and the suite goes on."""
-    try:
-        return run_one(
-            gw,
-            ctx,
-            cell,
-            shape,
-            arrivals=arrivals,
-            duration_s=args.duration,
-            warmup_s=args.warmup,
-            label=label,
-        )
-    except (StartError, OSError, RuntimeError) as exc:
-        print(f"    {gw.name} failed: {exc}", file=sys.stderr)
-        return {"gateway": gw.name, "failed": str(exc)[-500:]}
+    """A run; one that fails to start twice is recorded as failed and the suite goes on (once is often a
+    port another process took between our pick and its bind)."""
+    for attempt in (1, 2):
+        try:
+            return run_one(
+                gw,
+                ctx,
+                cell,
+                shape,
+                arrivals=arrivals,
+                duration_s=args.duration,
+                warmup_s=args.warmup,
+                label=f"{label}-retry" if attempt == 2 else label,
+            )
+        except (StartError, OSError, RuntimeError) as exc:
+            print(f"    {gw.name} failed (attempt {attempt}): {exc}", file=sys.stderr)
+            failure = str(exc)[-500:]
+    return {"gateway": gw.name, "failed": failure}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -373,11 +430,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         smg_extra=tuple(shlex.split(args.smg_args)),
     )
     ours_gateways = [ours(p) for p in args.policies] + args.variants
+    replica_runs = replica_gateways(ours_gateways, ctx.smg_binary is not None) if args.replicas else []
     results = []
     for cell in cells(args):
-        results.append(run_cell(cell, args, ctx, vocab, ours_gateways))
-        _write(args, stamp, begun, ours_gateways, results, partial=True)
-    path = _write(args, stamp, begun, ours_gateways, results, partial=False)
+        results.append(run_cell(cell, args, ctx, vocab, ours_gateways, replica_runs))
+        _write(args, stamp, begun, ours_gateways, replica_runs, results, partial=True)
+    path = _write(args, stamp, begun, ours_gateways, replica_runs, results, partial=False)
     print(suite_report.markdown(json.loads(path.read_text())))
     print(f"wall time {time.monotonic() - begun:.0f} s; results in {path} and {path.with_suffix('.md')}")
     return 0
@@ -388,6 +446,7 @@ def _write(
     stamp: str,
     begun: float,
     ours_gateways: list[Gateway],
+    replica_runs: list[Gateway],
     results: list[dict[str, Any]],
     *,
     partial: bool,
@@ -404,6 +463,7 @@ def _write(
             {"name": g.name, "policy": g.spec.policy, "routing_config": g.routing_config}
             for g in ours_gateways
         ],
+        "replicas": [{"name": g.name, "topology": g.topology, "baseline": g.baseline} for g in replica_runs],
         "settings": {
             "duration_s": args.duration,
             "warmup_s": args.warmup,

@@ -14,6 +14,8 @@ from collections.abc import Iterator
 from typing import Any
 
 HIT_SLACK_PTS = 0.5
+# Replicas (issue 13): two of ours keep their hit rate within this of one replica's.
+REPLICA_HIT_SLACK_PTS = 1.0
 MEAN_MAX = 1.0
 P90_MAX = 1.05
 GEOMEAN_MAX = 0.85
@@ -102,8 +104,14 @@ def _f(v: float | None, fmt: str = "{:.0f}") -> str:
 
 HEADER = (
     "| seed | load | gateway | hit % | TTFT mean ms | p90 | p99 | req/s | served max/mean "
-    "| in-flight max/mean | mean/SMG | p90/SMG | hit-SMG pts |\n" + "|---" * 13 + "|"
+    "| in-flight max/mean | turns kept % | mean/SMG | p90/SMG | hit-SMG pts |\n" + "|---" * 14 + "|"
 )
+
+
+def _kept(run: dict[str, Any]) -> str:
+    """The share of follow-up turns that reached an engine holding their history (`followups.py`)."""
+    kept = (run.get("followups") or {}).get("kept")
+    return _f(None if kept is None else 100 * kept, "{:.0f}")
 
 
 def _rows(cell: dict[str, Any], doc: dict[str, Any]) -> Iterator[str]:
@@ -113,7 +121,7 @@ def _rows(cell: dict[str, Any], doc: dict[str, Any]) -> Iterator[str]:
         load = "closed" if point["mode"] == "closed" else f"{point['load']:.0%} ({point['rate']:.1f}/s)"
         for r in point["runs"]:
             if "failed" in r:
-                yield f"| {cell['seed']} | {load} | {r['gateway']} | failed to start |" + " |" * 9
+                yield f"| {cell['seed']} | {load} | {r['gateway']} | failed to start |" + " |" * 10
                 continue
             t = r["ttft_ms"]
             ratios = ["-", "-", "-"]
@@ -135,6 +143,7 @@ def _rows(cell: dict[str, Any], doc: dict[str, Any]) -> Iterator[str]:
                 _f(r["requests_per_s"], "{:.2f}"),
                 _f(r["served_max_over_mean"], "{:.2f}"),
                 _f(r["in_flight_max_over_mean"], "{:.2f}"),
+                _kept(r),
                 *ratios,
             ]
             yield "| " + " | ".join(cells) + " |"
@@ -186,6 +195,8 @@ def markdown(doc: dict[str, Any]) -> str:
         for c in mine:
             lines += list(_rows(c, doc))
         lines.append("")
+    if doc.get("replicas"):
+        lines += replicas_markdown(doc)
     sweeps = [c for c in doc["cells"] if c["sweep"] != "main"]
     if sweeps:
         lines += ["## Sweeps (engine count, KV blocks per engine)", ""]
@@ -207,3 +218,79 @@ def _params(p: dict[str, Any]) -> str:
         return str(v).replace(" ", "")
 
     return ", ".join(f"{k}={short(v)}" for k, v in p.items())
+
+
+def replica_rows(doc: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """Per cell, point and replica topology: its figures against the same gateway as one replica, and
+    (ours) against SMG's two gateways on the same engines and arrivals."""
+    for cell in doc["cells"]:
+        for point in cell["points"]:
+            runs = _runs(point)
+            for g in doc.get("replicas", []):
+                run, base = runs.get(g["name"]), runs.get(g["baseline"])
+                if run is None or base is None:
+                    continue
+                smg2 = runs.get("smg_x2") if g["name"] != "smg_x2" else None
+                yield {
+                    "shape": cell["shape"],
+                    "seed": cell["seed"],
+                    "mode": point["mode"],
+                    "load": point["load"],
+                    "gateway": g["name"],
+                    "topology": g["topology"],
+                    "baseline": g["baseline"],
+                    "hit": run["hit_rate"],
+                    "hit_vs_one_pts": 100 * (run["hit_rate"] - base["hit_rate"]),
+                    "mean_ms": run["ttft_ms"]["mean"],
+                    "p90_ms": run["ttft_ms"]["p90"],
+                    "mean_vs_one": _ratio(run["ttft_ms"]["mean"], base["ttft_ms"]["mean"]),
+                    "mean_vs_smg_x2": _ratio(run["ttft_ms"]["mean"], smg2["ttft_ms"]["mean"])
+                    if smg2
+                    else None,
+                    "hit_vs_smg_x2_pts": 100 * (run["hit_rate"] - smg2["hit_rate"]) if smg2 else None,
+                    "kept": (run.get("followups") or {}).get("kept"),
+                }
+
+
+def replicas_markdown(doc: dict[str, Any]) -> list[str]:
+    rows = list(replica_rows(doc))
+    lines = [
+        "## Replicas: two gateways on the same engines",
+        "",
+        f"Target: ours with two replicas within {REPLICA_HIT_SLACK_PTS} hit-rate point of one replica.",
+        "",
+    ]
+    for g in doc.get("replicas", []):
+        mine = [r for r in rows if r["gateway"] == g["name"]]
+        if mine:
+            worst = min(mine, key=lambda r: r["hit_vs_one_pts"])
+            met = worst["hit_vs_one_pts"] >= -REPLICA_HIT_SLACK_PTS
+            lines.append(
+                f"- **{g['name']}**: worst hit rate vs {g['baseline']} {worst['hit_vs_one_pts']:+.1f} pts "
+                f"({_where(worst | {'sweep': 'main'})}){'' if g['name'] == 'smg_x2' else ': ' + _yes(met)}"
+            )
+    lines += [
+        "",
+        "| shape | seed | load | gateway | hit % | hit - one pts | TTFT mean ms | p90 | mean/one "
+        "| mean/smg_x2 | hit - smg_x2 pts | turns kept % |",
+        "|---" * 12 + "|",
+    ]
+    for r in rows:
+        load = "closed" if r["mode"] == "closed" else f"{r['load']:.0%}"
+        cells = [
+            r["shape"],
+            str(r["seed"]),
+            load,
+            r["gateway"],
+            _f(100 * r["hit"], "{:.1f}"),
+            _f(r["hit_vs_one_pts"], "{:+.1f}"),
+            _f(r["mean_ms"]),
+            _f(r["p90_ms"]),
+            _f(r["mean_vs_one"], "{:.2f}"),
+            _f(r["mean_vs_smg_x2"], "{:.2f}"),
+            _f(r["hit_vs_smg_x2_pts"], "{:+.1f}"),
+            _f(None if r["kept"] is None else 100 * r["kept"], "{:.0f}"),
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines.append("")
+    return lines

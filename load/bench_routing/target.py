@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from load.loadgen.openai_target import OpenAITarget
+from load.loadgen.openai_target import OpenAITarget, Prepared
+from load.loadgen.records import Record
 from load.loadgen.workloads import ChatSpec
 
 
@@ -22,3 +23,35 @@ class RoutingTarget(OpenAITarget):
         if user:
             body["user"] = user
         return body
+
+
+class SplitTarget:
+    """Requests spread over one or more gateways' front doors (gateway replicas), each request's spec
+    kept beside its record (`turns`) for the per-turn analysis (`followups.py`).
+
+    `prepare(spec)` takes the next front door in turn (open loop: arrival i to door i mod n);
+    `prepare(spec, via=k)` a fixed one (closed loop: client k's door).
+    """
+
+    def __init__(self, base_urls: list[str], model: str) -> None:
+        if not base_urls:
+            raise ValueError("no gateway to send to")
+        self.doors = [RoutingTarget(url, model) for url in base_urls]
+        self.turns: list[tuple[ChatSpec, Record]] = []
+        self._next = 0
+
+    def prepare(self, spec: ChatSpec, via: int | None = None) -> tuple[ChatSpec, int, Prepared]:
+        if via is None:
+            via, self._next = self._next, self._next + 1
+        door = via % len(self.doors)
+        return spec, door, self.doors[door].prepare(spec)
+
+    async def send(self, prepared: tuple[ChatSpec, int, Prepared], run_start: float) -> Record:
+        spec, door, request = prepared
+        record = await self.doors[door].send(request, run_start)
+        self.turns.append((spec, record))
+        return record
+
+    def close(self) -> None:
+        for door in self.doors:
+            door.close()

@@ -35,6 +35,11 @@ pub struct RouterConfig {
     /// (see `policy/affinity.rs`): 2 by default (the request's own prefill, and the same work again as
     /// what it adds to the engine for everything after it); 1 counts them once.
     pub uncached_weight: f64,
+    /// Affinity policies: the holder band, in prefill tokens. An endpoint holding the longest cached
+    /// prefix of the request, when that prefix is at least half the prompt (a session's history, a long
+    /// shared prompt), stays first unless its expected wait exceeds the best by more than this (see
+    /// `policy/affinity.rs`); 0 (the default) leaves the ranking to the expected wait alone.
+    pub holder_slack_tokens: u32,
     /// Load shedding: when every candidate has at least this many queued requests (`Load::queue`), a
     /// sheddable request (negative priority) is refused (HTTP 429) instead of queued deeper; 0 never sheds.
     pub shed_queue_depth: u32,
@@ -64,6 +69,7 @@ impl Default for RouterConfig {
             spill_ratio: 1.5,
             request_cost_tokens: 16,
             uncached_weight: 2.0,
+            holder_slack_tokens: 0,
             shed_queue_depth: 0,
             objectives: BTreeMap::new(),
             default_priority: 0,
@@ -134,6 +140,10 @@ mod tests {
         ));
         assert!(RouterConfig::from_json(r#"{"spill_ratio": 0.5}"#).is_err());
         assert!(RouterConfig::from_json(r#"{"prefix_source": "guess"}"#).is_err());
+        assert_eq!(RouterConfig::default().holder_slack_tokens, 0);
+        let c = RouterConfig::from_json(r#"{"holder_slack_tokens": 256}"#).unwrap();
+        assert_eq!(c.holder_slack_tokens, 256);
+        assert!(RouterConfig::from_json(r#"{"holder_slack_tokens": -1}"#).is_err());
     }
 
     #[test]

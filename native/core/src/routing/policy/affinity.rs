@@ -18,7 +18,15 @@
 //! below SMG's on all six shapes. (A later run of the new default still missed on some points, e.g.
 //! sessions at a light load: see the doc; single runs on the shared machine are noisy.) Where nothing
 //! is cached anywhere the term is equal for every endpoint and changes nothing.
-//! 3. Fallbacks: the rest of that order, then the spilled endpoints by load.
+//! 3. Holder band (`holder_slack_tokens`, off by default): the endpoints holding the request's longest
+//!    cached prefix, when it covers at least half the prompt, have the slack taken off their expected
+//!    wait, so they stay first unless their wait exceeds the best by more than the slack. Why it is a
+//!    knob and not the default: a follow-up turn re-sends a history only its holder has, and moving it
+//!    re-prefills that history elsewhere and strands the copy; but with the weight at 2 the holder
+//!    already keeps ~99-100% of follow-ups in the suite's sessions shape (its `turns kept` column), so
+//!    the band has little to win there, and on a hot shared prefix it adds queueing where the spill
+//!    gate is the only brake (docs/routing-benchmark.md has the measurement).
+//! 4. Fallbacks: the rest of that order, then the spilled endpoints by load.
 //!
 //! Prefill dominates time to first token, and an engine busy prefilling a long uncached prompt delays
 //! every request behind it: a cache hit there can cost more than a miss on an idle engine.
@@ -35,6 +43,8 @@ pub struct Affinity {
     pub request_cost: u32,
     /// Weight of the request's own uncached prompt tokens (`uncached_weight`).
     pub uncached_weight: f64,
+    /// The holder band (`holder_slack_tokens`): 0 is off.
+    pub holder_slack: u32,
 }
 
 impl Affinity {
@@ -49,6 +59,7 @@ impl Affinity {
             },
             request_cost: cfg.request_cost_tokens,
             uncached_weight: cfg.uncached_weight,
+            holder_slack: cfg.holder_slack_tokens,
         }
     }
 
@@ -59,13 +70,28 @@ impl Affinity {
             + u64::from(self.request_cost) * u64::from(c.load.requests())
     }
 
+    /// Whether `c` is in the holder band: it holds the longest cached prefix among `candidates`, and
+    /// that prefix is at least half the prompt.
+    fn holds_the_history(&self, c: &Candidate, longest: u32) -> bool {
+        let cached = u64::from(c.cached_blocks) * u64::from(c.block_size);
+        self.holder_slack > 0 && longest > 0 && c.cached_blocks == longest && 2 * cached >= u64::from(c.prompt_tokens)
+    }
+
     pub fn rank(&self, ctx: &PickContext<'_>) -> Vec<usize> {
         let c = ctx.candidates;
         let (mut order, spilled) = self.gate.split(c);
         let tie: Vec<u64> = (0..c.len()).map(|_| ctx.rng.next_u64()).collect();
+        let longest = order.iter().map(|&i| c[i].cached_blocks).max().unwrap_or(0);
+        let slack = |i: usize| {
+            if self.holds_the_history(&c[i], longest) {
+                u64::from(self.holder_slack)
+            } else {
+                0
+            }
+        };
         order.sort_unstable_by_key(|&i| {
             (
-                self.expected_wait(&c[i]),
+                self.expected_wait(&c[i]).saturating_sub(slack(i)),
                 std::cmp::Reverse(c[i].cached_blocks),
                 load_key(&c[i]),
                 tie[i],
@@ -96,6 +122,7 @@ mod tests {
             },
             request_cost,
             uncached_weight,
+            holder_slack: 0,
         }
     }
 
@@ -163,5 +190,36 @@ mod tests {
         // With nothing cached anywhere the weight changes nothing: least load still wins.
         let cold = [cand(0, 3, 0), cand(1, 1, 0)];
         assert_eq!(rank(&weighted(8, 16, 2.0), &cold)[0], 1);
+    }
+
+    #[test]
+    fn the_holder_band_keeps_a_busy_history_holder_within_its_slack() {
+        // A holds 6 of 10 blocks (96 of 160 tokens: more than half) but is prefilling 300 tokens for
+        // others: wait 300 + 2 x 64 = 428; B is idle and cold: 2 x 160 = 320. Without the band B wins.
+        let mut holder = cand(0, 1, 6);
+        holder.load.prefill_tokens = 300;
+        let cold = cand(1, 0, 0);
+        let mut banded = weighted(8, 0, 2.0);
+        assert_eq!(rank(&banded, &[holder, cold])[0], 1);
+        // With 128 tokens of slack the holder stays first (428 - 128 <= 320) ...
+        banded.holder_slack = 128;
+        assert_eq!(rank(&banded, &[holder, cold])[0], 0);
+        // ... but not once its wait exceeds the best by more than the slack.
+        holder.load.prefill_tokens = 400;
+        assert_eq!(rank(&banded, &[holder, cold])[0], 1);
+        // A short match (3 of 10 blocks: less than half the prompt) is not a history: no band.
+        let mut short = cand(0, 1, 3);
+        short.load.prefill_tokens = 60; // 60 + 2 x 112 = 284 vs 320 for B: A first on its wait alone
+        assert_eq!(rank(&banded, &[short, cold])[0], 0);
+        short.load.prefill_tokens = 120; // 344 > 320: B, whatever the slack
+        assert_eq!(rank(&banded, &[short, cold])[0], 1);
+        // Only the longest holder is banded: a shorter one gets no slack against it.
+        let mut longer = cand(2, 0, 8);
+        longer.load.prefill_tokens = 100; // 100 + 2 x 32 = 164
+        let mut shorter = cand(3, 0, 6);
+        shorter.load.prefill_tokens = 0; // 128, banded it would be 0
+        assert_eq!(rank(&banded, &[longer, shorter])[0], 0, "164 - 128 = 36 < 128");
+        banded.holder_slack = 0;
+        assert_eq!(rank(&banded, &[longer, shorter])[0], 1);
     }
 }
