@@ -311,7 +311,10 @@ impl EventWriter {
     fn gateway_item_added(&mut self, item: &Value) {
         self.close("completed");
         let index = self.index();
-        self.event("response.output_item.added", json!({"output_index": index, "item": item}));
+        self.event(
+            "response.output_item.added",
+            json!({"output_index": index, "item": item}),
+        );
     }
 
     /// An event about the item being added (`item_id`, `output_index` and `extra`'s fields).
@@ -326,7 +329,10 @@ impl EventWriter {
     /// `output_item.done` for the item being added, which takes its output index.
     fn gateway_item_done(&mut self, item: Value) {
         let index = self.index();
-        self.event("response.output_item.done", json!({"output_index": index, "item": item}));
+        self.event(
+            "response.output_item.done",
+            json!({"output_index": index, "item": item}),
+        );
         self.items.push(item);
         self.turn_start = self.items.len();
     }
@@ -357,7 +363,11 @@ impl EventWriter {
         self.item_event("response.mcp_call.in_progress", item, json!({}));
         let arguments = item["arguments"].clone();
         self.item_event("response.mcp_call_arguments.delta", item, json!({"delta": arguments}));
-        self.item_event("response.mcp_call_arguments.done", item, json!({"arguments": arguments}));
+        self.item_event(
+            "response.mcp_call_arguments.done",
+            item,
+            json!({"arguments": arguments}),
+        );
     }
 
     /// The call ended: `.completed`, or `.failed` when `item` has an error.
@@ -500,7 +510,8 @@ mod tests {
     #[test]
     fn mcp_items_and_held_calls_stream_in_order_across_turns() {
         let mut w = EventWriter::start(&json!({}));
-        let listing = json!({"id": "mcpl_1", "type": "mcp_list_tools", "server_label": "calc", "tools": [], "error": null});
+        let listing =
+            json!({"id": "mcpl_1", "type": "mcp_list_tools", "server_label": "calc", "tools": [], "error": null});
         w.mcp_list_started(&listing);
         let mut listed = listing.clone();
         listed["tools"] = json!([{"name": "add"}]);
@@ -515,9 +526,16 @@ mod tests {
             json!({"tool_calls": [{"index": 0, "function": {"arguments": "{\"a\":1}"}}]}),
             json!("tool_calls"),
         ));
-        assert_eq!(w.end_turn(false), Vec::<Value>::new(), "no item, not even an empty message");
+        assert_eq!(
+            w.end_turn(false),
+            Vec::<Value>::new(),
+            "no item, not even an empty message"
+        );
         let held = w.take_held();
-        assert_eq!((held[0].name.as_str(), held[0].arguments.as_str()), ("add", "{\"a\":1}"));
+        assert_eq!(
+            (held[0].name.as_str(), held[0].arguments.as_str()),
+            ("add", "{\"a\":1}")
+        );
         let call = json!({"id": "mcp_1", "type": "mcp_call", "server_label": "calc", "name": "add",
             "arguments": "{\"a\":1}", "output": null, "error": null});
         w.mcp_call_started(&call);
@@ -526,8 +544,6 @@ mod tests {
         w.mcp_call_done(ended);
         // Turn 2: the final answer.
         w.chat_chunk(&chunk(json!({"content": "1"}), json!("stop")));
-        let turn = w.end_turn(false);
-        assert_eq!(turn.len(), 1);
         let items = w.close_items(false);
         w.finish(&json!({"status": "completed", "output": items}));
         let events = parse(&w.take());
@@ -559,7 +575,10 @@ mod tests {
         let numbers: Vec<u64> = events.iter().map(|e| e["sequence_number"].as_u64().unwrap()).collect();
         assert_eq!(numbers, (0..events.len() as u64).collect::<Vec<_>>());
         let index = |i: usize| events[i]["output_index"].as_u64();
-        assert_eq!([index(2), index(5), index(6), index(11), index(12), index(17)], [Some(0), Some(0), Some(1), Some(1), Some(2), Some(2)]);
+        assert_eq!(
+            [index(2), index(5), index(6), index(11), index(12), index(17)],
+            [Some(0), Some(0), Some(1), Some(1), Some(2), Some(2)]
+        );
         assert_eq!(events[6]["item"]["arguments"], "", "arguments come as deltas");
         assert_eq!(events[9]["arguments"], "{\"a\":1}");
         assert_eq!(events[5]["item"]["tools"][0]["name"], "add");

@@ -68,7 +68,10 @@ mod tests {
         assert!(made["id"].as_str().unwrap().starts_with("mcp_"));
         assert_eq!(made["approval_request_id"], "mcpr_1");
         let ok = call_ended(made.clone(), Ok("2".into()));
-        assert_eq!((&ok["output"], &ok["error"], &ok["status"]), (&json!("2"), &json!(null), &json!("completed")));
+        assert_eq!(
+            (&ok["output"], &ok["error"], &ok["status"]),
+            (&json!("2"), &json!(null), &json!("completed"))
+        );
         let failed = call_ended(made, Err("down".into()));
         assert_eq!((&failed["output"], &failed["error"]), (&json!(null), &json!("down")));
         assert_eq!(failed["status"], "failed");

@@ -21,7 +21,10 @@ pub enum Approval {
     Always,
     Never,
     /// Only the tools in `never` run without approval.
-    Listed { never: HashSet<String>, always: HashSet<String> },
+    Listed {
+        never: HashSet<String>,
+        always: HashSet<String>,
+    },
 }
 
 /// One MCP server the request offers the model.
@@ -73,12 +76,13 @@ pub fn parse(body: &Map<String, Value>) -> Result<Vec<McpServerDef>, ApiError> {
     let mut servers: Vec<McpServerDef> = Vec::new();
     for (i, tool) in tools.iter().enumerate().filter(|(_, t)| is_mcp(t)) {
         let at = |field: &str| format!("tools[{i}].{field}");
-        let string = |field: &str| match tool.get(field) {
-            Some(Value::String(s)) if !s.is_empty() => Ok(s.clone()),
-            None | Some(Value::Null) => Err(invalid(&at(field), format!("an MCP tool needs a '{field}'"))
-                .with_code("missing_required_parameter")),
-            Some(_) => Err(invalid(&at(field), format!("'{field}' must be a non-empty string"))),
-        };
+        let string =
+            |field: &str| match tool.get(field) {
+                Some(Value::String(s)) if !s.is_empty() => Ok(s.clone()),
+                None | Some(Value::Null) => Err(invalid(&at(field), format!("an MCP tool needs a '{field}'"))
+                    .with_code("missing_required_parameter")),
+                Some(_) => Err(invalid(&at(field), format!("'{field}' must be a non-empty string"))),
+            };
         let label = string("server_label")?;
         if servers.iter().any(|s| s.label == label) {
             return Err(invalid(
@@ -93,40 +97,43 @@ pub fn parse(body: &Map<String, Value>) -> Result<Vec<McpServerDef>, ApiError> {
             Some(Value::Object(filter)) => Some(names(filter.get("tool_names"), &at("allowed_tools.tool_names"))?),
             Some(list) => Some(names(Some(list), &at("allowed_tools"))?),
         };
-        let approval = match tool.get("require_approval") {
-            None | Some(Value::Null) => Approval::Always,
-            Some(Value::String(s)) if s == "always" => Approval::Always,
-            Some(Value::String(s)) if s == "never" => Approval::Never,
-            Some(Value::Object(o)) => {
-                let listed = |key: &str| match o.get(key) {
-                    None | Some(Value::Null) => Ok(HashSet::new()),
-                    Some(Value::Object(filter)) => {
-                        names(filter.get("tool_names"), &at(&format!("require_approval.{key}.tool_names")))
+        let approval =
+            match tool.get("require_approval") {
+                None | Some(Value::Null) => Approval::Always,
+                Some(Value::String(s)) if s == "always" => Approval::Always,
+                Some(Value::String(s)) if s == "never" => Approval::Never,
+                Some(Value::Object(o)) => {
+                    let listed = |key: &str| match o.get(key) {
+                        None | Some(Value::Null) => Ok(HashSet::new()),
+                        Some(Value::Object(filter)) => names(
+                            filter.get("tool_names"),
+                            &at(&format!("require_approval.{key}.tool_names")),
+                        ),
+                        Some(_) => Err(invalid(
+                            &at(&format!("require_approval.{key}")),
+                            "must be {\"tool_names\": [...]}",
+                        )),
+                    };
+                    Approval::Listed {
+                        never: listed("never")?,
+                        always: listed("always")?,
                     }
-                    Some(_) => Err(invalid(
-                        &at(&format!("require_approval.{key}")),
-                        "must be {\"tool_names\": [...]}",
-                    )),
-                };
-                Approval::Listed {
-                    never: listed("never")?,
-                    always: listed("always")?,
                 }
-            }
-            Some(_) => {
-                return Err(invalid(
+                Some(_) => return Err(invalid(
                     &at("require_approval"),
                     "require_approval must be \"always\", \"never\" or {\"always\"|\"never\": {\"tool_names\": [...]}}",
-                ))
-            }
-        };
+                )),
+            };
         let headers = match tool.get("headers") {
             None | Some(Value::Null) => Vec::new(),
             Some(Value::Object(h)) => h
                 .iter()
                 .map(|(name, value)| match value {
                     Value::String(v) => Ok((name.clone(), v.clone())),
-                    _ => Err(invalid(&at(&format!("headers.{name}")), "header values must be strings")),
+                    _ => Err(invalid(
+                        &at(&format!("headers.{name}")),
+                        "header values must be strings",
+                    )),
                 })
                 .collect::<Result<_, _>>()?,
             Some(_) => return Err(invalid(&at("headers"), "'headers' must be an object of strings")),
@@ -146,7 +153,11 @@ fn names(list: Option<&Value>, param: &str) -> Result<HashSet<String>, ApiError>
     match list {
         Some(Value::Array(items)) => items
             .iter()
-            .map(|n| n.as_str().map(str::to_string).ok_or_else(|| invalid(param, "tool names must be strings")))
+            .map(|n| {
+                n.as_str()
+                    .map(str::to_string)
+                    .ok_or_else(|| invalid(param, "tool names must be strings"))
+            })
             .collect(),
         _ => Err(invalid(param, "must be a list of tool names")),
     }
@@ -214,10 +225,16 @@ mod tests {
         assert!(calc.allows("add") && !calc.allows("fail"));
         assert!(!calc.needs_approval("add"), "listed under never");
         assert!(calc.needs_approval("fail"), "listed nowhere: approval");
-        assert_eq!(calc.headers, vec![("Authorization".to_string(), "Bearer x".to_string())]);
+        assert_eq!(
+            calc.headers,
+            vec![("Authorization".to_string(), "Bearer x".to_string())]
+        );
         assert_eq!(servers[1].approval, Approval::Never);
         assert!(servers[1].allows("x"));
-        let default = parse(&body(json!([{"type": "mcp", "server_label": "a", "server_url": "http://h"}]))).unwrap();
+        let default = parse(&body(
+            json!([{"type": "mcp", "server_label": "a", "server_url": "http://h"}]),
+        ))
+        .unwrap();
         assert!(default[0].needs_approval("anything"), "OpenAI's default: always");
         assert!(default[0].allows("anything"));
     }
@@ -225,10 +242,22 @@ mod tests {
     #[test]
     fn bad_definitions_name_the_field() {
         let cases = [
-            (json!([{"type": "mcp", "server_url": "http://h"}]), "tools[0].server_label"),
-            (json!([{"type": "function", "name": "f"}, {"type": "mcp", "server_label": "a"}]), "tools[1].server_url"),
-            (json!([{"type": "mcp", "server_label": "a", "server_url": "ftp://h/x"}]), "tools[0].server_url"),
-            (json!([{"type": "mcp", "server_label": "a", "server_url": "not a url"}]), "tools[0].server_url"),
+            (
+                json!([{"type": "mcp", "server_url": "http://h"}]),
+                "tools[0].server_label",
+            ),
+            (
+                json!([{"type": "function", "name": "f"}, {"type": "mcp", "server_label": "a"}]),
+                "tools[1].server_url",
+            ),
+            (
+                json!([{"type": "mcp", "server_label": "a", "server_url": "ftp://h/x"}]),
+                "tools[0].server_url",
+            ),
+            (
+                json!([{"type": "mcp", "server_label": "a", "server_url": "not a url"}]),
+                "tools[0].server_url",
+            ),
             (
                 json!([{"type": "mcp", "server_label": "a", "server_url": "http://h"},
                        {"type": "mcp", "server_label": "a", "server_url": "http://g"}]),

@@ -613,17 +613,22 @@ mod tests {
         ];
         let m = messages(None, &items);
         let roles: Vec<&str> = m.iter().map(|m| m["role"].as_str().unwrap()).collect();
-        assert_eq!(roles, ["user", "assistant", "tool", "tool", "assistant", "tool", "assistant", "tool"]);
+        // Calls with no message between them read as one turn: one assistant message, the results after.
+        assert_eq!(roles, ["user", "assistant", "tool", "tool", "tool", "assistant", "tool"]);
         let ids = |m: &serde_json::Value| -> Vec<String> {
-            m["tool_calls"].as_array().unwrap().iter().map(|c| c["id"].as_str().unwrap().to_string()).collect()
+            m["tool_calls"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|c| c["id"].as_str().unwrap().to_string())
+                .collect()
         };
-        assert_eq!(ids(&m[1]), ["mcp_1", "mcp_2"], "one turn's calls in one message, results after");
+        assert_eq!(ids(&m[1]), ["mcp_1", "mcp_2", "mcpr_1"]);
         assert_eq!(m[2], json!({"role": "tool", "tool_call_id": "mcp_1", "content": "3"}));
         assert_eq!(m[3]["content"], "Error: down");
-        assert_eq!(ids(&m[4]), ["mcpr_1"]);
-        assert_eq!(m[5], json!({"role": "tool", "tool_call_id": "mcpr_1", "content": super::DENIED}));
-        assert_eq!(ids(&m[6]), ["mcpr_2"], "the approved call is the request's");
-        assert_eq!(m[7], json!({"role": "tool", "tool_call_id": "mcpr_2", "content": "7"}));
+        assert_eq!(m[4], json!({"role": "tool", "tool_call_id": "mcpr_1", "content": super::DENIED}));
+        assert_eq!(ids(&m[5]), ["mcpr_2"], "the approved call is the request's");
+        assert_eq!(m[6], json!({"role": "tool", "tool_call_id": "mcpr_2", "content": "7"}));
     }
 
     #[test]
@@ -642,7 +647,10 @@ mod tests {
         let chat = super::chat_request_over(&req, &req.input, std::slice::from_ref(&add)).unwrap();
         assert_eq!(tools(chat), Some(json!([add])));
         let bad = json!({"model": "m", "input": [{"type": "mcp_approval_response", "approval_request_id": "x"}]});
-        assert_eq!(parse(&body(bad)).unwrap_err().param.as_deref(), Some("input[0].approve"));
+        assert_eq!(
+            parse(&body(bad)).unwrap_err().param.as_deref(),
+            Some("input[0].approve")
+        );
     }
 
     #[test]

@@ -145,7 +145,11 @@ pub(super) async fn create(
     summary.endpoint = std::mem::take(&mut run.endpoint);
     let output = std::mem::take(&mut run.output);
     let finished = ended.map(|incomplete| {
-        let status = if incomplete.is_some() { "incomplete" } else { "completed" };
+        let status = if incomplete.is_some() {
+            "incomplete"
+        } else {
+            "completed"
+        };
         let mut done = response(output.clone(), status, Some(run.usage));
         if let Some(reason) = incomplete {
             done["incomplete_details"] = json!({"reason": reason});
@@ -159,7 +163,19 @@ pub(super) async fn create(
     };
     // The 200 went out already: a failure from here on is a `response.failed` event.
     let as_failed = |error: &ApiError, output: Vec<Value>, summary: &mut Summary| {
-        let mut r = failed(req, Outcome { id: &id, created_at, model: &model.name, status: "failed", output, usage: None }, error, summary);
+        let mut r = failed(
+            req,
+            Outcome {
+                id: &id,
+                created_at,
+                model: &model.name,
+                status: "failed",
+                output,
+                usage: None,
+            },
+            error,
+            summary,
+        );
         r["tools"] = redacted_tools(&r["tools"]);
         r
     };
@@ -203,7 +219,9 @@ fn approvals(
             )
             .with_code("invalid_value")
         })?;
-        let answered = before.iter().any(|b| b["type"] == "mcp_call" && &b["approval_request_id"] == wanted);
+        let answered = before
+            .iter()
+            .any(|b| b["type"] == "mcp_call" && &b["approval_request_id"] == wanted);
         if !answered {
             out.push((server, request.clone(), item["approve"] == true));
         }
@@ -264,9 +282,10 @@ impl ToolLoop<'_> {
     async fn list_tools(&mut self) {
         for i in 0..self.servers.len() {
             let label = self.servers[i].def.label.clone();
-            let reused = self.before.iter().rev().find(|b| {
-                b["type"] == "mcp_list_tools" && b["server_label"] == label.as_str() && b["error"].is_null()
-            });
+            let reused =
+                self.before.iter().rev().find(|b| {
+                    b["type"] == "mcp_list_tools" && b["server_label"] == label.as_str() && b["error"].is_null()
+                });
             if let Some(listing) = reused {
                 let server = &mut self.servers[i];
                 let tools = listing["tools"].as_array().into_iter().flatten();
@@ -461,7 +480,10 @@ mod tests {
         assert!(approvals(&req, &again, &defs).unwrap().is_empty());
         // Unknown request, or a server the request's tools lack: 400 naming the answer.
         let e = approvals(&req, &req.input, &defs).unwrap_err();
-        assert_eq!((e.status, e.param.as_deref()), (400, Some("input[0].approval_request_id")));
+        assert_eq!(
+            (e.status, e.param.as_deref()),
+            (400, Some("input[0].approval_request_id"))
+        );
         let e = approvals(&req, &before, &[]).unwrap_err();
         assert_eq!(e.param.as_deref(), Some("input[0].approval_request_id"));
     }
