@@ -59,6 +59,8 @@ class Gateway:
         max_buffered_output_tokens: int = ...,
         first_token_timeout: float = ...,
         inter_token_timeout: float = ...,
+        response_in_envoy: bool = ...,
+        responses_mcp_max_rounds: int = ...,
     ) -> None: ...
     def add_model(
         self,

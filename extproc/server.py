@@ -148,6 +148,7 @@ async def start(
         first_token_timeout=settings.first_token_timeout,
         inter_token_timeout=settings.inter_token_timeout,
         response_in_envoy=settings.response_path == "module",
+        responses_mcp_max_rounds=settings.responses_mcp_max_rounds,
     )
     spans = None
     if request_traces.tracing_wanted(settings.tracing):

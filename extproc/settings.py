@@ -747,6 +747,16 @@ class Settings:
         "durable state lives is the operator's choice there. See [responses.md](responses.md)",
         default_doc="`up`: `sqlite:<state_dir>/responses.db`; `serve`: `memory`",
     )
+    responses_mcp_max_rounds: int = setting(
+        8,
+        p.parse_count,
+        _GATEWAY,
+        "rounds of MCP tool calls one Responses request may run before it ends incomplete",
+        "N",
+        doc="a Responses request with MCP tools runs the model's calls to them and calls the engine again, "
+        "round after round; past this many rounds it ends `incomplete` (reason `max_tool_calls`) instead. "
+        "See [responses.md](responses.md#mcp-tools)",
+    )
     state_dir: str | None = setting(
         None,
         p.parse_dir,

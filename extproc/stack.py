@@ -240,7 +240,7 @@ def stack_specs(
 
     common = ("listen", "max_body_bytes", "log_level", "load_interval", "kv_events", "shutdown_grace")
     common = (*common, "api_keys_file", "max_buffered_output_tokens", "request_workers", "responses_store")
-    common = (*common, "first_token_timeout", "inter_token_timeout")
+    common = (*common, "first_token_timeout", "inter_token_timeout", "responses_mcp_max_rounds")
     common = (*common, "listen_tls_cert", "listen_tls_key", "listen_tls_client_ca")
     common = (*common, "engine_tls_ca", "engine_tls_cert", "engine_tls_key", "engine_tls_server_name")
     common = (*common, "metrics_host", "metrics_port")

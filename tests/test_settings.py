@@ -44,6 +44,7 @@ def samples(model_dir: Path) -> dict[str, tuple[str, Any]]:
         "max_buffered_output_tokens": ("65536", 65536),
         "request_workers": ("3", 3),
         "responses_store": ("none", "none"),
+        "responses_mcp_max_rounds": ("3", 3),
         "state_dir": ("/var/lib/extproc", "/var/lib/extproc"),
         "routing_policy": ("least_load", "least_load"),
         "engine_protocol": ("SGLANG", "sglang"),

@@ -144,6 +144,8 @@ pub struct Limits {
     /// carry their response plan in dynamic metadata, and extproc sees only the response's headers and
     /// trailers (Envoy's ext_proc processing mode sends it no response body).
     pub response_in_envoy: bool,
+    /// Rounds of MCP tool calls one Response may run before it ends `incomplete` (`responses/tool_loop.rs`).
+    pub responses_mcp_max_rounds: u32,
 }
 
 impl Default for Limits {
@@ -155,9 +157,13 @@ impl Default for Limits {
             max_buffered_output_tokens: DEFAULT_MAX_BUFFERED_OUTPUT_TOKENS,
             deadlines: Deadlines::default(),
             response_in_envoy: false,
+            responses_mcp_max_rounds: DEFAULT_RESPONSES_MCP_MAX_ROUNDS,
         }
     }
 }
+
+/// Enough for an agent's few lookups; a model calling tools in a loop ends well before a client times out.
+pub const DEFAULT_RESPONSES_MCP_MAX_ROUNDS: u32 = 8;
 
 /// About 3 KB of extproc memory per buffered token with its logprobs (issue 15 measured 3.9 GB for
 /// 64 × 1,000 × 21; 8 × 1,000 × 21 takes about 490 MB): 256 Ki tokens keep one answer under 1 GB.

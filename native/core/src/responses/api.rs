@@ -22,9 +22,11 @@ use super::events::{chat_chunks, EventWriter};
 use super::items::{new_id, output_items, response_object, usage, Outcome};
 use super::request::{self, check_metadata, input_item, ResponsesRequest};
 use super::store::{Conversation, Order, ResponseStore, StoreError, StoredResponse};
+use super::tool_loop;
 use crate::auth::{model_not_allowed, Grant};
 use crate::error::ApiError;
 use crate::gateway::{unix_now, Gateway, ServedModel};
+use crate::openai::request::GenerationRequest;
 use crate::openai::response::Usage;
 use crate::routing::PickRequest;
 use crate::stream::{new_engine_request_id, CallOutcome, FanoutCall, GatewayCall};
@@ -119,18 +121,18 @@ pub async fn serve(ctx: Context, job: Job, pieces: UnboundedSender<Piece>) -> An
 }
 
 #[derive(Default)]
-struct Summary {
-    streamed: bool,
-    model: String,
-    endpoint: String,
-    usage: Usage,
+pub(super) struct Summary {
+    pub(super) streamed: bool,
+    pub(super) model: String,
+    pub(super) endpoint: String,
+    pub(super) usage: Usage,
     /// A streamed answer's failure (its status is 200 all the same).
-    error: String,
+    pub(super) error: String,
 }
 
-type Reply = (&'static str, Vec<u8>);
+pub(super) type Reply = (&'static str, Vec<u8>);
 
-fn json_reply(value: &Value) -> Result<Reply, ApiError> {
+pub(super) fn json_reply(value: &Value) -> Result<Reply, ApiError> {
     Ok((
         "application/json",
         serde_json::to_vec(value).map_err(|e| ApiError::internal(e.to_string()))?,
@@ -264,21 +266,12 @@ async fn create_response(
     summary.model = req.model.clone();
     let model = model(ctx, job, &req.model)?;
     let history = history(ctx, &req).await?;
+    if tool_loop::wanted(&req) {
+        return tool_loop::create(ctx, job, &req, &model, history, summary, pieces).await;
+    }
     let chat = request::chat_request(&req, &history)?;
-    let subset: Option<Vec<&str>> = job.subset.as_ref().map(|s| s.iter().map(String::as_str).collect());
-    let routing = PickRequest {
-        session_key: job.session.as_deref().or(chat.user.as_deref()),
-        subset: subset.as_deref(),
-        objective: job.objective.as_deref(),
-        ..PickRequest::default()
-    };
-    let engine_request_id = new_engine_request_id();
-    let limits = &ctx.gateway.limits;
-    let mut call = GatewayCall::new(&model, &chat, &engine_request_id, routing, limits, req.stream)?;
+    let (call, fanout) = engine_call(ctx, job, &model, &chat, req.stream)?;
     summary.endpoint = call.endpoint().to_string();
-    let fanout = call
-        .take_call()
-        .ok_or_else(|| ApiError::internal("the engine call was already made"))?;
     if req.stream {
         summary.streamed = true;
         let _ = pieces.send(Piece::Start);
@@ -306,8 +299,32 @@ async fn create_response(
     json_reply(&response)
 }
 
+/// One engine call for `chat`, routed by the model's router like any request.
+pub(super) fn engine_call(
+    ctx: &Context,
+    job: &Job,
+    model: &Arc<ServedModel>,
+    chat: &GenerationRequest,
+    stream: bool,
+) -> Result<(GatewayCall, FanoutCall), ApiError> {
+    let subset: Option<Vec<&str>> = job.subset.as_ref().map(|s| s.iter().map(String::as_str).collect());
+    let routing = PickRequest {
+        session_key: job.session.as_deref().or(chat.user.as_deref()),
+        subset: subset.as_deref(),
+        objective: job.objective.as_deref(),
+        ..PickRequest::default()
+    };
+    let engine_request_id = new_engine_request_id();
+    let limits = &ctx.gateway.limits;
+    let mut call = GatewayCall::new(model, chat, &engine_request_id, routing, limits, stream)?;
+    let fanout = call
+        .take_call()
+        .ok_or_else(|| ApiError::internal("the engine call was already made"))?;
+    Ok((call, fanout))
+}
+
 /// Stores the response (unless `store: false`) and appends the exchange to its conversation.
-async fn keep(
+pub(super) async fn keep(
     ctx: &Context,
     req: &ResponsesRequest,
     id: &str,
@@ -368,41 +385,7 @@ async fn stream_response(
     };
     let mut writer = EventWriter::start(&response_object(req, outcome("in_progress", Vec::new(), None)));
     let _ = pieces.send(Piece::Body(writer.take()));
-    let mut finish: Option<String> = None;
-    let mut read = |sse: &[u8], writer: &mut EventWriter| {
-        for chunk in chat_chunks(sse) {
-            if let Some(reason) = writer.chat_chunk(&chunk).finish_reason {
-                finish = Some(reason);
-            }
-        }
-    };
-    let (sink, mut messages) = mpsc::unbounded_channel();
-    let mut engine = (ctx.streaming_engine)(fanout, sink);
-    let ended: Result<(), ApiError> = loop {
-        tokio::select! {
-            biased;
-            Some(message) = messages.recv() => {
-                match call.push(&message) {
-                    Ok(sse) => read(&sse, &mut writer),
-                    Err(error) => break Err(error),
-                }
-                let _ = pieces.send(Piece::Body(writer.take()));
-            }
-            result = &mut engine => {
-                let mut rest = Ok(());
-                while let Ok(message) = messages.try_recv() {
-                    match call.push(&message) {
-                        Ok(sse) => read(&sse, &mut writer),
-                        Err(error) => rest = Err(error),
-                    }
-                }
-                break result.map(|_| ()).and(rest);
-            }
-        }
-    };
-    let ended = ended
-        .and_then(|()| call.finish_stream())
-        .map(|tail| read(&tail, &mut writer));
+    let (ended, finish) = pump(ctx, &mut call, fanout, &mut writer, pieces).await;
     summary.usage = call.usage();
     let cut = finish.as_deref() == Some("length");
     let output = writer.close_items(cut);
@@ -421,8 +404,55 @@ async fn stream_response(
     writer.take()
 }
 
+/// Streams one engine call's output into `writer`, its events passed to `pieces` as the engine's messages
+/// come; how the call ended, and the finish reason.
+pub(super) async fn pump(
+    ctx: &Context,
+    call: &mut GatewayCall,
+    fanout: FanoutCall,
+    writer: &mut EventWriter,
+    pieces: &UnboundedSender<Piece>,
+) -> (Result<(), ApiError>, Option<String>) {
+    let mut finish: Option<String> = None;
+    let mut read = |sse: &[u8], writer: &mut EventWriter| {
+        for chunk in chat_chunks(sse) {
+            if let Some(reason) = writer.chat_chunk(&chunk).finish_reason {
+                finish = Some(reason);
+            }
+        }
+    };
+    let (sink, mut messages) = mpsc::unbounded_channel();
+    let mut engine = (ctx.streaming_engine)(fanout, sink);
+    let ended: Result<(), ApiError> = loop {
+        tokio::select! {
+            biased;
+            Some(message) = messages.recv() => {
+                match call.push(&message) {
+                    Ok(sse) => read(&sse, writer),
+                    Err(error) => break Err(error),
+                }
+                let _ = pieces.send(Piece::Body(writer.take()));
+            }
+            result = &mut engine => {
+                let mut rest = Ok(());
+                while let Ok(message) = messages.try_recv() {
+                    match call.push(&message) {
+                        Ok(sse) => read(&sse, writer),
+                        Err(error) => rest = Err(error),
+                    }
+                }
+                break result.map(|_| ()).and(rest);
+            }
+        }
+    };
+    let ended = ended
+        .and_then(|()| call.finish_stream())
+        .map(|tail| read(&tail, writer));
+    (ended, finish)
+}
+
 /// A Response that failed after its stream began.
-fn failed(req: &ResponsesRequest, o: Outcome<'_>, error: &ApiError, summary: &mut Summary) -> Value {
+pub(super) fn failed(req: &ResponsesRequest, o: Outcome<'_>, error: &ApiError, summary: &mut Summary) -> Value {
     summary.error = error.message.clone();
     let mut response = response_object(req, o);
     response["error"] = json!({"code": "server_error", "message": error.message});

@@ -6,5 +6,8 @@ pub mod api;
 pub mod events;
 pub mod items;
 pub mod mcp;
+pub mod mcp_items;
+pub mod mcp_tools;
 pub mod request;
 pub mod store;
+pub mod tool_loop;

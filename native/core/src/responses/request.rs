@@ -248,6 +248,35 @@ pub fn input_item(item: &Value, param: &str) -> Result<Value, ApiError> {
             "fco"
         }
         "reasoning" => "rs",
+        "mcp_approval_response" => {
+            if !obj.get("approval_request_id").is_some_and(Value::is_string) {
+                return Err(invalid(
+                    &format!("{param}.approval_request_id"),
+                    "'approval_request_id' must be a string",
+                ));
+            }
+            if !obj.get("approve").is_some_and(Value::is_boolean) {
+                return Err(invalid(&format!("{param}.approve"), "'approve' must be a boolean"));
+            }
+            "mcpa"
+        }
+        // Earlier output replayed as input.
+        "mcp_list_tools" => "mcpl",
+        "mcp_call" | "mcp_approval_request" => {
+            for field in ["server_label", "name", "arguments"] {
+                if !obj.get(field).is_some_and(Value::is_string) {
+                    return Err(invalid(
+                        &format!("{param}.{field}"),
+                        format!("'{field}' must be a string"),
+                    ));
+                }
+            }
+            if kind == "mcp_call" {
+                "mcp"
+            } else {
+                "mcpr"
+            }
+        }
         other => {
             return Err(ApiError::invalid_param(
                 &format!("{param}.type"),
@@ -319,8 +348,14 @@ pub fn messages(instructions: Option<&str>, items: &[Value]) -> Vec<Value> {
     if let Some(instructions) = instructions {
         messages.push(json!({"role": "system", "content": instructions}));
     }
+    // Results of MCP calls wait until the calls of their turn are all in the assistant's message.
+    let mut results: Vec<Value> = Vec::new();
     for item in items {
-        match item.get("type").and_then(Value::as_str) {
+        let kind = item.get("type").and_then(Value::as_str);
+        if !matches!(kind, Some("mcp_call" | "mcp_approval_request")) {
+            messages.append(&mut results);
+        }
+        match kind {
             Some("message") => {
                 let role = match item.get("role").and_then(Value::as_str) {
                     Some("developer") => "system",
@@ -329,42 +364,76 @@ pub fn messages(instructions: Option<&str>, items: &[Value]) -> Vec<Value> {
                 };
                 messages.push(json!({"role": role, "content": item_text(item)}));
             }
-            Some("function_call") => {
-                let call = json!({
-                    "id": item["call_id"],
-                    "type": "function",
-                    "function": {"name": item["name"], "arguments": item["arguments"]},
-                });
-                // Calls of one turn are one assistant message, with the text that came before them.
-                let joins = messages.last().is_some_and(|m| m["role"] == "assistant");
-                if joins {
-                    let last = messages.last_mut().expect("checked");
-                    match last.get_mut("tool_calls").and_then(Value::as_array_mut) {
-                        Some(calls) => calls.push(call),
-                        None => last["tool_calls"] = json!([call]),
-                    }
-                } else {
-                    messages.push(json!({"role": "assistant", "content": null, "tool_calls": [call]}));
-                }
-            }
+            Some("function_call") => add_call(&mut messages, &item["call_id"], &item["name"], &item["arguments"]),
             Some("function_call_output") => messages.push(json!({
                 "role": "tool",
                 "tool_call_id": item["call_id"],
                 "content": item["output"],
             })),
+            // An approval request is the model's call; its result comes with the approval's `mcp_call`
+            // (or the denial).
+            Some("mcp_approval_request") => add_call(&mut messages, &item["id"], &item["name"], &item["arguments"]),
+            Some("mcp_call") => {
+                let approved = item.get("approval_request_id").filter(|a| a.is_string());
+                let id = match approved {
+                    Some(request_id) => request_id,
+                    None => {
+                        add_call(&mut messages, &item["id"], &item["name"], &item["arguments"]);
+                        &item["id"]
+                    }
+                };
+                let content = match (item.get("output").and_then(Value::as_str), item.get("error")) {
+                    (_, Some(Value::String(error))) => format!("Error: {error}"),
+                    (Some(output), _) => output.to_string(),
+                    (None, _) => String::new(),
+                };
+                results.push(json!({"role": "tool", "tool_call_id": id, "content": content}));
+            }
+            Some("mcp_approval_response") if item["approve"] == false => messages.push(json!({
+                "role": "tool",
+                "tool_call_id": item["approval_request_id"],
+                "content": DENIED,
+            })),
             _ => {}
         }
     }
+    messages.append(&mut results);
     messages
+}
+
+/// What the model reads for a call the client did not approve.
+pub const DENIED: &str = "The user denied this tool call.";
+
+/// Adds a tool call to the assistant's message: calls of one turn are one message, with the text that came
+/// before them.
+fn add_call(messages: &mut Vec<Value>, id: &Value, name: &Value, arguments: &Value) {
+    let call = json!({"id": id, "type": "function", "function": {"name": name, "arguments": arguments}});
+    match messages.last_mut().filter(|m| m["role"] == "assistant") {
+        Some(last) => match last.get_mut("tool_calls").and_then(Value::as_array_mut) {
+            Some(calls) => calls.push(call),
+            None => last["tool_calls"] = json!([call]),
+        },
+        None => messages.push(json!({"role": "assistant", "content": null, "tool_calls": [call]})),
+    }
 }
 
 /// The chat request for `req` over `history` (the stored items before the request's own).
 pub fn chat_request(req: &ResponsesRequest, history: &[Value]) -> Result<GenerationRequest, ApiError> {
     let mut items: Vec<Value> = history.to_vec();
     items.extend(req.input.iter().cloned());
+    chat_request_over(req, &items, &[])
+}
+
+/// The chat request for `req` over all of `items` (history, the request's input, output so far), with
+/// `extra_tools` (chat function tools: the MCP servers' tools) after the request's function tools.
+pub fn chat_request_over(
+    req: &ResponsesRequest,
+    items: &[Value],
+    extra_tools: &[Value],
+) -> Result<GenerationRequest, ApiError> {
     let mut chat = Map::new();
     chat.insert("model".into(), req.model.clone().into());
-    chat.insert("messages".into(), messages(req.instructions.as_deref(), &items).into());
+    chat.insert("messages".into(), messages(req.instructions.as_deref(), items).into());
     for name in SAMPLING_FIELDS {
         if let Some(v) = req.body.get(*name).filter(|v| !v.is_null()) {
             chat.insert(name.to_string(), v.clone());
@@ -373,11 +442,13 @@ pub fn chat_request(req: &ResponsesRequest, history: &[Value]) -> Result<Generat
     if let Some(v) = req.body.get("max_output_tokens").filter(|v| !v.is_null()) {
         chat.insert("max_completion_tokens".into(), v.clone());
     }
-    if let Some(tools) = req.body.get("tools").filter(|v| !v.is_null()) {
-        let tools = chat_tools(tools)?;
-        if !tools.is_empty() {
-            chat.insert("tools".into(), tools.into());
-        }
+    let mut tools = match req.body.get("tools").filter(|v| !v.is_null()) {
+        Some(tools) => chat_tools(tools)?,
+        None => Vec::new(),
+    };
+    tools.extend(extra_tools.iter().cloned());
+    if !tools.is_empty() {
+        chat.insert("tools".into(), tools.into());
     }
     if let Some(choice) = req.body.get("tool_choice").filter(|v| !v.is_null()) {
         chat.insert("tool_choice".into(), chat_tool_choice(choice)?);
@@ -446,6 +517,8 @@ fn chat_tools(tools: &Value) -> Result<Vec<Value>, ApiError> {
                 }
                 out.push(json!({"type": "function", "function": function}));
             }
+            // Checked by `mcp_tools::parse`; their tools join once listed.
+            Some("mcp") => {}
             Some(other) => {
                 return Err(ApiError::invalid_param(
                     &format!("tools[{i}].type"),
@@ -550,6 +623,66 @@ mod tests {
         );
         assert_eq!(m[1]["tool_calls"][0]["id"], "c1");
         assert_eq!(m[2], json!({"role": "tool", "tool_call_id": "c1", "content": "Sunny"}));
+    }
+
+    #[test]
+    fn mcp_items_become_tool_calls_and_results() {
+        let items = [
+            json!({"type": "message", "role": "user", "content": "Add 1 and 2, then 3 and 4."}),
+            json!({"type": "mcp_list_tools", "server_label": "calc", "tools": []}),
+            json!({"type": "mcp_call", "id": "mcp_1", "server_label": "calc", "name": "add",
+                "arguments": "{}", "output": "3", "error": null}),
+            json!({"type": "mcp_call", "id": "mcp_2", "server_label": "calc", "name": "add",
+                "arguments": "{}", "output": null, "error": "down"}),
+            json!({"type": "mcp_approval_request", "id": "mcpr_1", "server_label": "calc", "name": "add",
+                "arguments": "{}"}),
+            json!({"type": "mcp_approval_response", "approval_request_id": "mcpr_1", "approve": false}),
+            json!({"type": "mcp_approval_request", "id": "mcpr_2", "server_label": "calc", "name": "add",
+                "arguments": "{}"}),
+            json!({"type": "mcp_approval_response", "approval_request_id": "mcpr_2", "approve": true}),
+            json!({"type": "mcp_call", "id": "mcp_3", "approval_request_id": "mcpr_2", "server_label": "calc",
+                "name": "add", "arguments": "{}", "output": "7", "error": null}),
+        ];
+        let m = messages(None, &items);
+        let roles: Vec<&str> = m.iter().map(|m| m["role"].as_str().unwrap()).collect();
+        // Calls with no message between them read as one turn: one assistant message, the results after.
+        assert_eq!(roles, ["user", "assistant", "tool", "tool", "tool", "assistant", "tool"]);
+        let ids = |m: &serde_json::Value| -> Vec<String> {
+            m["tool_calls"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|c| c["id"].as_str().unwrap().to_string())
+                .collect()
+        };
+        assert_eq!(ids(&m[1]), ["mcp_1", "mcp_2", "mcpr_1"]);
+        assert_eq!(m[2], json!({"role": "tool", "tool_call_id": "mcp_1", "content": "3"}));
+        assert_eq!(m[3]["content"], "Error: down");
+        assert_eq!(m[4], json!({"role": "tool", "tool_call_id": "mcpr_1", "content": super::DENIED}));
+        assert_eq!(ids(&m[5]), ["mcpr_2"], "the approved call is the request's");
+        assert_eq!(m[6], json!({"role": "tool", "tool_call_id": "mcpr_2", "content": "7"}));
+    }
+
+    #[test]
+    fn mcp_tools_join_the_chat_tools_once_listed() {
+        let req = parse(&body(json!({
+            "model": "m", "input": "Hi",
+            "tools": [{"type": "mcp", "server_label": "calc", "server_url": "http://h/mcp"}],
+        })))
+        .unwrap();
+        let tools = |chat: crate::openai::request::GenerationRequest| match chat.input {
+            PromptInput::Chat(input) => input.tools,
+            _ => panic!("chat"),
+        };
+        assert_eq!(tools(chat_request(&req, &[]).unwrap()), None, "nothing listed yet");
+        let add = json!({"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}});
+        let chat = super::chat_request_over(&req, &req.input, std::slice::from_ref(&add)).unwrap();
+        assert_eq!(tools(chat), Some(json!([add])));
+        let bad = json!({"model": "m", "input": [{"type": "mcp_approval_response", "approval_request_id": "x"}]});
+        assert_eq!(
+            parse(&body(bad)).unwrap_err().param.as_deref(),
+            Some("input[0].approve")
+        );
     }
 
     #[test]

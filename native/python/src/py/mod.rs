@@ -18,7 +18,9 @@ use pyo3::types::{PyBytes, PyDict, PyList};
 use extproc_core::auth::{ApiKeys, KeyEntry};
 use extproc_core::engine::Protocol;
 use extproc_core::error::ApiError;
-use extproc_core::gateway::{Gateway, Limits, ServedModel, DEFAULT_MAX_BUFFERED_OUTPUT_TOKENS};
+use extproc_core::gateway::{
+    Gateway, Limits, ServedModel, DEFAULT_MAX_BUFFERED_OUTPUT_TOKENS, DEFAULT_RESPONSES_MCP_MAX_ROUNDS,
+};
 use extproc_core::metrics;
 use extproc_core::pb::ext_proc::ProcessingRequest;
 use extproc_core::routing::policy::registry::DEFAULT_POLICY;
@@ -56,6 +58,7 @@ impl PyGateway {
         first_token_timeout = 60.0,
         inter_token_timeout = 30.0,
         response_in_envoy = false,
+        responses_mcp_max_rounds = DEFAULT_RESPONSES_MCP_MAX_ROUNDS,
     ))]
     fn new(
         max_body_bytes: usize,
@@ -65,6 +68,7 @@ impl PyGateway {
         first_token_timeout: f64,
         inter_token_timeout: f64,
         response_in_envoy: bool,
+        responses_mcp_max_rounds: u32,
     ) -> PyResult<Self> {
         let seconds = |name: &str, s: f64| {
             Duration::try_from_secs_f64(s).map_err(|_| PyValueError::new_err(format!("{name} must be seconds >= 0")))
@@ -80,6 +84,7 @@ impl PyGateway {
                     inter_token: seconds("inter_token_timeout", inter_token_timeout)?,
                 },
                 response_in_envoy,
+                responses_mcp_max_rounds,
             })),
         })
     }

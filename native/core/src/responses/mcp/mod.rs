@@ -256,6 +256,11 @@ impl McpClient {
     }
 }
 
+/// Checks a server URL as `connect` would read it (scheme, host), without connecting.
+pub fn check_url(url: &str) -> Result<(), McpError> {
+    Endpoint::parse(url).map(|_| ())
+}
+
 fn parse_tool(tool: &Value) -> Result<McpTool, McpError> {
     let name = tool
         .get("name")
