@@ -47,9 +47,9 @@ def stepped(tokens_per_message: int, step_ms: float = 2.0) -> tuple[tuple[str, f
 # with 4 tokens per message (so the figure does not rest on one chunking).
 LONG_STREAM_CLIENTS = 16
 LONG_STREAMS = (
-    WorkloadPlan("stream-256", 8, 240, "stream-256", stepped(1), LONG_STREAM_CLIENTS),
+    WorkloadPlan("stream-256", 10, 240, "stream-256", stepped(1), LONG_STREAM_CLIENTS),
     WorkloadPlan("stream-16", 60, 800, "chat-stream", stepped(1), LONG_STREAM_CLIENTS),
-    WorkloadPlan("stream-256x4", 8, 240, "stream-256", stepped(4), LONG_STREAM_CLIENTS),
+    WorkloadPlan("stream-256x4", 10, 240, "stream-256", stepped(4), LONG_STREAM_CLIENTS),
     WorkloadPlan("stream-16x4", 60, 800, "chat-stream", stepped(4), LONG_STREAM_CLIENTS),
 )
 
