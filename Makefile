@@ -101,7 +101,7 @@ wasm-plugin: ## build the example Wasm plugin (adds rustup's wasm32-wasip1 targe
 docs: ## regenerate the settings tables in docs/operating.md from extproc/settings.py (no venv needed)
 	$(PYTHON) -m extproc.settings --write docs/operating.md
 
-bench: $(TEST_STAMP) ## ours vs SMG vs the bare engine, side by side, with plots (~9 min; ARGS=--quick: ~1 min)
+bench: $(TEST_STAMP) envoy-module ## ours (ext_proc and module paths) vs SMG vs the bare engine, with plots (~25 min; ARGS=--quick: ~4 min)
 	$(BIN)/python -m load.bench $(ARGS)
 
 bench-routing: $(TEST_STAMP) ## routing workload suite: 6 shapes, ours vs SMG cache_aware vs round robin (hours; ARGS=--quick: ~20 min)

@@ -45,6 +45,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     timing.add_argument(
         "--time-scale", type=float, default=SimOptions.time_scale, help="multiplies every duration"
     )
+    timing.add_argument(
+        "--tokens-per-message",
+        type=int,
+        default=SimOptions.tokens_per_message,
+        help="streamed tokens per Generate message (1: a chunk per step)",
+    )
     capacity = parser.add_argument_group("KV cache and scheduler")
     capacity.add_argument("--block-size", type=int, default=SimOptions.block_size)
     capacity.add_argument("--num-blocks", type=int, default=SimOptions.num_blocks)
@@ -60,7 +66,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--metrics-port",
         type=int,
         default=None,
-        help="serve /metrics and /faults on this port + i (0: free ports)",
+        help="serve /metrics, /faults, /script and /timing on this port + i (0: free ports)",
     )
     tls = parser.add_argument_group("TLS (PEM files; plaintext without them)")
     tls.add_argument("--tls-cert", default=None, help="serve gRPC over TLS with this certificate chain")
@@ -94,6 +100,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
             prefill_ms_per_token=args.prefill_ms_per_token,
             decode_ms_per_seq=args.decode_ms_per_seq,
             time_scale=args.time_scale,
+            tokens_per_message=args.tokens_per_message,
             max_model_len=args.max_model_len,
             block_size=args.block_size,
             num_blocks=args.num_blocks,

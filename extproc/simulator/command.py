@@ -17,6 +17,7 @@ FLAGS = {
     "prefill_ms_per_token": "--prefill-ms-per-token",
     "decode_ms_per_seq": "--decode-ms-per-seq",
     "time_scale": "--time-scale",
+    "tokens_per_message": "--tokens-per-message",
     "max_model_len": "--max-model-len",
     "block_size": "--block-size",
     "num_blocks": "--num-blocks",

@@ -26,7 +26,7 @@ from extproc.simulator import constraints
 from extproc.simulator.faults import FaultPlan
 from extproc.simulator.kv_events import KvEventHub
 from extproc.simulator.model import ModelSpec
-from extproc.simulator.options import DEFAULT_OPTIONS, SimOptions
+from extproc.simulator.options import DEFAULT_OPTIONS, TIMING_FIELDS, SimOptions
 from extproc.simulator.planned import OutputPlan
 from extproc.simulator.sampler import GenerationParams, Step, TokenSampler
 from extproc.simulator.scheduler import Mailbox, Scheduler, Sequence
@@ -108,6 +108,7 @@ class EngineCore:
         self.spec = spec
         self.vocab = vocab
         self.options = options
+        self._start_options = options  # what `retime()` with no changes goes back to
         self.stats = EngineStats()
         self.faults = FaultPlan()
         self.hub = KvEventHub(self.load_record, options.data_parallel_size)
@@ -127,6 +128,20 @@ class EngineCore:
         # Scripted outputs: the configured rules for this model, and those added at run time (a cluster's
         # engines share one, so a rule that answers one request does so whichever engine gets it).
         self.script = script if script is not None else Script(options.script, spec.served_name)
+
+    def retime(self, **changes: float) -> SimOptions:
+        """New timing (TIMING_FIELDS) for every step and stream from now on; none given: the start's."""
+        unknown = set(changes) - set(TIMING_FIELDS)
+        if unknown:
+            raise ValueError(f"not a timing option: {', '.join(sorted(unknown))}")
+        base = self.options if changes else self._start_options
+        self.options = replace(base, **changes)  # validated by SimOptions
+        for scheduler in self.schedulers:
+            scheduler.options = self.options
+        return self.options
+
+    def timing(self) -> dict[str, float]:
+        return {name: getattr(self.options, name) for name in TIMING_FIELDS}
 
     @property
     def tokenizer(self) -> Tokenizer:

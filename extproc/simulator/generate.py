@@ -45,13 +45,15 @@ class Messages(Protocol[Message]):
         ...
 
 
-def step_deltas(tokens: list[int], finish: Step | None = None) -> list[list[int]]:
-    """One delta per engine step (a token each); an abort adds the empty delta vLLM ends it with.
+def step_deltas(tokens: list[int], finish: Step | None = None, per_message: int = 1) -> list[list[int]]:
+    """One delta per engine step (a token each, or `per_message` tokens each); an abort adds the empty
+    delta vLLM ends it with.
 
     vLLM sends a chunk per step while its reader keeps up (it merges deltas only for a reader that
-    lags); the simulator always sends one per step, which keeps event counts predictable for tests.
+    lags); the simulator sends one per step unless told to merge (SimOptions.tokens_per_message), which
+    keeps event counts predictable for tests.
     """
-    deltas = [[token] for token in tokens]
+    deltas = [tokens[i : i + per_message] for i in range(0, len(tokens), per_message)]
     if not deltas or (finish is not None and finish.finish_reason == "abort"):
         deltas.append([])
     return deltas
@@ -71,6 +73,11 @@ async def walk(
     finishes: list[Finish | None] = [None] * n
     die_after = core.faults.settings.die_after_tokens
     sent = 0
+    # Tokens per streamed message (the timing when the request started); tokens short of a full message
+    # wait here for the next news, or the finish.
+    per_message = core.options.tokens_per_message if stream else 1
+    held: list[list[int]] = [[] for _ in range(n)]
+    held_logprobs: list[list[TokenLogprob]] = [[] for _ in range(n)]
     while any(f is None for f in finishes):
         await mailbox.wait()
         for news in mailbox.take():
@@ -81,10 +88,22 @@ async def walk(
                 await context.abort(grpc.StatusCode.UNAVAILABLE, "engine died mid-stream (injected)")
             sent += len(news.tokens)
             cached = mailbox.cached[index]
-            deltas = step_deltas(news.tokens, news.finish)
+            tokens, news_logprobs = news.tokens, news.logprobs
+            if per_message > 1:
+                tokens, news_logprobs = held[index] + tokens, held_logprobs[index] + news_logprobs
+                keep = 0 if news.finish is not None else len(tokens) % per_message
+                held[index], held_logprobs[index] = (
+                    tokens[len(tokens) - keep :],
+                    news_logprobs[len(tokens) - keep :],
+                )
+                tokens, news_logprobs = tokens[: len(tokens) - keep], news_logprobs[: len(tokens) - keep]
+                if not tokens and news.finish is None:
+                    continue
+            deltas = step_deltas(tokens, news.finish, per_message)
             delta_logprobs: list[TokenLogprob] = []
             for position, delta in enumerate(deltas):
-                delta_logprobs = news.logprobs[position : position + 1] if delta else []
+                first = position * per_message
+                delta_logprobs = news_logprobs[first : first + len(delta)] if delta else []
                 outputs[index].extend(delta)
                 logprobs[index].extend(delta_logprobs)
                 if stream:

@@ -1,6 +1,8 @@
 """A small HTTP endpoint per engine: `GET /metrics` (Prometheus), `GET|POST|DELETE /faults`, and
 `GET|POST|DELETE /script` (scripted outputs: POST adds rules, checked before the configured ones; DELETE
-forgets the added ones; each answers the rules left, with their remaining counts).
+forgets the added ones; each answers the rules left, with their remaining counts), and `GET|POST|DELETE
+/timing` (step times and tokens per message, `EngineCore.retime`: POST changes some, DELETE restores the
+start's; each answers the timing now; benchmarks switch it per workload).
 
 Plain asyncio streams, one request per connection: scrapes and fault switches are rare, and the
 simulator stays free of web-framework dependencies.
@@ -90,4 +92,15 @@ class ControlServer:
             elif method != "GET":
                 return 405, "application/json", json.dumps({"error": "method not allowed"})
             return 200, "application/json", json.dumps(script.as_list())
+        if path == "/timing":
+            if method == "POST":
+                changes = json.loads(body or "{}")
+                if not isinstance(changes, dict):
+                    raise ValueError("a JSON object of timing options is expected")
+                self.core.retime(**changes)
+            elif method == "DELETE":
+                self.core.retime()
+            elif method != "GET":
+                return 405, "application/json", json.dumps({"error": "method not allowed"})
+            return 200, "application/json", json.dumps(self.core.timing())
         return 404, "application/json", json.dumps({"error": f"no route {method} {path}"})

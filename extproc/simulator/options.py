@@ -30,6 +30,9 @@ class SimOptions:
     decode_ms_per_seq: float = 0.02
     # Multiplies every duration: 0.1 runs ten times faster than the coefficients say.
     time_scale: float = 1.0
+    # Streamed tokens per Generate message: 1 sends a chunk per step; N holds a choice's tokens until N
+    # are out (or it ends), as an engine that merges deltas for a reader that lags (benchmarks' chunking).
+    tokens_per_message: int = 1
     # None: the model config's max_position_embeddings (8192 when it has none).
     max_model_len: int | None = None
     # KV cache: tokens per block and capacity in blocks (vLLM's GPU default block size is 16; its CPU
@@ -70,7 +73,13 @@ class SimOptions:
                 raise ValueError(f"{name} must not be negative")
         if self.record_calls < 0:
             raise ValueError("record_calls must not be negative")
-        for name in ("block_size", "num_blocks", "max_num_seqs", "max_num_batched_tokens"):
+        for name in (
+            "block_size",
+            "num_blocks",
+            "max_num_seqs",
+            "max_num_batched_tokens",
+            "tokens_per_message",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1")
         if self.data_parallel_size < 1:
@@ -85,6 +94,17 @@ class SimOptions:
             raise ValueError("tls_cert and tls_key go together")
         if self.tls_client_ca is not None and self.tls_cert is None:
             raise ValueError("tls_client_ca needs tls_cert and tls_key")
+
+
+# What `EngineCore.retime` (HTTP POST /timing) may change while engines run.
+TIMING_FIELDS = (
+    "ttft_ms",
+    "itl_ms",
+    "prefill_ms_per_token",
+    "decode_ms_per_seq",
+    "time_scale",
+    "tokens_per_message",
+)
 
 
 # The defaults, shared (the options are frozen) so signatures need not call SimOptions().

@@ -24,17 +24,18 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from extproc import envoy_module
 from load.bench import gateways
 from load.bench.floor import FloorTarget
 from load.bench.plan import FULL, QUICK, Plan, scaled, with_rounds
 from load.bench.procs import StartError
-from load.bench.report import breakdown, compare, noise_note, sweep_table, table, tool_call_cost
+from load.bench.report import breakdown, compare, noise_note, stream_cost, sweep_table, table, tool_call_cost
 from load.bench.run import BenchTarget, Sweep, run_plan, run_sweep
 from load.loadgen.openai_target import OpenAITarget
 from load.loadgen.records import json_safe
 from load.loadgen.text import Vocab, load_vocab
 
-TARGETS = ("floor", "ours", "smg")
+TARGETS = ("floor", *gateways.OURS_TARGETS, "smg")
 DEFAULT_OUT = gateways.ROOT / "load" / "results"
 DEFAULT_SWEEP = "1,2,4,8,16"
 # Seconds per sweep level and target (times --scale): 5 levels x 3 targets of this fit the time budget.
@@ -50,7 +51,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--scale", type=float, default=1.0, help="multiply every phase's request count (e.g. 2: less noise)"
     )
     parser.add_argument("--rounds", type=int, default=None, help="repeat the plan (default: 3, quick: 1)")
-    parser.add_argument("--targets", default=",".join(TARGETS), help="comma list of floor,ours,smg")
+    parser.add_argument("--targets", default=",".join(TARGETS), help="comma list of " + ",".join(TARGETS))
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="results directory (load/results)")
     parser.add_argument("--smg-venv", type=Path, default=gateways.DEFAULT_SMG_VENV)
     parser.add_argument(
@@ -114,6 +115,8 @@ def _sweep(parser: argparse.ArgumentParser, args: argparse.Namespace, plan: Plan
     level_s = args.sweep_s or max(0.5, SWEEP_LEVEL_S["quick" if args.quick else "full"] * args.scale)
     # Time-boxed: the request count is a cap (a level ends at either), at least 8 requests per client.
     requests = max(workload.throughput_requests, 8 * levels[-1])
+    if workload.timing:
+        parser.error(f"--sweep-workload: {workload.name} runs on timed engines, which the sweep does not set")
     return Sweep(workload.name, levels, requests, level_s, warmup_requests=plan.warmup_requests)
 
 
@@ -167,10 +170,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     engines = gateways.start_engines(plan.engines, log_dir, plan.max_model_len)
     running: list[gateways.Gateway] = []
     try:
-        if "ours" in args.targets:
+        for name, response_path in gateways.OURS_TARGETS.items():
+            if name not in args.targets:
+                continue
+            if response_path == "module" and envoy_module.module_dir() is None:
+                print(
+                    f"{name} unavailable, running without it: build it with `make envoy-module`",
+                    file=sys.stderr,
+                )
+                continue
             running.append(
                 gateways.start_ours(
-                    engines.addresses, model, log_dir, envoy_concurrency=args.envoy_concurrency
+                    engines.addresses,
+                    model,
+                    log_dir,
+                    envoy_concurrency=args.envoy_concurrency,
+                    response_path=response_path,
+                    model_dir=model_dir,
                 )
             )
         if smg_binary is not None:
@@ -202,6 +218,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(table(comparison))
     if line := tool_call_cost(comparison):
         print(line)
+    if streams := stream_cost(comparison):
+        print()
+        print(streams)
     print()
     print(breakdown(results))
     if swept:
@@ -247,7 +266,7 @@ async def _measure(
             raise StartError(f"the engines died:\n{engines.child.log_tail()}")
 
     try:
-        results = await run_plan(plan, vocab, targets, engines.pids, check_alive)
+        results = await run_plan(plan, vocab, targets, engines.pids, check_alive, engines.retime)
         swept = await run_sweep(args.sweep, vocab, targets, engines.pids, check_alive) if args.sweep else []
         return results, swept
     finally:

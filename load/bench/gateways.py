@@ -15,7 +15,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from extproc.models import cache_root
@@ -31,7 +31,7 @@ DEFAULT_SMG_VENV = cache_root() / "bench" / "smg-venv"
 # SMG fetches multimodal configs from a model hub on some requests; offline that stalls 5 s each time.
 # Pointing it at a closed port makes the lookup fail at once.
 SMG_ENV = {"HF_ENDPOINT": "http://127.0.0.1:9"}
-_LISTENING = re.compile(r"engine (\d+) listening on (\S+)")
+_LISTENING = re.compile(r"engine (\d+) listening on (\S+) \(metrics on port (\d+)\)")
 
 
 @dataclass
@@ -39,10 +39,22 @@ class Engines:
     child: Child
     addresses: list[str]
     argv: list[str]
+    # Each engine's HTTP control port (/timing, /faults, /metrics).
+    control_ports: list[int] = field(default_factory=list)
 
     @property
     def pids(self) -> list[int]:
         return [self.child.pid]
+
+    def retime(self, timing: dict[str, float] | None) -> None:
+        """Every engine's step times and tokens per message from now on (the simulator's /timing);
+        None: back to the fast mode they started in."""
+        body = json.dumps(timing).encode() if timing else None
+        for port in self.control_ports:
+            url = f"http://127.0.0.1:{port}/timing"
+            request = urllib.request.Request(url, body, method="POST" if timing else "DELETE")
+            with urllib.request.urlopen(request, timeout=10) as resp:
+                resp.read()
 
 
 # Fast mode: every simulated duration zero, and room for 8 clients' 30k-token prompts in each engine's
@@ -62,16 +74,16 @@ FAST_ENGINES = SimOptions(
 def start_engines(count: int, log_dir: Path, max_model_len: int) -> Engines:
     """The simulator in its own process, in fast mode: near-zero engine time, so gateways are measured."""
     options = replace(FAST_ENGINES, max_model_len=max_model_len, script=TOOL_SCRIPT)
-    argv = simulator_argv(options, engines=count)
+    argv = simulator_argv(options, engines=count, metrics_port=0)
     child = spawn("engines", argv, log_dir)
-    addresses: list[str] = []
+    found: list[re.Match[str]] = []
 
     def ready() -> bool:
-        addresses[:] = [m.group(2) for m in _LISTENING.finditer(child.log.read_text(errors="replace"))]
-        return len(addresses) >= count
+        found[:] = list(_LISTENING.finditer(child.log.read_text(errors="replace")))
+        return len(found) >= count
 
     wait_for(child, ready, f"{count} 'engine i listening' lines", timeout_s=60)
-    return Engines(child, addresses, argv)
+    return Engines(child, [m.group(2) for m in found], argv, [int(m.group(3)) for m in found])
 
 
 @dataclass
@@ -119,6 +131,10 @@ def _wait_chat(gateway: Gateway, model: str, timeout_s: float) -> None:
     raise StartError(f"{gateway.name}: no successful chat completion after {timeout_s:.0f} s\n{tails}")
 
 
+# Our stack's bench targets by where engine responses become answers (the `response_path` setting).
+OURS_TARGETS = {"ours": "ext_proc", "ours-module": "module"}
+
+
 def start_ours(
     engines: list[str],
     model: str,
@@ -126,11 +142,21 @@ def start_ours(
     *,
     envoy_concurrency: int,
     routing_policy: str | None = None,
+    response_path: str = "ext_proc",
+    model_dir: Path | None = None,
     timeout_s: float = 60.0,
 ) -> Gateway:
     """`extproc serve` and Envoy in front of it, as separate processes, as an operator would run them;
-    `routing_policy` goes to extproc through its documented setting (EXTPROC_ROUTING_POLICY)."""
-    from extproc.envoy_bootstrap import EnvoyOptions, envoy_binary, render_bootstrap
+    `routing_policy` and `response_path` go to extproc through their documented settings
+    (EXTPROC_ROUTING_POLICY, EXTPROC_RESPONSE_PATH); with "module", Envoy loads the response module with
+    `model_dir`'s tokenizer (the gateway is named "ours-module", logs apart)."""
+    from extproc.envoy_bootstrap import EnvoyOptions, ResponseModule, envoy_binary, render_bootstrap
+    from extproc.envoy_module import module_path
+    from extproc.models import default_model_dir
+
+    name = next(t for t, path in OURS_TARGETS.items() if path == response_path)
+    # Names of this gateway's children and files: apart from the other path's when both run.
+    suffix = "" if name == "ours" else "-module"
 
     extproc_port, port, admin_port = free_port(), free_port(), free_port()
     argv = [sys.executable, "-m", "extproc", "serve", "--listen", f"127.0.0.1:{extproc_port}"]
@@ -141,17 +167,26 @@ def start_ours(
     argv += ["--log-level", "warning", "--metrics-port", str(free_port())]
     # The tool-stream workload's calls are Hermes (the default model's inferred format is Llama 3 JSON).
     argv += ["--tool-parser", "hermes"]
-    env = {"EXTPROC_ROUTING_POLICY": routing_policy} if routing_policy is not None else None
-    server = spawn("extproc", argv, log_dir, env=env)
+    # Explicit either way, whatever the setting's default is.
+    env = {"EXTPROC_RESPONSE_PATH": response_path}
+    if routing_policy is not None:
+        env["EXTPROC_ROUTING_POLICY"] = routing_policy
+    server = spawn("extproc", argv, log_dir, env=env, log_name=f"extproc{suffix}")
+    module = None
+    if response_path == "module":
+        module = ResponseModule(module_path(), ((model, str(model_dir or default_model_dir())),))
     options = EnvoyOptions(
-        listen_port=port, admin_port=admin_port, extproc_target=f"127.0.0.1:{extproc_port}"
+        listen_port=port,
+        admin_port=admin_port,
+        extproc_target=f"127.0.0.1:{extproc_port}",
+        response_module=module,
     )
-    config = log_dir / "envoy.json"
+    config = log_dir / f"envoy{suffix}.json"
     config.write_text(render_bootstrap(options))
     envoy_argv = [envoy_binary(), "-c", str(config), "--log-level", "warning", "--disable-hot-restart"]
     envoy_argv += ["--concurrency", str(envoy_concurrency)]
-    envoy = spawn("envoy", envoy_argv, log_dir)
-    gateway = Gateway("ours", f"http://127.0.0.1:{port}", [server, envoy])
+    envoy = spawn("envoy", envoy_argv, log_dir, log_name=f"envoy{suffix}")
+    gateway = Gateway(name, f"http://127.0.0.1:{port}", [server, envoy])
     try:
         _wait_chat(gateway, model, timeout_s)
     except BaseException:

@@ -18,6 +18,40 @@ class WorkloadPlan:
     name: str
     latency_requests: int
     throughput_requests: int
+    # The loadgen workload it sends (default: `name`): two plans may send one workload on differently
+    # timed engines.
+    shape: str | None = None
+    # The engines' timing while it runs (simulator /timing fields); empty: the fast mode (no engine time).
+    engine_timing: tuple[tuple[str, float], ...] = ()
+    # Clients of its throughput phase (default: the plan's).
+    throughput_concurrency: int | None = None
+
+    @property
+    def workload(self) -> str:
+        return self.shape or self.name
+
+    @property
+    def timing(self) -> dict[str, float] | None:
+        return dict(self.engine_timing) or None
+
+
+def stepped(tokens_per_message: int, step_ms: float = 2.0) -> tuple[tuple[str, float], ...]:
+    """Engines that stream as a real one does: a `step_ms` decode step between messages, each carrying
+    `tokens_per_message` tokens (prefill as cheap as a step; no per-sequence step cost, so 16 clients see
+    the same pace as one)."""
+    timing = {"ttft_ms": step_ms, "itl_ms": step_ms, "prefill_ms_per_token": 0.0, "decode_ms_per_seq": 0.0}
+    return tuple({**timing, "time_scale": 1.0, "tokens_per_message": tokens_per_message}.items())
+
+
+# Issue 17's long-stream workloads: 16 clients, 2 ms steps, one token per engine message, and the same
+# with 4 tokens per message (so the figure does not rest on one chunking).
+LONG_STREAM_CLIENTS = 16
+LONG_STREAMS = (
+    WorkloadPlan("stream-256", 10, 240, "stream-256", stepped(1), LONG_STREAM_CLIENTS),
+    WorkloadPlan("stream-16", 60, 800, "chat-stream", stepped(1), LONG_STREAM_CLIENTS),
+    WorkloadPlan("stream-256x4", 10, 240, "stream-256", stepped(4), LONG_STREAM_CLIENTS),
+    WorkloadPlan("stream-16x4", 60, 800, "chat-stream", stepped(4), LONG_STREAM_CLIENTS),
+)
 
 
 @dataclass(frozen=True)
@@ -49,6 +83,7 @@ FULL = Plan(
         # Agent traffic: a streamed tool call and the same-length plain stream (gateway CPU ratio).
         WorkloadPlan("tool-stream", 300, 1200),
         WorkloadPlan("plain-stream", 300, 1200),
+        *LONG_STREAMS,
     ),
     rounds=3,
 )

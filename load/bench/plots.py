@@ -27,6 +27,7 @@ MISSING_NOTE = "no plots: matplotlib is not installed (pip install matplotlib); 
 TARGET_STYLE = {
     "floor": ("floor (engine direct, no gateway)", "#2ca02c"),
     "ours": ("ours (Envoy + extproc)", "#1f77b4"),
+    "ours-module": ("ours (response path in Envoy)", "#9467bd"),
     "smg": ("SMG", "#ff7f0e"),
 }
 # The main plan's phases, as drawn in the CDFs.

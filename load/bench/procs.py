@@ -118,10 +118,16 @@ class Child:
                 self.proc.wait()
 
 
-def spawn(name: str, argv: Sequence[str], log_dir: Path, env: dict[str, str] | None = None) -> Child:
-    """Start a child with its output in log_dir/<name>.log."""
+def spawn(
+    name: str,
+    argv: Sequence[str],
+    log_dir: Path,
+    env: dict[str, str] | None = None,
+    log_name: str | None = None,
+) -> Child:
+    """Start a child with its output in log_dir/<log_name or name>.log."""
     log_dir.mkdir(parents=True, exist_ok=True)
-    log = log_dir / f"{name}.log"
+    log = log_dir / f"{log_name or name}.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen(
             list(argv),

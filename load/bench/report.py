@@ -3,7 +3,8 @@
 - cpu_ms: gateway CPU per request (all gateway processes, user + system), throughput phase.
 - added_p50_ms / added_p99_ms: the target's end-to-end latency minus the floor's, latency phase (1 client).
 - rps: completed requests per second in the throughput phase (the maximum sustained on this machine).
-Ratios are ours/SMG: below 1 is better for CPU and added latency, above 1 is better for rps.
+Ratios are ours/SMG for each of our response paths (`ratio`: ext_proc, `ratio_module`: the Envoy module):
+below 1 is better for CPU and added latency, above 1 is better for rps.
 With several rounds, each number is its median over the rounds (ratios are of medians).
 The concurrency sweep is printed as it was measured: requests/s and end-to-end p50/p99 per level and target.
 """
@@ -13,10 +14,14 @@ from __future__ import annotations
 import math
 from typing import Any
 
-GATEWAYS = ("ours", "smg")
+GATEWAYS = ("ours", "ours-module", "smg")
+# Our targets and the key of their ratio to SMG in a comparison row.
+RATIO_KEYS = {"ours": "ratio", "ours-module": "ratio_module"}
+# Issue 17's targets, gateway CPU per request ours/SMG, per long-stream workload.
+CPU_TARGETS = {"stream-256": 0.7, "stream-256x4": 0.7, "stream-16": 0.8, "stream-16x4": 0.8}
 
 
-def _phase(results: list[dict[str, Any]], target: str, workload: str, phase: str) -> dict[str, float] | None:
+def _phase(results: list[dict[str, Any]], target: str, workload: str, phase: str) -> dict[str, Any] | None:
     """The numbers of one (target, workload, phase), each the median over rounds."""
     runs = [r for r in results if (r["target"], r["workload"], r["phase"]) == (target, workload, phase)]
     if not runs:
@@ -26,15 +31,20 @@ def _phase(results: list[dict[str, Any]], target: str, workload: str, phase: str
         "p99_ms": [r["summary"]["latency_ms"]["p99"] for r in runs],
         "rps": [r["summary"]["requests_per_s"] for r in runs],
         "cpu_ms": [r["cpu_ms_per_request"]["gateway"] for r in runs],
+        "tokens": [r["summary"].get("output_tokens_mean") for r in runs],
         "errors": [r["summary"]["errors"] for r in runs],
     }
-    out = {key: _median(v) for key, v in values.items()}
+    out: dict[str, Any] = {key: _median(v) for key, v in values.items()}
     out["errors"] = sum(values["errors"])
     out["rounds"] = len(runs)
+    processes = dict.fromkeys(p for r in runs for p in r.get("gateway_cpu_ms_per_request", {}))
+    out["cpu_ms_by_process"] = {
+        p: _median([r["gateway_cpu_ms_per_request"].get(p) for r in runs]) for p in processes
+    }
     return out
 
 
-def _median(values: list[float]) -> float:
+def _median(values: list[float | None]) -> float:
     ordered = sorted(v for v in values if v is not None and not math.isnan(v))
     if not ordered:
         return math.nan
@@ -66,6 +76,8 @@ def compare(results: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
                 continue
             entry: dict[str, Any] = {
                 "cpu_ms": tput["cpu_ms"],
+                "cpu_ms_by_process": tput["cpu_ms_by_process"],
+                "output_tokens": tput["tokens"],
                 "cpu_ms_c1": lat["cpu_ms"],
                 "p50_ms": lat["p50_ms"],
                 "p99_ms": lat["p99_ms"],
@@ -77,12 +89,13 @@ def compare(results: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
                 entry["added_p50_ms"] = lat["p50_ms"] - floor_lat["p50_ms"]
                 entry["added_p99_ms"] = lat["p99_ms"] - floor_lat["p99_ms"]
             row[name] = entry
-        if "ours" in row and "smg" in row:
-            ours, smg = row["ours"], row["smg"]
-            row["ratio"] = {
-                key: _ratio(ours.get(key), smg.get(key))
-                for key in ("cpu_ms", "added_p50_ms", "added_p99_ms", "p50_ms", "p99_ms", "rps")
-            }
+        for name, key in RATIO_KEYS.items():
+            if name in row and "smg" in row:
+                ours, smg = row[name], row["smg"]
+                row[key] = {
+                    k: _ratio(ours.get(k), smg.get(k))
+                    for k in ("cpu_ms", "added_p50_ms", "added_p99_ms", "p50_ms", "p99_ms", "rps")
+                }
         out[workload] = row
     return out
 
@@ -93,39 +106,88 @@ def _fmt(value: float | None, digits: int = 2) -> str:
     return f"{value:.{digits}f}"
 
 
+def _present(comparison: dict[str, dict[str, Any]]) -> list[str]:
+    """The gateways some workload has numbers for, in GATEWAYS order."""
+    return [g for g in GATEWAYS if any(g in row for row in comparison.values())]
+
+
 def table(comparison: dict[str, dict[str, Any]]) -> str:
-    """The side-by-side numbers, then the ratios ours/SMG."""
+    """The side-by-side numbers (requests/s at the throughput phase's clients), then the ratios to SMG."""
+    gws = _present(comparison) or ["ours", "smg"]
+    everyone = ["floor", *gws]
+    short = {"ours-module": "module"}
+
+    def names(targets: list[str], width: int) -> str:
+        return " ".join(f"{short.get(t, t):>{width}}" for t in targets)
+
+    cpu_w, lat_w = 9 * len(gws) - 1, 8 * len(everyone) - 1
     head = (
-        f"{'workload':<12} | {'gateway CPU ms/req':^17} | {'p50 ms, 1 client':^23} | "
-        f"{'p99 ms, 1 client':^23} | {'req/s, 8 clients':^20}"
+        f"{'workload':<12} | {'gateway CPU ms/req':^{cpu_w}} | {'p50 ms, 1 client':^{lat_w}} | "
+        f"{'p99 ms, 1 client':^{lat_w}} | {'req/s at load':^{7 * len(everyone) - 1}}"
     )
-    cols = f"{'floor':>7} {'ours':>7} {'smg':>7}"
-    sub = f"{'':<12} | {'ours':>8} {'smg':>8} | {cols} | {cols} | {'floor':>6} {'ours':>6} {'smg':>6}"
+    sub = f"{'':<12} | {names(gws, 8)} | {names(everyone, 7)} | {names(everyone, 7)} | {names(everyone, 6)}"
     lines = [head, sub, "-" * len(sub)]
     for workload, row in comparison.items():
-        ours, smg, floor = row.get("ours", {}), row.get("smg", {}), row.get("floor", {})
 
-        def three(key: str, rows: tuple[dict[str, Any], ...] = (floor, ours, smg), width: int = 7) -> str:
-            return " ".join(f"{_fmt(r.get(key), 0 if key == 'rps' else 2):>{width}}" for r in rows)
+        def cells(key: str, targets: list[str], width: int, row: dict[str, Any] = row) -> str:
+            digits = 0 if key == "rps" else 2
+            return " ".join(f"{_fmt(row.get(t, {}).get(key), digits):>{width}}" for t in targets)
 
         lines.append(
-            f"{workload:<12} | {_fmt(ours.get('cpu_ms')):>8} {_fmt(smg.get('cpu_ms')):>8} | "
-            f"{three('p50_ms')} | {three('p99_ms')} | {three('rps', width=6)}"
+            f"{workload:<12} | {cells('cpu_ms', gws, 8)} | {cells('p50_ms', everyone, 7)} | "
+            f"{cells('p99_ms', everyone, 7)} | {cells('rps', everyone, 6)}"
         )
-    ratio_head = (
-        f"{'ours/SMG':<12} | {'CPU/req':>8} | {'added p50':>9} | {'added p99':>9} | {'p50':>6} | "
-        f"{'p99':>6} | {'req/s':>6}   (added: minus the floor; lower is better except req/s)"
-    )
-    lines += ["", ratio_head, "-" * len(ratio_head)]
-    for workload, row in comparison.items():
-        ratio = row.get("ratio")
-        if not ratio:
+    for name, key in RATIO_KEYS.items():
+        if not any(key in row for row in comparison.values()):
             continue
-        lines.append(
-            f"{workload:<12} | {_fmt(ratio['cpu_ms']):>8} | {_fmt(ratio['added_p50_ms']):>9} | "
-            f"{_fmt(ratio['added_p99_ms']):>9} | {_fmt(ratio['p50_ms']):>6} | {_fmt(ratio['p99_ms']):>6} | "
-            f"{_fmt(ratio['rps']):>6}"
+        label = f"{name}/SMG"
+        ratio_head = (
+            f"{label:<12} | {'CPU/req':>8} | {'added p50':>9} | {'added p99':>9} | {'p50':>6} | "
+            f"{'p99':>6} | {'req/s':>6}   (added: minus the floor; lower is better except req/s)"
         )
+        lines += ["", ratio_head, "-" * len(ratio_head)]
+        for workload, row in comparison.items():
+            ratio = row.get(key)
+            if not ratio:
+                continue
+            lines.append(
+                f"{workload:<12} | {_fmt(ratio['cpu_ms']):>8} | {_fmt(ratio['added_p50_ms']):>9} | "
+                f"{_fmt(ratio['added_p99_ms']):>9} | {_fmt(ratio['p50_ms']):>6} | "
+                f"{_fmt(ratio['p99_ms']):>6} | {_fmt(ratio['rps']):>6}"
+            )
+    return "\n".join(lines)
+
+
+def stream_cost(comparison: dict[str, dict[str, Any]]) -> str:
+    """The long-stream workloads' gateway CPU per request split by process, per token, and ours/SMG
+    against issue 17's targets; empty when the run had none of them."""
+    rows = {w: row for w, row in comparison.items() if w in CPU_TARGETS}
+    if not rows:
+        return ""
+    lines = [
+        "long streams (16 clients, 2 ms steps): gateway CPU ms/request (Envoy + extproc = total), "
+        "us/token, ours/SMG vs target"
+    ]
+    for workload, row in rows.items():
+        parts = []
+        for name in GATEWAYS:
+            entry = row.get(name)
+            if not entry:
+                continue
+            split = " + ".join(f"{p} {_fmt(ms)}" for p, ms in entry["cpu_ms_by_process"].items())
+            tokens = entry.get("output_tokens")
+            per_token = _fmt(1000 * entry["cpu_ms"] / tokens, 0) if tokens else "-"
+            total = f"{split} = {_fmt(entry['cpu_ms'])}" if name != "smg" else _fmt(entry["cpu_ms"])
+            parts.append(f"{name} {total} ({per_token} us/token)")
+        verdicts = []
+        for name, key in RATIO_KEYS.items():
+            ratio = (row.get(key) or {}).get("cpu_ms")
+            if ratio is not None:
+                met = "met" if ratio <= CPU_TARGETS[workload] else "missed"
+                verdicts.append(f"{name}/SMG {_fmt(ratio)} ({met}, target <= {CPU_TARGETS[workload]})")
+        lines.append(f"  {workload}: " + "; ".join(parts))
+        if verdicts:
+            lines.append(f"  {'':<{len(workload)}}  " + "; ".join(verdicts))
     return "\n".join(lines)
 
 

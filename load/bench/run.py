@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,9 +57,9 @@ def build_specs(vocab: Vocab, plan: Plan, workload: WorkloadPlan, round_: int = 
     """Prompts of their own per phase and round (distinct seeds), the same for every target."""
     seed = 10 * round_
     return Specs(
-        warmup=Workload(workload.name, seed=seed + 1).specs(vocab, plan.warmup_requests),
-        latency=Workload(workload.name, seed=seed + 2).specs(vocab, workload.latency_requests),
-        throughput=Workload(workload.name, seed=seed + 3).specs(vocab, workload.throughput_requests),
+        warmup=Workload(workload.workload, seed=seed + 1).specs(vocab, plan.warmup_requests),
+        latency=Workload(workload.workload, seed=seed + 2).specs(vocab, workload.latency_requests),
+        throughput=Workload(workload.workload, seed=seed + 3).specs(vocab, workload.throughput_requests),
     )
 
 
@@ -132,11 +132,18 @@ async def run_plan(
     targets: list[BenchTarget],
     engine_pids: list[int],
     check_alive: Any = None,
+    retime: Callable[[dict[str, float] | None], None] | None = None,
 ) -> list[dict[str, Any]]:
+    """`retime` sets the engines' timing for a workload that has its own (None: back to fast mode)."""
     results: list[dict[str, Any]] = []
     turns = [(r, i, w) for r in range(plan.rounds) for i, w in enumerate(plan.workloads)]
+    timed = False
     for round_, index, workload in turns:
+        if retime is not None and (workload.timing or timed):
+            retime(workload.timing)
+            timed = workload.timing is not None
         specs = build_specs(vocab, plan, workload, round_)
+        clients = workload.throughput_concurrency or plan.throughput_concurrency
         floor = [t for t in targets if t.name == "floor"]
         gateways = [t for t in targets if t.name != "floor"]
         if (index + round_) % 2:
@@ -147,10 +154,10 @@ async def run_plan(
             where = f"round {round_ + 1}/{plan.rounds}: " if plan.rounds > 1 else ""
             print(f"{where}{workload.name} on {bench.name}", file=sys.stderr, flush=True)
             warm = [bench.target.prepare(s) for s in specs.warmup]
-            await closed_loop(bench.target, warm, plan.throughput_concurrency)
+            await closed_loop(bench.target, warm, clients)
             for phase, phase_specs, concurrency in (
                 ("latency", specs.latency, plan.latency_concurrency),
-                ("throughput", specs.throughput, plan.throughput_concurrency),
+                ("throughput", specs.throughput, clients),
             ):
                 label = f"  {phase:<10} c={concurrency:<2}"
                 measured = await run_phase(
@@ -163,6 +170,8 @@ async def run_plan(
                 )
                 key = {"target": bench.name, "workload": workload.name, "phase": phase, "round": round_}
                 results.append({**key, **measured})
+    if retime is not None and timed:
+        retime(None)
     return results
 
 

@@ -139,6 +139,7 @@ TOOL_CALL_TEXT = (
 # many tokens (the call, then words).
 AGENT_ANSWER_TOKENS = 240
 TOOL_SCRIPT: list[dict[str, Any]] = [{"match": BENCH_TOOL_NAME, "text": TOOL_CALL_TEXT}]
+LONG_STREAM_TOKENS = 256
 
 
 @dataclass(frozen=True)
@@ -170,6 +171,14 @@ SHAPES: dict[str, Shape] = {
         tools=(BENCH_TOOL,),
         description=f"short chat with one tool, streamed; the answer is a Hermes tool call (221 tokens) then "
         f"words, {AGENT_ANSWER_TOKENS} tokens in all",
+    ),
+    # Long streams (issue 17): the gateway's per-token cost dominates; the benchmark runs them on engines
+    # that take a 2 ms step between messages.
+    "stream-256": Shape(
+        _short_chat,
+        True,
+        max_tokens=LONG_STREAM_TOKENS,
+        description=f"short chat, streamed, a {LONG_STREAM_TOKENS}-token answer",
     ),
     "plain-stream": Shape(
         _short_chat,

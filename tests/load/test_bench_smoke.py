@@ -47,3 +47,25 @@ def test_quick_plan_is_a_smaller_full_plan() -> None:
         assert quick.throughput_requests < full.throughput_requests
     tiny = scaled(FULL, 0.0001)
     assert all(w.latency_requests == 8 and w.throughput_requests == 16 for w in tiny.workloads)
+
+
+def test_long_streams_run_on_timed_engines_through_both_response_paths(tmp_path: Path) -> None:
+    argv = [sys.executable, "-m", "load.bench", "--quick", "--scale", "0.05", "--sweep", "off", "--no-plots"]
+    argv += ["--targets", "floor,ours,ours-module", "--workloads", "stream-16x4", "--out", str(tmp_path)]
+    proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=180, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "long streams (16 clients, 2 ms steps)" in proc.stdout and "ours-module extproc" in proc.stdout
+
+    report = json.loads((tmp_path / "latest.json").read_text())
+    results = {(r["target"], r["phase"]): r for r in report["results"]}
+    assert set(results) == {
+        (t, p) for t in ("floor", "ours", "ours-module") for p in ("latency", "throughput")
+    }
+    for (_, phase), r in results.items():
+        assert r["summary"]["errors"] == 0 and r["summary"]["ok"] > 0
+        assert r["summary"]["output_tokens_mean"] == 16
+        assert r["concurrency"] == (1 if phase == "latency" else 16)
+    # The engines took their 2 ms steps: 16 tokens are at least 8 steps apart from the first.
+    assert report["comparison"]["stream-16x4"]["floor"]["p50_ms"] >= 16 * 2
+    module = report["comparison"]["stream-16x4"]["ours-module"]
+    assert set(module["cpu_ms_by_process"]) == {"extproc", "envoy"}

@@ -1,6 +1,7 @@
 //! The filter's view of one Envoy HTTP stream: safe wrappers over the ABI callbacks, valid only inside the
 //! event hook that received the stream pointer.
 
+use std::borrow::Cow;
 use std::ffi::c_void;
 
 use crate::abi::{self, body_type, header_type, EnvoyBuffer, ModuleBuffer, ModuleHeader};
@@ -66,27 +67,41 @@ impl Stream {
         self.set(header_type::RESPONSE_TRAILERS, name, None);
     }
 
-    /// The bytes of the current `response_body` event, copied out.
-    pub fn received_body(&self) -> Vec<u8> {
-        // SAFETY: live filter pointer; the vector has room for every chunk Envoy reports.
+    /// The bytes of the current `response_body` event: Envoy's own when they are one slice (a streamed
+    /// token's frame nearly always is: no copy per token), else copied together. Borrowed bytes are
+    /// Envoy's until the body changes: drop them before `replace_received_body`.
+    pub fn received_body(&self) -> Cow<'_, [u8]> {
+        // SAFETY: live filter pointer; the vector has room for every chunk Envoy reports; Envoy's slices
+        // stay valid while the hook runs and the body is not changed.
         unsafe {
             let n = abi::envoy_dynamic_module_callback_http_get_body_chunks_size(self.0, body_type::RECEIVED_RESPONSE);
             if n == 0 {
-                return Vec::new();
+                return Cow::Borrowed(&[]);
             }
-            let mut chunks = vec![EnvoyBuffer::EMPTY; n];
+            // On the stack for the usual few slices: no allocation per token.
+            let mut few = [EnvoyBuffer::EMPTY; 4];
+            let mut many = Vec::new();
+            let chunks: &mut [EnvoyBuffer] = if n <= few.len() {
+                &mut few[..n]
+            } else {
+                many.resize(n, EnvoyBuffer::EMPTY);
+                &mut many
+            };
             if !abi::envoy_dynamic_module_callback_http_get_body_chunks(
                 self.0,
                 body_type::RECEIVED_RESPONSE,
                 chunks.as_mut_ptr(),
             ) {
-                return Vec::new();
+                return Cow::Borrowed(&[]);
+            }
+            if let [only] = &*chunks {
+                return Cow::Borrowed(only.as_slice());
             }
             let mut out = Vec::with_capacity(chunks.iter().map(|c| c.length).sum());
-            for chunk in &chunks {
+            for chunk in chunks.iter() {
                 out.extend_from_slice(chunk.as_slice());
             }
-            out
+            Cow::Owned(out)
         }
     }
 

@@ -18,7 +18,7 @@ impl HttpFilter for Probe {
 
     fn response_body(&mut self, stream: &Stream, end_of_stream: bool) -> u32 {
         if end_of_stream {
-            let mut body = stream.received_body();
+            let mut body = stream.received_body().into_owned();
             body.extend_from_slice(&self.suffix);
             stream.replace_received_body(&body);
         }

@@ -1,6 +1,7 @@
 //! OpenAI response objects: `chat.completion` / `text_completion` JSON and their streamed chunks as
 //! server-sent events.
 
+use serde::Serialize;
 use serde_json::{json, Value};
 
 use super::request::Api;
@@ -161,7 +162,7 @@ pub fn completion_json(meta: &ResponseMeta, choices: Vec<Value>, usage: Usage) -
     serde_json::to_vec(&body).expect("response JSON serializes")
 }
 
-fn event(value: &Value, out: &mut Vec<u8>) {
+fn event<T: Serialize + ?Sized>(value: &T, out: &mut Vec<u8>) {
     out.extend_from_slice(b"data: ");
     serde_json::to_writer(&mut *out, value).expect("event JSON serializes");
     out.extend_from_slice(b"\n\n");
@@ -182,34 +183,96 @@ pub struct Delta<'a> {
     pub logprobs: Value,
 }
 
-/// One streamed chunk carrying one choice (as vLLM streams `n` choices: one per event).
+/// One streamed chunk carrying one choice (as vLLM streams `n` choices: one per event). Written from
+/// borrowed parts, not built as a `Value` (a chunk per token is the stream's hot path): the fields in the
+/// order the envelope and the choice objects give them.
 pub fn chunk_event(meta: &ResponseMeta, index: u32, delta: Delta<'_>, out: &mut Vec<u8>) {
-    let choice = match meta.api {
+    // Room for a usual token's event at once (an empty `out` would grow 8, 16, ... 256 bytes).
+    out.reserve(CHUNK_EVENT_BYTES + delta.text.map_or(0, str::len));
+    let logprobs = &delta.logprobs;
+    let finish_reason = delta.finish_reason;
+    match meta.api {
         Api::Chat => {
-            let mut content = serde_json::Map::new();
-            if delta.role {
-                content.insert("role".into(), "assistant".into());
-            }
-            if let Some(text) = delta.text {
-                content.insert("content".into(), text.into());
-            }
-            if let Some(reasoning) = delta.reasoning {
-                content.insert("reasoning_content".into(), reasoning.into());
-                content.insert("reasoning".into(), reasoning.into());
-            }
-            if let Some(call) = &delta.tool_call {
-                content.insert("tool_calls".into(), json!([call.to_value()]));
-            }
-            json!({"index": index, "delta": content, "logprobs": delta.logprobs, "finish_reason": delta.finish_reason})
+            let choice = ChatChunkChoice {
+                index,
+                delta: ChatChunkDelta {
+                    role: delta.role.then_some("assistant"),
+                    content: delta.text,
+                    reasoning_content: delta.reasoning,
+                    reasoning: delta.reasoning,
+                    tool_calls: delta.tool_call.as_ref().map(|call| [call.to_value()]),
+                },
+                logprobs,
+                finish_reason,
+            };
+            event(&meta.chunk(choice), out);
         }
-        Api::Completion => json!({
-            "index": index,
-            "text": delta.text.unwrap_or(""),
-            "logprobs": delta.logprobs,
-            "finish_reason": delta.finish_reason,
-        }),
-    };
-    event(&meta.envelope(true, json!([choice])), out);
+        Api::Completion => {
+            let choice = CompletionChunkChoice {
+                index,
+                text: delta.text.unwrap_or(""),
+                logprobs,
+                finish_reason,
+            };
+            event(&meta.chunk(choice), out);
+        }
+    }
+}
+
+/// About a one-token chat chunk's event with a 40-character id and a short model name.
+const CHUNK_EVENT_BYTES: usize = 256;
+
+/// A streamed chunk object (`envelope(true, [choice])`'s fields, borrowed).
+#[derive(Serialize)]
+struct Chunk<'a, C> {
+    id: &'a str,
+    object: &'static str,
+    created: u64,
+    model: &'a str,
+    choices: [C; 1],
+}
+
+impl ResponseMeta {
+    fn chunk<C>(&self, choice: C) -> Chunk<'_, C> {
+        Chunk {
+            id: &self.id,
+            object: self.object(true),
+            created: self.created,
+            model: &self.model,
+            choices: [choice],
+        }
+    }
+}
+
+#[derive(Serialize)]
+struct ChatChunkChoice<'a> {
+    index: u32,
+    delta: ChatChunkDelta<'a>,
+    logprobs: &'a Value,
+    finish_reason: Option<&'a str>,
+}
+
+/// A chat chunk's delta: only the fields it carries.
+#[derive(Serialize)]
+struct ChatChunkDelta<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    role: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    content: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reasoning_content: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reasoning: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tool_calls: Option<[Value; 1]>,
+}
+
+#[derive(Serialize)]
+struct CompletionChunkChoice<'a> {
+    index: u32,
+    text: &'a str,
+    logprobs: &'a Value,
+    finish_reason: Option<&'a str>,
 }
 
 /// Chat streams open each choice with the assistant role (completions have no such event).
@@ -322,5 +385,98 @@ mod tests {
         let v = parse_event(&out);
         assert_eq!(v["object"], "text_completion");
         assert_eq!(v["choices"][0]["text"], "a");
+    }
+
+    /// The chunk as a `Value` (how chunks were built before they were written from borrowed parts).
+    fn chunk_as_value(meta: &ResponseMeta, index: u32, delta: &Delta<'_>) -> Vec<u8> {
+        let choice = match meta.api {
+            Api::Chat => {
+                let mut content = serde_json::Map::new();
+                if delta.role {
+                    content.insert("role".into(), "assistant".into());
+                }
+                if let Some(text) = delta.text {
+                    content.insert("content".into(), text.into());
+                }
+                if let Some(reasoning) = delta.reasoning {
+                    content.insert("reasoning_content".into(), reasoning.into());
+                    content.insert("reasoning".into(), reasoning.into());
+                }
+                if let Some(call) = &delta.tool_call {
+                    content.insert("tool_calls".into(), json!([call.to_value()]));
+                }
+                json!({"index": index, "delta": content, "logprobs": delta.logprobs, "finish_reason": delta.finish_reason})
+            }
+            Api::Completion => json!({
+                "index": index,
+                "text": delta.text.unwrap_or(""),
+                "logprobs": delta.logprobs,
+                "finish_reason": delta.finish_reason,
+            }),
+        };
+        let mut out = Vec::new();
+        event(&meta.envelope(true, json!([choice])), &mut out);
+        out
+    }
+
+    #[test]
+    fn chunks_are_byte_for_byte_their_value_form() {
+        let logprobs = json!({"content": [{"token": "a\"b", "logprob": -0.5, "bytes": [97], "top_logprobs": []}]});
+        let deltas = || {
+            vec![
+                Delta {
+                    text: Some(""),
+                    role: true,
+                    ..Delta::default()
+                },
+                Delta {
+                    text: Some("tab\t \"quote\" \u{1F600} \u{7f} \\ </script>"),
+                    ..Delta::default()
+                },
+                Delta {
+                    reasoning: Some("think\n"),
+                    ..Delta::default()
+                },
+                Delta {
+                    tool_call: Some(ToolCallDelta::Start {
+                        index: 1,
+                        id: "call_1",
+                        name: "f",
+                    }),
+                    ..Delta::default()
+                },
+                Delta {
+                    tool_call: Some(ToolCallDelta::Arguments {
+                        index: 0,
+                        fragment: "{\"a\": 1",
+                    }),
+                    ..Delta::default()
+                },
+                Delta {
+                    text: Some("x"),
+                    finish_reason: Some("length"),
+                    logprobs: logprobs.clone(),
+                    ..Delta::default()
+                },
+                Delta {
+                    finish_reason: Some("stop"),
+                    ..Delta::default()
+                },
+            ]
+        };
+        for api in [Api::Chat, Api::Completion] {
+            let m = ResponseMeta {
+                api,
+                id: "chatcmpl-\"id\"".into(),
+                created: u64::MAX,
+                model: "llama/3 \u{e9}".into(),
+            };
+            for (index, delta) in deltas().into_iter().enumerate() {
+                let expected = chunk_as_value(&m, index as u32, &delta);
+                let mut out = Vec::new();
+                chunk_event(&m, index as u32, delta, &mut out);
+                assert_eq!(String::from_utf8(out).unwrap(), String::from_utf8(expected).unwrap());
+            }
+        }
     }
 }

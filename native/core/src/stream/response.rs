@@ -133,15 +133,19 @@ impl ResponseTranslator {
 
     /// Feed engine body bytes. Streams return the SSE bytes to send now (possibly empty).
     pub fn push(&mut self, chunk: &[u8]) -> Result<Vec<u8>, ApiError> {
-        let messages = self.frames.push(chunk).map_err(|e| match e {
-            FrameError::Compressed => ApiError::internal("engine sent a compressed message"),
-            FrameError::TooLarge(n) => ApiError::internal(format!("engine message of {n} bytes exceeds the limit")),
-        })?;
         let mut out = Vec::new();
-        for raw in messages {
-            self.push_message(&raw, &mut out)?;
-        }
-        Ok(out)
+        // Out of `self` while it hands messages to `push_message` (which needs all of `self`).
+        let mut frames = std::mem::replace(&mut self.frames, FrameDecoder::new(0));
+        let pushed = frames.push_each(
+            chunk,
+            |e| match e {
+                FrameError::Compressed => ApiError::internal("engine sent a compressed message"),
+                FrameError::TooLarge(n) => ApiError::internal(format!("engine message of {n} bytes exceeds the limit")),
+            },
+            |raw| self.push_message(raw, &mut out),
+        );
+        self.frames = frames;
+        pushed.map(|()| out)
     }
 
     /// Feed one whole engine message (unframed).
