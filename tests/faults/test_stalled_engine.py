@@ -1,10 +1,12 @@
 """A stalled engine: its scheduler stops while its health check still answers, as vLLM's does (issue
 15: clients hung forever; 21 of 40 concurrent requests went to it). With `first_token_timeout` set short
 the requests it holds end with 504 within that deadline, its calls are aborted, and later requests avoid
-it; a stream that stalls between tokens ends with an SSE error event and [DONE]."""
+it; a stream that stalls between tokens ends with an SSE error event and [DONE]. Both response paths: with
+the Envoy module extproc times the first token, the module each next one (the same error, the same abort)."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,11 +24,17 @@ INTER_TOKEN_S = 1.0
 MARGIN_S = 3.0
 
 
-@pytest.fixture
-def stack(tmp_path: Path) -> Iterator[Stack]:
+@pytest.fixture(params=["ext_proc", "module"])
+def stack(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Stack]:
     settings = {"first_token_timeout": FIRST_TOKEN_S, "inter_token_timeout": INTER_TOKEN_S}
     with local_stack(
-        FreePorts(), tmp_path, engines=2, fallbacks=1, routing_policy="kv_events", extproc_settings=settings
+        FreePorts(),
+        tmp_path,
+        engines=2,
+        fallbacks=1,
+        routing_policy="kv_events",
+        extproc_settings=settings,
+        response_path=request.param,
     ) as s:
         yield s
 
@@ -55,10 +63,15 @@ def test_stalled_engine_requests_end_with_504_and_later_ones_avoid_it(stack: Sta
     assert max(o.seconds for o in second) < limit + MARGIN_S
 
 
-def test_a_stream_stalling_between_tokens_ends_with_an_error_event(tmp_path: Path) -> None:
+@pytest.mark.parametrize("response_path", ["ext_proc", "module"])
+def test_a_stream_stalling_between_tokens_ends_with_an_error_event(
+    tmp_path: Path, response_path: str
+) -> None:
     settings = {"first_token_timeout": FIRST_TOKEN_S, "inter_token_timeout": INTER_TOKEN_S}
     slow = SimOptions(itl_ms=50.0)
-    with local_stack(FreePorts(), tmp_path, engines=1, sim=slow, extproc_settings=settings) as stack:
+    with local_stack(
+        FreePorts(), tmp_path, engines=1, sim=slow, extproc_settings=settings, response_path=response_path
+    ) as stack:
         (engine,) = stack.engines.engines
         body = {"model": stack.model, "messages": [{"role": "user", "content": "x"}], "stream": True}
         body |= {"max_tokens": 200, "ignore_eos": True}
@@ -73,5 +86,12 @@ def test_a_stream_stalling_between_tokens_ends_with_an_error_event(tmp_path: Pat
         assert time.monotonic() - stalled_at < INTER_TOKEN_S + MARGIN_S
         events = [e for e in raw.split("\n\n") if e.strip()]
         assert events[-1] == "data: [DONE]"
-        assert '"code":504' in events[-2].replace(" ", "") and "inter_token_timeout" in events[-2]
+        error = json.loads(events[-2].removeprefix("data: "))["error"]
+        assert error == {
+            "message": "the engine sent no next token within 1 s (inter_token_timeout)",
+            "type": "timeout",
+            "param": None,
+            "code": 504,
+        }
         assert wait_for(lambda: engine.stats.abort_calls == 1), "the stalled call was not aborted"
+        assert wait_for(lambda: engine.stats.active == 0), "the engine kept the call"
