@@ -161,7 +161,9 @@ impl Stream {
     /// Response bytes sent from outside a response event (a scheduled wake-up); `end_stream` ends it.
     pub fn send_data(&self, bytes: &[u8], end_stream: bool) {
         // SAFETY: live filter pointer; Envoy copies the bytes.
-        unsafe { abi::envoy_dynamic_module_callback_http_send_response_data(self.0, ModuleBuffer::of(bytes), end_stream) }
+        unsafe {
+            abi::envoy_dynamic_module_callback_http_send_response_data(self.0, ModuleBuffer::of(bytes), end_stream)
+        }
     }
 
     /// Response trailers sent from outside a response event, ending the stream.

@@ -74,7 +74,9 @@ fn watch_loop() {
                         if let Some(s) = scheduler.as_ref() {
                             // SAFETY: the scheduler is alive while held under the lock (Drop deletes it
                             // under the same lock).
-                            unsafe { abi::envoy_dynamic_module_callback_http_filter_scheduler_commit(s.0, DEADLINE_EVENT) };
+                            unsafe {
+                                abi::envoy_dynamic_module_callback_http_filter_scheduler_commit(s.0, DEADLINE_EVENT)
+                            };
                         }
                     }
                 } else {

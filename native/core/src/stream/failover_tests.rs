@@ -256,11 +256,16 @@ fn a_first_token_closes_the_penalty_of_a_probed_engine() {
 /// The plan a module-path stream leaves for the Envoy module, from its request-headers reply.
 fn response_plan(replies: &[ProcessingResponse]) -> super::response_plan::ResponsePlan {
     use crate::pb::structs::value::Kind;
-    let metadata = replies[0].dynamic_metadata.as_ref().expect("the plan travels as dynamic metadata");
+    let metadata = replies[0]
+        .dynamic_metadata
+        .as_ref()
+        .expect("the plan travels as dynamic metadata");
     let Some(Kind::StructValue(plan)) = &metadata.fields[crate::contracts::RESPONSE_PLAN_NAMESPACE].kind else {
         panic!("the namespace is a struct");
     };
-    let json = plan.fields[crate::contracts::RESPONSE_PLAN_KEY].as_str().expect("the plan is JSON text");
+    let json = plan.fields[crate::contracts::RESPONSE_PLAN_KEY]
+        .as_str()
+        .expect("the plan is JSON text");
     super::response_plan::ResponsePlan::from_json(json.as_bytes()).unwrap()
 }
 
@@ -300,11 +305,4 @@ fn with_the_envoy_module_the_stream_carries_the_inter_token_deadline_and_a_timeo
     let abort = s.pending_abort().expect("the stalled engine call is still to abort");
     assert_eq!(abort.endpoint, engine);
     assert_eq!(standing(&gateway, &engine), Standing::Ejected);
-}
-
-#[test]
-fn without_the_envoy_module_no_plan_travels() {
-    let gateway = gateway();
-    let (mut s, _) = routed(&gateway, true);
-    assert!(engine_headers(&mut s, &[]).is_empty(), "extproc holds the headers itself");
 }

@@ -16,9 +16,7 @@ use crate::openai::response::ResponseMeta;
 
 /// The dynamic metadata namespace and key the plan travels under (ext_proc writes, the module reads), and
 /// the trailer the outcome comes back in: cross-process names, declared in `contracts.rs`.
-pub use crate::contracts::{
-    OUTCOME_TRAILER, RESPONSE_PLAN_KEY as PLAN_KEY, RESPONSE_PLAN_NAMESPACE as PLAN_NAMESPACE,
-};
+pub use crate::contracts::{OUTCOME_TRAILER, RESPONSE_PLAN_KEY as PLAN_KEY, RESPONSE_PLAN_NAMESPACE as PLAN_NAMESPACE};
 
 /// What one answer came to: the request summary's response fields.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
