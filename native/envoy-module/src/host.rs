@@ -153,9 +153,10 @@ impl Stream {
         }
     }
 
-    /// The raw filter pointer, for what outlives the hook (`watchdog::Watch`).
-    pub fn ptr(&self) -> abi::FilterEnvoyPtr {
-        self.0
+    /// A new scheduler of this stream's filter, for `watchdog::Watch` (which deletes it).
+    pub fn new_scheduler(&self) -> abi::SchedulerPtr {
+        // SAFETY: a live filter pointer inside its hook.
+        unsafe { abi::envoy_dynamic_module_callback_http_filter_scheduler_new(self.0) }
     }
 
     /// Response bytes sent from outside a response event (a scheduled wake-up); `end_stream` ends it.

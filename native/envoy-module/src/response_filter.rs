@@ -43,6 +43,9 @@ pub struct ResponseFilter {
     state: State,
     /// What the answer came to, once it ended: extproc reads it from the trailers (`OUTCOME_TRAILER`).
     outcome: Option<ResponseOutcome>,
+    /// Envoy sent a local reply (extproc's immediate response, e.g. its first-token timeout, or this
+    /// filter's error): its headers come through this filter too and pass untouched.
+    local_reply: bool,
     /// The plan's inter-token deadline (zero: none), watched from the engine's first message on.
     inter_token: Duration,
     watch: Option<Watch>,
@@ -54,6 +57,7 @@ impl ResponseFilter {
             models,
             state: State::Passing,
             outcome: None,
+            local_reply: false,
             inter_token: Duration::ZERO,
             watch: None,
         }
@@ -142,7 +146,9 @@ impl ResponseFilter {
     fn engine_progress(&mut self, stream: &Stream) {
         match &self.watch {
             Some(watch) => watch.progress(),
-            None if !self.inter_token.is_zero() => self.watch = Some(Watch::start(stream.ptr(), self.inter_token)),
+            None if !self.inter_token.is_zero() => {
+                self.watch = Some(Watch::start(stream.new_scheduler(), self.inter_token))
+            }
             None => {}
         }
     }
@@ -183,6 +189,9 @@ impl ResponseFilter {
 
 impl HttpFilter for ResponseFilter {
     fn response_headers(&mut self, stream: &Stream, end_of_stream: bool) -> u32 {
+        if self.local_reply {
+            return status::CONTINUE;
+        }
         let Some(plan) = stream.metadata_string(RESPONSE_PLAN_NAMESPACE, RESPONSE_PLAN_KEY) else {
             return status::CONTINUE;
         };
@@ -282,6 +291,8 @@ impl HttpFilter for ResponseFilter {
     /// through untouched: Envoy's local-reply mappers give it its OpenAI shape.
     fn local_reply(&mut self) {
         self.state = State::Passing;
+        self.local_reply = true;
+        self.watch = None;
     }
 
     fn scheduled(&mut self, stream: &Stream, event_id: u64) {

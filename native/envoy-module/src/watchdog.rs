@@ -90,11 +90,9 @@ fn watch_loop() {
 }
 
 impl Watch {
-    /// Watch the stream of `filter` (inside one of its hooks), whose engine just sent something, for
-    /// `budget` of silence.
-    pub fn start(filter: abi::FilterEnvoyPtr, budget: Duration) -> Watch {
-        // SAFETY: a live filter pointer inside its hook.
-        let scheduler = unsafe { abi::envoy_dynamic_module_callback_http_filter_scheduler_new(filter) };
+    /// Watch a stream whose engine just sent something for `budget` of silence, waking it through its
+    /// filter's `scheduler` (`Stream::new_scheduler`, owned from now on).
+    pub fn start(scheduler: abi::SchedulerPtr, budget: Duration) -> Watch {
         let shared = Arc::new(Shared {
             scheduler: Mutex::new(Some(Scheduler(scheduler))),
             last_ms: AtomicU64::new(now_ms()),
