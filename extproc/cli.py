@@ -174,7 +174,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _cmd_envoy_config(args: argparse.Namespace) -> int:
-    from extproc.envoy_bootstrap import DEFAULT_CLIENT_CONNECTIONS, render_bootstrap
+    from extproc.envoy_bootstrap import DEFAULT_CLIENT_CONNECTIONS, choose_response_path, render_bootstrap
     from extproc.stack import envoy_options
 
     settings = _settings(args, ENVOY_CONFIG)
@@ -199,6 +199,9 @@ def _cmd_envoy_config(args: argparse.Namespace) -> int:
     # The config is for an Envoy elsewhere: its connection cap is not derived from this machine's
     # open-file limit (see docs/reliability.md).
     cap = settings.max_client_connections or DEFAULT_CLIENT_CONNECTIONS
+    settings, why = choose_response_path(settings)
+    # The choice goes to stderr: stdout may be the config itself.
+    print(f"extproc: response path: {settings.response_path} ({why})", file=sys.stderr)
     options = envoy_options(replace(settings, max_client_connections=None), engines, retries)
     options = replace(options, max_downstream_connections=cap)
     text = render_bootstrap(options)

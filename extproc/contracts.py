@@ -30,6 +30,11 @@ OBJECTIVE_HEADER = "x-gateway-inference-objective"
 SESSION_HEADER = "x-session-id"
 REQUEST_ID_HEADER = "x-request-id"
 AUTHORIZATION_HEADER = "authorization"
+RESPONSE_PLAN_NAMESPACE = "extproc.response"
+RESPONSE_PLAN_KEY = "plan"
+OUTCOME_TRAILER = "x-extproc-outcome"
+RESPONSE_PATH_METADATA = "x-extproc-response-path"
+RESPONSE_PATH_MODULE = "module"
 DEFAULT_ROUTING_POLICY = "kv_events"
 CLIENT_HEADERS_REMOVED: tuple[str, ...] = (
     "x-gateway-destination-endpoint",

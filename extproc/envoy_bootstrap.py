@@ -39,11 +39,13 @@ from extproc.contracts import (
     CLIENT_HEADERS_REMOVED,
     DESTINATION_HEADER,
     LB_METADATA_NAMESPACE,
+    RESPONSE_PATH_METADATA,
+    RESPONSE_PATH_MODULE,
+    RESPONSE_PLAN_NAMESPACE,
     SERVED_ENDPOINT_KEY,
     SUBSET_HINT_NAMESPACE,
     UPSTREAM_ADDRESS_ATTRIBUTE,
 )
-from extproc.envoy_module import RESPONSE_PLAN_NAMESPACE
 from extproc.setting_parsers import MiB, parse_host_port
 
 if TYPE_CHECKING:
@@ -445,11 +447,16 @@ def _ext_proc_filter(in_envoy: bool = False) -> dict[str, Any]:
     """`in_envoy`: the response module answers the client; extproc gets the response's headers and
     trailers only (the call's start and end), and leaves the response plan as dynamic metadata."""
     receiving = [LB_METADATA_NAMESPACE, *([RESPONSE_PLAN_NAMESPACE] if in_envoy else [])]
+    grpc_service: dict[str, Any] = {"envoy_grpc": {"cluster_name": EXTPROC_CLUSTER}}
+    if in_envoy:
+        # Every ext_proc stream tells extproc that the module answers, so `extproc serve` follows
+        # whichever config its Envoy runs.
+        grpc_service["initial_metadata"] = [{"key": RESPONSE_PATH_METADATA, "value": RESPONSE_PATH_MODULE}]
     return {
         "name": "envoy.filters.http.ext_proc",
         "typed_config": {
             "@type": _TYPE + "envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor",
-            "grpc_service": {"envoy_grpc": {"cluster_name": EXTPROC_CLUSTER}},
+            "grpc_service": grpc_service,
             # extproc down means no routing decision: fail the request rather than proxy it unprocessed.
             "failure_mode_allow": False,
             "processing_mode": {
@@ -803,9 +810,26 @@ def edge_options(settings: Settings) -> dict[str, Any]:
     }
 
 
+def choose_response_path(settings: Settings) -> tuple[Settings, str]:
+    """`settings` with `response_path = "auto"` made a choice, and why (for the log): the module when it
+    is built and this machine's Envoy binary (`envoy_binary()`) can load it, else ext_proc."""
+    if settings.response_path != "auto":
+        return settings, f"response_path = {settings.response_path}"
+    try:
+        binary = envoy_binary()
+    except FileNotFoundError as exc:
+        return replace(settings, response_path="ext_proc"), str(exc)
+    reason = envoy_module.unsupported_reason(binary)
+    if reason is not None:
+        return replace(settings, response_path="ext_proc"), reason
+    why = f"{binary} loads {envoy_module.MODULE_FILE} (dynamic-module ABI {envoy_module.MODULE_ABI_VERSION})"
+    return replace(settings, response_path="module"), why
+
+
 def response_module(settings: Settings) -> ResponseModule | None:
-    """The response module's EnvoyOptions field for `response_path = "module"` (else None): the built
-    module and every served model's directory, where it loads the tokenizers from."""
+    """The response module's EnvoyOptions field for `response_path = "module"` (else None, `auto` included:
+    `choose_response_path` decides it first): the built module and every served model's directory, where
+    it loads the tokenizers from."""
     if settings.response_path != "module":
         return None
     # Imported here: extproc.config imports the settings this module is used with.

@@ -549,15 +549,18 @@ class Settings:
         doc="how long each child may take to become ready",
     )
     response_path: str = setting(
-        "ext_proc",
-        p.choice(("ext_proc", "module")),
+        "auto",
+        p.choice(("auto", "module", "ext_proc")),
         _ALL,
-        "where engine responses become OpenAI answers: ext_proc (extproc) or module (inside Envoy)",
+        "where engine responses become OpenAI answers: auto, module (inside Envoy) or ext_proc",
         "PATH",
-        doc="where the engine's response is turned into the client's answer: `ext_proc` (extproc, every "
-        "engine message crosses Envoy's ext_proc stream) or `module` (the `extproc_envoy` dynamic module "
-        "inside Envoy, built by `make envoy-module`; extproc sees only the response's headers and "
-        "trailers); both answer the same bytes (see [architecture.md](architecture.md))",
+        doc="where the engine's response is turned into the client's answer: `module` (the `extproc_envoy` "
+        "dynamic module inside Envoy, built by `make envoy-module`; extproc sees only the response's "
+        "headers and trailers) or `ext_proc` (extproc, every engine message crosses Envoy's ext_proc "
+        "stream); `auto`: `up` and `envoy-config` take the module when it is built and the Envoy binary "
+        "loads it (its dynamic-module ABI), else ext_proc, and say why. `serve` follows the Envoy in "
+        "front, per request (`module` forces it). Both answer the same bytes (see "
+        "[architecture.md](architecture.md#the-response-path-inside-envoy))",
     )
     envoy_access_log: bool = setting(
         False,

@@ -433,6 +433,8 @@ def run_stack(settings: Settings, out: IO[str] | None = None, err: IO[str] | Non
             check_ports(settings, plan_sims(served_models(settings), settings.sim_port))
             run_dir = run_dir_for(settings)
             prepare_store_dir(up_responses_store(settings))
+            settings, why = envoy_bootstrap.choose_response_path(settings)
+            _say(err, f"extproc: response path: {settings.response_path} ({why})")
             specs, served, sims = stack_specs(settings, run_dir)
             supervisor = Supervisor(
                 run_dir,

@@ -1,12 +1,14 @@
 """A stalled engine: its scheduler stops while its health check still answers, as vLLM's does (issue
 15: clients hung forever; 21 of 40 concurrent requests went to it). With `first_token_timeout` set short
 the requests it holds end with 504 within that deadline, its calls are aborted, and later requests avoid
-it; a stream that stalls between tokens ends with an SSE error event and [DONE]. The Responses API's own
-engine calls (issue 18) keep the same deadlines: a stream stalling mid-way ends with `response.failed`,
-a non-streamed call with 504, and the engine call is aborted either way."""
+it; a stream that stalls between tokens ends with an SSE error event and [DONE], on both response paths
+(with the Envoy module extproc times the first token, the module each next one: the same error, the same
+abort). The Responses API's own engine calls (issue 18) keep the same deadlines: a stream stalling mid-way
+ends with `response.failed`, a non-streamed call with 504, and the engine call is aborted either way."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,11 +28,17 @@ INTER_TOKEN_S = 1.0
 MARGIN_S = 3.0
 
 
-@pytest.fixture
-def stack(tmp_path: Path) -> Iterator[Stack]:
+@pytest.fixture(params=["ext_proc", "module"])
+def stack(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Stack]:
     settings = {"first_token_timeout": FIRST_TOKEN_S, "inter_token_timeout": INTER_TOKEN_S}
     with local_stack(
-        FreePorts(), tmp_path, engines=2, fallbacks=1, routing_policy="kv_events", extproc_settings=settings
+        FreePorts(),
+        tmp_path,
+        engines=2,
+        fallbacks=1,
+        routing_policy="kv_events",
+        extproc_settings=settings,
+        response_path=request.param,
     ) as s:
         yield s
 
@@ -59,14 +67,17 @@ def test_stalled_engine_requests_end_with_504_and_later_ones_avoid_it(stack: Sta
     assert max(o.seconds for o in second) < limit + MARGIN_S
 
 
-@pytest.fixture(scope="module")
-def slow_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+@pytest.fixture(scope="module", params=["ext_proc", "module"])
+def slow_stack(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Iterator[Stack]:
     """One engine generating a token every 50 ms: a stall can be started mid-stream. Each test stalls it
-    and starts it again; the single engine is still picked while its penalty runs (no other candidate)."""
+    and starts it again; the single engine is still picked while its penalty runs (no other candidate).
+    Once per response path."""
     settings = {"first_token_timeout": FIRST_TOKEN_S, "inter_token_timeout": INTER_TOKEN_S}
     slow = SimOptions(itl_ms=50.0)
     tmp = Path(tmp_path_factory.mktemp("slow"))
-    with local_stack(FreePorts(), tmp, engines=1, sim=slow, extproc_settings=settings) as s:
+    with local_stack(
+        FreePorts(), tmp, engines=1, sim=slow, extproc_settings=settings, response_path=request.param
+    ) as s:
         yield s
 
 
@@ -96,8 +107,15 @@ def test_a_stream_stalling_between_tokens_ends_with_an_error_event(
     assert time.monotonic() - stalled_at < INTER_TOKEN_S + MARGIN_S
     events = [e for e in raw.split("\n\n") if e.strip()]
     assert events[-1] == "data: [DONE]"
-    assert '"code":504' in events[-2].replace(" ", "") and "inter_token_timeout" in events[-2]
+    error = json.loads(events[-2].removeprefix("data: "))["error"]
+    assert error == {
+        "message": "the engine sent no next token within 1 s (inter_token_timeout)",
+        "type": "timeout",
+        "param": None,
+        "code": 504,
+    }
     assert wait_for(lambda: engine.stats.abort_calls == aborted + 1), "the stalled call was not aborted"
+    assert wait_for(lambda: engine.stats.active == 0), "the engine kept the call"
 
 
 def test_a_responses_stream_stalling_between_tokens_ends_with_response_failed(

@@ -185,7 +185,9 @@ def envoy_running(config: Path, admin_port: int) -> Iterator[subprocess.Popen[by
     argv += ["--concurrency", "1"]
     envoy = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
-        wait_ready(f"http://127.0.0.1:{admin_port}", envoy)
+        # With the response module Envoy loads every served model's tokenizer before it is ready: a
+        # minute and more for several models on a busy machine.
+        wait_ready(f"http://127.0.0.1:{admin_port}", envoy, timeout=120)
         yield envoy
     finally:
         envoy.terminate()

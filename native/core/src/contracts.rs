@@ -80,6 +80,27 @@ pub const ENGINE_REQUEST_HEADERS: &[&str] = &[
     "tracestate",
 ];
 
+/// Dynamic-metadata namespace in which extproc leaves a routed request's response plan (JSON, under
+/// `RESPONSE_PLAN_KEY`) for the Envoy module that answers the client (`native/envoy-module`,
+/// `stream/response_plan.rs`): the bootstrap's ext_proc filter accepts this namespace when the module runs.
+pub const RESPONSE_PLAN_NAMESPACE: &str = "extproc.response";
+
+/// Key under `RESPONSE_PLAN_NAMESPACE` holding the plan.
+pub const RESPONSE_PLAN_KEY: &str = "plan";
+
+/// Response trailer in which the Envoy module tells extproc what the answer came to (status, tokens,
+/// finish reason, error: `ResponseOutcome` as JSON). On the way back the module runs before ext_proc,
+/// which reads it into the request's summary and removes it before the client could see it.
+pub const OUTCOME_TRAILER: &str = "x-extproc-outcome";
+
+/// gRPC metadata Envoy's ext_proc filter sends on every stream to extproc (the bootstrap's
+/// `initial_metadata`) when the Envoy module answers the client: value `RESPONSE_PATH_MODULE`. extproc
+/// follows it per stream, so `extproc serve` works behind either kind of Envoy config.
+pub const RESPONSE_PATH_METADATA: &str = "x-extproc-response-path";
+
+/// The value of `RESPONSE_PATH_METADATA` saying the module answers.
+pub const RESPONSE_PATH_MODULE: &str = "module";
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -94,6 +115,8 @@ mod tests {
             SESSION_HEADER,
             REQUEST_ID_HEADER,
             AUTHORIZATION_HEADER,
+            OUTCOME_TRAILER,
+            RESPONSE_PATH_METADATA,
         ];
         for name in headers
             .iter()

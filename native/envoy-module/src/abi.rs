@@ -9,6 +9,10 @@ use std::ffi::c_void;
 
 /// `envoy_dynamic_module_type_http_filter_envoy_ptr`: Envoy's `DynamicModuleHttpFilter`.
 pub type FilterEnvoyPtr = *mut c_void;
+/// `envoy_dynamic_module_type_http_filter_scheduler_module_ptr`: a filter's scheduler, which may be
+/// committed from any thread and delivers `envoy_dynamic_module_on_http_filter_scheduled` on the
+/// filter's worker thread (dropped if the filter is gone by then).
+pub type SchedulerPtr = *mut c_void;
 /// `envoy_dynamic_module_type_http_filter_config_envoy_ptr`.
 pub type ConfigEnvoyPtr = *mut c_void;
 
@@ -148,6 +152,27 @@ extern "C" {
     ) -> bool;
 
     pub fn envoy_dynamic_module_callback_http_drain_body(filter: FilterEnvoyPtr, body_type: u32, bytes: usize) -> bool;
+
+    pub fn envoy_dynamic_module_callback_http_filter_scheduler_new(filter: FilterEnvoyPtr) -> SchedulerPtr;
+
+    pub fn envoy_dynamic_module_callback_http_filter_scheduler_commit(scheduler: SchedulerPtr, event_id: u64);
+
+    pub fn envoy_dynamic_module_callback_http_filter_scheduler_delete(scheduler: SchedulerPtr);
+
+    /// Response bytes from outside an encoder event (`decoder_callbacks->encodeData`): they go through
+    /// the whole encoder chain, this filter first.
+    pub fn envoy_dynamic_module_callback_http_send_response_data(
+        filter: FilterEnvoyPtr,
+        data: ModuleBuffer,
+        end_stream: bool,
+    );
+
+    /// Response trailers from outside an encoder event, ending the stream (through the encoder chain).
+    pub fn envoy_dynamic_module_callback_http_send_response_trailers(
+        filter: FilterEnvoyPtr,
+        trailers: *const ModuleHeader,
+        trailers_size: usize,
+    );
 
     pub fn envoy_dynamic_module_callback_http_get_metadata_string(
         filter: FilterEnvoyPtr,

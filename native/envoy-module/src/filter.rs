@@ -19,6 +19,8 @@ pub trait HttpFilter {
     }
     /// Envoy is about to send a local reply (its own, or one the filter asked for) through the filters.
     fn local_reply(&mut self) {}
+    /// An event the filter scheduled (`watchdog.rs`) arrived on its worker thread.
+    fn scheduled(&mut self, _stream: &Stream, _event_id: u64) {}
     /// The stream ended, however it ended (before the filter is destroyed).
     fn complete(&mut self, _stream: &Stream) {}
 }

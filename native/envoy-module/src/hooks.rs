@@ -165,6 +165,19 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_local_reply(
     0
 }
 
+/// An event the filter scheduled (its inter-token deadline, `watchdog.rs`).
+///
+/// # Safety
+/// Envoy's live stream and this module's filter.
+#[no_mangle]
+pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_scheduled(
+    envoy: FilterEnvoyPtr,
+    module: *const c_void,
+    event_id: u64,
+) {
+    filter(module).scheduled(&Stream::new(envoy), event_id);
+}
+
 // Hooks for features the filter does not use (callouts, scheduling, watermarks): no-ops. Their
 // arguments are not read, so only their names matter.
 macro_rules! unused_hooks {
@@ -183,7 +196,6 @@ unused_hooks!(
     envoy_dynamic_module_on_http_filter_http_stream_trailers,
     envoy_dynamic_module_on_http_filter_http_stream_complete,
     envoy_dynamic_module_on_http_filter_http_stream_reset,
-    envoy_dynamic_module_on_http_filter_scheduled,
     envoy_dynamic_module_on_http_filter_downstream_above_write_buffer_high_watermark,
     envoy_dynamic_module_on_http_filter_downstream_below_write_buffer_low_watermark,
     envoy_dynamic_module_on_http_filter_config_scheduled,

@@ -167,4 +167,27 @@ impl Stream {
             );
         }
     }
+
+    /// A new scheduler of this stream's filter, for `watchdog::Watch` (which deletes it).
+    pub fn new_scheduler(&self) -> abi::SchedulerPtr {
+        // SAFETY: a live filter pointer inside its hook.
+        unsafe { abi::envoy_dynamic_module_callback_http_filter_scheduler_new(self.0) }
+    }
+
+    /// Response bytes sent from outside a response event (a scheduled wake-up); `end_stream` ends it.
+    pub fn send_data(&self, bytes: &[u8], end_stream: bool) {
+        // SAFETY: live filter pointer; Envoy copies the bytes.
+        unsafe {
+            abi::envoy_dynamic_module_callback_http_send_response_data(self.0, ModuleBuffer::of(bytes), end_stream)
+        }
+    }
+
+    /// Response trailers sent from outside a response event, ending the stream.
+    pub fn send_trailers(&self, trailers: &[(&str, &str)]) {
+        let trailers: Vec<ModuleHeader> = trailers.iter().map(|(k, v)| ModuleHeader::of(k, v)).collect();
+        // SAFETY: live filter pointer; every buffer outlives the call.
+        unsafe {
+            abi::envoy_dynamic_module_callback_http_send_response_trailers(self.0, trailers.as_ptr(), trailers.len())
+        }
+    }
 }

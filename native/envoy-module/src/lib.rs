@@ -6,7 +6,8 @@
 //! - `probe`: appends its config's bytes to every response body (proves the module loads and rewrites).
 //!
 //! `abi.rs` declares the part of Envoy's C ABI the module calls, `hooks.rs` exports the hooks Envoy
-//! calls, `host.rs` wraps one stream's callbacks, `filter.rs` maps configs to filters.
+//! calls, `host.rs` wraps one stream's callbacks, `filter.rs` maps configs to filters, `watchdog.rs`
+//! times streams out.
 
 pub mod abi;
 pub mod filter;
@@ -15,3 +16,4 @@ pub mod host;
 pub mod models;
 pub mod probe;
 pub mod response_filter;
+pub mod watchdog;

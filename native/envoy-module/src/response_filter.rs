@@ -8,16 +8,20 @@
 //! (non-streamed), so an engine error before any content still gets its own status.
 
 use std::sync::Arc;
+use std::time::Duration;
 
+use extproc_core::contracts::{OUTCOME_TRAILER, RESPONSE_PLAN_KEY, RESPONSE_PLAN_NAMESPACE};
 use extproc_core::error::ApiError;
 use extproc_core::stream::engine_outcome::{self, Ending};
 use extproc_core::stream::response::ResponseTranslator;
-use extproc_core::stream::response_plan::{ResponseOutcome, ResponsePlan, OUTCOME_TRAILER, PLAN_KEY, PLAN_NAMESPACE};
+use extproc_core::stream::response_plan::{ResponseOutcome, ResponsePlan};
+use extproc_core::stream::Missed;
 
 use crate::abi::status;
 use crate::filter::HttpFilter;
 use crate::host::Stream;
 use crate::models::Models;
+use crate::watchdog::{Watch, DEADLINE_EVENT};
 
 const REQUEST_ID_HEADER: &str = "x-request-id";
 
@@ -39,6 +43,12 @@ pub struct ResponseFilter {
     state: State,
     /// What the answer came to, once it ended: extproc reads it from the trailers (`OUTCOME_TRAILER`).
     outcome: Option<ResponseOutcome>,
+    /// Envoy sent a local reply (extproc's immediate response, e.g. its first-token timeout, or this
+    /// filter's error): its headers come through this filter too and pass untouched.
+    local_reply: bool,
+    /// The plan's inter-token deadline (zero: none), watched from the engine's first message on.
+    inter_token: Duration,
+    watch: Option<Watch>,
 }
 
 impl ResponseFilter {
@@ -47,11 +57,14 @@ impl ResponseFilter {
             models,
             state: State::Passing,
             outcome: None,
+            local_reply: false,
+            inter_token: Duration::ZERO,
+            watch: None,
         }
     }
 
     /// The translator of this stream's plan; an error when the plan cannot be followed.
-    fn start(&self, plan: &[u8]) -> Result<(ResponseTranslator, String), ApiError> {
+    fn start(&mut self, plan: &[u8]) -> Result<(ResponseTranslator, String), ApiError> {
         let plan = ResponsePlan::from_json(plan).map_err(ApiError::internal)?;
         let model = self
             .models
@@ -59,6 +72,7 @@ impl ResponseFilter {
             .ok_or_else(|| ApiError::internal(format!("the Envoy module does not serve model '{}'", plan.model)))?;
         let shape = plan.shape(|| model.dropped_special_ids()).map_err(ApiError::internal)?;
         let translator = ResponseTranslator::new(model.files.clone(), shape, plan.max_message);
+        self.inter_token = Duration::from_millis(plan.inter_token_ms);
         Ok((translator, plan.request_id))
     }
 }
@@ -115,6 +129,7 @@ impl ResponseFilter {
             cached_tokens: translator.usage.cached_tokens,
             finish_reason: translator.finish_reason().unwrap_or_default(),
             error: error.as_ref().map(|e| e.message.clone()).unwrap_or_default(),
+            timed_out: false,
         });
         if let Some((status, content_type)) = headers {
             set_client_headers(stream, status, content_type, request_id);
@@ -123,13 +138,61 @@ impl ResponseFilter {
             stream.set_response_header("retry-after", &seconds.to_string());
         }
         self.state = State::Done;
+        self.watch = None;
         body
+    }
+
+    /// The engine sent a message: its inter-token deadline starts again (and starts at the first).
+    fn engine_progress(&mut self, stream: &Stream) {
+        match &self.watch {
+            Some(watch) => watch.progress(),
+            None if !self.inter_token.is_zero() => {
+                self.watch = Some(Watch::start(stream.new_scheduler(), self.inter_token))
+            }
+            None => {}
+        }
+    }
+
+    /// The engine missed its inter-token deadline: the client hears it as on the ext_proc path (a 504
+    /// before the answer began, else an SSE error event and `data: [DONE]`), and the outcome tells
+    /// extproc, which penalises the endpoint and aborts the call. Ending the stream also makes Envoy
+    /// reset the engine call.
+    fn time_out(&mut self, stream: &Stream, budget: Duration) {
+        let State::Translating {
+            request_id,
+            headers_sent,
+            ..
+        } = &self.state
+        else {
+            self.watch = None;
+            return;
+        };
+        let error = ApiError::new(504, "timeout", Missed::NextToken(budget).message());
+        if !*headers_sent {
+            let request_id = request_id.clone();
+            self.watch = None;
+            self.state = State::Done;
+            send_error(stream, &error, &request_id);
+            return;
+        }
+        let body = self.end(stream, Some(error));
+        let outcome = self.outcome.as_mut().map(|o| {
+            o.timed_out = true;
+            serde_json::to_string(o).unwrap_or_default()
+        });
+        // What this filter sends now passes through it too.
+        self.state = State::Passing;
+        stream.send_data(&body, false);
+        stream.send_trailers(&[(OUTCOME_TRAILER, outcome.as_deref().unwrap_or("{}"))]);
     }
 }
 
 impl HttpFilter for ResponseFilter {
     fn response_headers(&mut self, stream: &Stream, end_of_stream: bool) -> u32 {
-        let Some(plan) = stream.metadata_string(PLAN_NAMESPACE, PLAN_KEY) else {
+        if self.local_reply {
+            return status::CONTINUE;
+        }
+        let Some(plan) = stream.metadata_string(RESPONSE_PLAN_NAMESPACE, RESPONSE_PLAN_KEY) else {
             return status::CONTINUE;
         };
         let request_id = stream
@@ -178,7 +241,14 @@ impl HttpFilter for ResponseFilter {
                     status::BODY_STOP_ITERATION_NO_BUFFER
                 };
             }
-            State::Translating { translator, .. } => translator.push(&stream.received_body()),
+            State::Translating { translator, .. } => {
+                let body = stream.received_body();
+                let pushed = translator.push(&body);
+                if !body.is_empty() {
+                    self.engine_progress(stream);
+                }
+                pushed
+            }
         };
         let events = match pushed {
             Ok(events) => events,
@@ -221,6 +291,18 @@ impl HttpFilter for ResponseFilter {
     /// through untouched: Envoy's local-reply mappers give it its OpenAI shape.
     fn local_reply(&mut self) {
         self.state = State::Passing;
+        self.local_reply = true;
+        self.watch = None;
+    }
+
+    fn scheduled(&mut self, stream: &Stream, event_id: u64) {
+        let Some(watch) = self.watch.as_ref().filter(|_| event_id == DEADLINE_EVENT) else {
+            return;
+        };
+        if watch.missed() {
+            let budget = watch.budget();
+            self.time_out(stream, budget);
+        }
     }
 
     fn response_trailers(&mut self, stream: &Stream) -> u32 {

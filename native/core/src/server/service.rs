@@ -20,6 +20,7 @@ use super::abort::Aborter;
 use super::fanout;
 use super::stats::{Counters, Finished, Telemetry};
 use super::workers::Workers;
+use crate::contracts;
 use crate::engine::Protocol;
 use crate::gateway::Gateway;
 use crate::pb::ext_proc::external_processor_server::{ExternalProcessor, ExternalProcessorServer};
@@ -66,10 +67,17 @@ impl ExternalProcessor for ExtProcessor {
     type ProcessStream = ProcessStream;
 
     async fn process(&self, request: Request<Streaming<ProcessingRequest>>) -> Result<Response<ProcessStream>, Status> {
-        Ok(Response::new(ProcessStream::new(
-            self.shared.clone(),
-            request.into_inner(),
-        )))
+        // The Envoy in front says whether its response module answers the client (one config or the other,
+        // whatever this server's own settings say).
+        let in_envoy = request
+            .metadata()
+            .get(contracts::RESPONSE_PATH_METADATA)
+            .is_some_and(|v| v.as_bytes() == contracts::RESPONSE_PATH_MODULE.as_bytes());
+        let mut stream = ProcessStream::new(self.shared.clone(), request.into_inner());
+        if in_envoy {
+            stream.machine.answered_in_envoy();
+        }
+        Ok(Response::new(stream))
     }
 }
 

@@ -252,3 +252,57 @@ fn a_first_token_closes_the_penalty_of_a_probed_engine() {
     })));
     assert_eq!(standing(&gateway, &engine), Standing::Closed, "it answered: alive");
 }
+
+/// The plan a module-path stream leaves for the Envoy module, from its request-headers reply.
+fn response_plan(replies: &[ProcessingResponse]) -> super::response_plan::ResponsePlan {
+    use crate::pb::structs::value::Kind;
+    let metadata = replies[0]
+        .dynamic_metadata
+        .as_ref()
+        .expect("the plan travels as dynamic metadata");
+    let Some(Kind::StructValue(plan)) = &metadata.fields[crate::contracts::RESPONSE_PLAN_NAMESPACE].kind else {
+        panic!("the namespace is a struct");
+    };
+    let json = plan.fields[crate::contracts::RESPONSE_PLAN_KEY]
+        .as_str()
+        .expect("the plan is JSON text");
+    super::response_plan::ResponsePlan::from_json(json.as_bytes()).unwrap()
+}
+
+#[test]
+fn with_the_envoy_module_the_stream_carries_the_inter_token_deadline_and_a_timeout_aborts_and_penalises() {
+    let gateway = gateway();
+    let mut s = RequestStream::new(gateway.clone());
+    // The Envoy in front said the module answers (`contracts::RESPONSE_PATH_METADATA`).
+    s.answered_in_envoy();
+    let h = headers(&[(":method", "POST"), (":path", "/v1/completions")]);
+    assert!(s
+        .process(message(Request::RequestHeaders(HttpHeaders {
+            headers: Some(h),
+            end_of_stream: false
+        })))
+        .is_empty());
+    let body = r#"{"model": "m", "prompt": "Hello", "max_tokens": 4, "stream": true}"#;
+    let replies = s.process(message(Request::RequestBody(HttpBody {
+        body: body.as_bytes().to_vec(),
+        end_of_stream: true,
+    })));
+    let plan = response_plan(&replies);
+    assert_eq!(plan.inter_token_ms, NEXT.as_millis() as u64);
+    let engine = s.summary().endpoint;
+    // The module lets the headers through at the first content; the deadline is the module's from then.
+    assert!(engine_headers(&mut s, &[]).len() == 1);
+    assert_eq!(s.deadline(), None);
+    assert!(s.pending_abort().is_some());
+    let outcome = r#"{"status":200,"prompt_tokens":2,"completion_tokens":1,"cached_tokens":0,"finish_reason":"","error":"the engine sent no next token within 1 s (inter_token_timeout)","timed_out":true}"#;
+    let replies = s.process(message(Request::ResponseTrailers(crate::pb::ext_proc::HttpTrailers {
+        trailers: Some(headers(&[(crate::contracts::OUTCOME_TRAILER, outcome)])),
+    })));
+    assert_eq!(replies.len(), 1, "the outcome trailer is removed");
+    let summary = s.summary();
+    assert_eq!((summary.status, summary.completion_tokens), (200, 1));
+    assert!(summary.error.contains("inter_token_timeout"));
+    let abort = s.pending_abort().expect("the stalled engine call is still to abort");
+    assert_eq!(abort.endpoint, engine);
+    assert_eq!(standing(&gateway, &engine), Standing::Ejected);
+}

@@ -164,12 +164,14 @@ pub struct RequestStream {
     first_output: Option<Instant>,
     /// What the Envoy module said the answer came to (`Limits::response_in_envoy`).
     module_outcome: Option<response_plan::ResponseOutcome>,
+    /// The Envoy module answers this stream's client: `Limits::response_in_envoy`, or the Envoy in front
+    /// said so (`contracts::RESPONSE_PATH_METADATA`, `answered_in_envoy`).
+    response_in_envoy: bool,
 }
 
 impl RequestStream {
     pub fn new(gateway: Arc<Gateway>) -> Self {
         RequestStream {
-            gateway,
             phase: Phase::RequestHeaders,
             api: None,
             session: None,
@@ -186,7 +188,16 @@ impl RequestStream {
             summary: Summary::default(),
             first_output: None,
             module_outcome: None,
+            response_in_envoy: gateway.limits.response_in_envoy,
+            gateway,
         }
+    }
+
+    /// The Envoy in front runs the response module (its ext_proc stream carries
+    /// `contracts::RESPONSE_PATH_METADATA`): routed calls leave their plan for it and extproc follows only
+    /// the response's headers and trailers.
+    pub fn answered_in_envoy(&mut self) {
+        self.response_in_envoy = true;
     }
 
     /// One ext_proc message in, the replies to send out, in order.
@@ -234,8 +245,19 @@ impl RequestStream {
                 protocol: x.target.protocol,
                 request_id: &x.engine_request_id,
             }),
+            // The Envoy module ended a stalled call: the engine may still be generating.
+            (Some(x), Phase::Done) if self.module_timed_out() => Some(PendingAbort {
+                endpoint: &x.target.address,
+                protocol: x.target.protocol,
+                request_id: &x.engine_request_id,
+            }),
             _ => None,
         }
+    }
+
+    /// The Envoy module said it ended the answer at the inter-token deadline.
+    fn module_timed_out(&self) -> bool {
+        self.module_outcome.as_ref().is_some_and(|o| o.timed_out)
     }
 
     /// What the request became so far.
@@ -626,8 +648,13 @@ impl RequestStream {
             parsing,
         };
         let max_message = self.gateway.limits.max_engine_message;
-        let in_envoy = self.gateway.limits.response_in_envoy;
-        let plan = in_envoy.then(|| ResponsePlan::of(&shape, max_message, &self.summary.request_id).to_json());
+        let in_envoy = self.response_in_envoy;
+        let inter_token = self.gateway.limits.deadlines.inter_token;
+        let plan = in_envoy.then(|| {
+            ResponsePlan::of(&shape, max_message, &self.summary.request_id)
+                .with_inter_token(inter_token)
+                .to_json()
+        });
         let translator = ResponseTranslator::new(model.clone(), shape, max_message);
         // Envoy connects to the engine's address; the rank travels in the request.
         let destination = target.destination(self.gateway.limits.destination_fallbacks);
@@ -770,7 +797,12 @@ impl RequestStream {
             // What the module says the answer came to, into the summary (logs and metrics).
             self.module_outcome = trailers
                 .get(response_plan::OUTCOME_TRAILER)
-                .and_then(|json| serde_json::from_str(json).ok());
+                .and_then(|json| serde_json::from_str::<response_plan::ResponseOutcome>(json).ok());
+            if self.module_timed_out() {
+                // The module ended a stalled stream: penalise the endpoint as `time_out` does; the call
+                // stays in `pending_abort`, so the server aborts it.
+                self.report(Some(Err(Failure::Down)));
+            }
             return vec![replies::remove_outcome_trailer()];
         }
         let exchange = self.exchange.as_ref().expect("an exchange exists after routing");

@@ -1,7 +1,8 @@
 //! Builders for the `ProcessingResponse` messages Envoy accepts, in the shapes it requires.
 
 use crate::contracts::{
-    DESTINATION_HEADER, ENGINE_REQUEST_HEADERS, LB_METADATA_NAMESPACE, MAX_RETRIES_HEADER, REQUEST_ID_HEADER,
+    DESTINATION_HEADER, ENGINE_REQUEST_HEADERS, LB_METADATA_NAMESPACE, MAX_RETRIES_HEADER, OUTCOME_TRAILER,
+    REQUEST_ID_HEADER, RESPONSE_PLAN_KEY as PLAN_KEY, RESPONSE_PLAN_NAMESPACE as PLAN_NAMESPACE,
 };
 use crate::error::ApiError;
 use crate::pb::ext_proc::{
@@ -10,7 +11,6 @@ use crate::pb::ext_proc::{
     ImmediateResponse, ProcessingResponse, StreamedBodyResponse, StreamedImmediateResponse, TrailersResponse,
 };
 use crate::pb::structs::{Struct, Value};
-use crate::stream::response_plan::{OUTCOME_TRAILER, PLAN_KEY, PLAN_NAMESPACE};
 
 /// Envoy's ext_proc takes streamed body chunks of at most 64 KiB; stay clearly under it.
 pub const MAX_BODY_CHUNK: usize = 62_000;

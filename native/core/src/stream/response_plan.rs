@@ -14,14 +14,9 @@ use crate::engine::Protocol;
 use crate::openai::request::Api;
 use crate::openai::response::ResponseMeta;
 
-/// The dynamic metadata namespace and key the plan travels under (ext_proc writes, the module reads).
-pub const PLAN_NAMESPACE: &str = "extproc.response";
-pub const PLAN_KEY: &str = "plan";
-
-/// The response trailer in which the module tells extproc what the answer came to (`ResponseOutcome`,
-/// JSON), for its logs and metrics: on the way back the module runs before ext_proc, which reads the
-/// trailer and removes it before the client could see it.
-pub const OUTCOME_TRAILER: &str = "x-extproc-outcome";
+/// The dynamic metadata namespace and key the plan travels under (ext_proc writes, the module reads), and
+/// the trailer the outcome comes back in: cross-process names, declared in `contracts.rs`.
+pub use crate::contracts::{OUTCOME_TRAILER, RESPONSE_PLAN_KEY as PLAN_KEY, RESPONSE_PLAN_NAMESPACE as PLAN_NAMESPACE};
 
 /// What one answer came to: the request summary's response fields.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -32,6 +27,10 @@ pub struct ResponseOutcome {
     pub cached_tokens: u32,
     pub finish_reason: String,
     pub error: String,
+    /// The module ended the answer because the engine missed its inter-token deadline: extproc
+    /// penalises the endpoint and aborts the engine call, as when it times a call out itself.
+    #[serde(default)]
+    pub timed_out: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -59,6 +58,10 @@ pub struct ResponsePlan {
     pub request_id: String,
     /// Chat answers whose text goes through tool-call and reasoning parsers.
     pub parsing: Option<ParsingSpec>,
+    /// A stream's inter-token deadline in milliseconds (0: none): once the engine has sent something,
+    /// the module ends the answer when the next message does not come within it (`deadline.rs`).
+    #[serde(default)]
+    pub inter_token_ms: u64,
 }
 
 impl ResponsePlan {
@@ -86,7 +89,17 @@ impl ResponsePlan {
             max_message,
             request_id: request_id.to_string(),
             parsing: shape.parsing.as_ref().map(|p| p.spec()),
+            inter_token_ms: 0,
         }
+    }
+
+    /// The plan with a stream's inter-token deadline (`Duration::ZERO`: none; non-streamed calls have
+    /// none, extproc times their whole call).
+    pub fn with_inter_token(mut self, deadline: std::time::Duration) -> ResponsePlan {
+        if self.stream {
+            self.inter_token_ms = deadline.as_millis().min(u64::MAX as u128) as u64;
+        }
+        self
     }
 
     pub fn to_json(&self) -> String {

@@ -21,6 +21,11 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
         ("SESSION_HEADER", contracts::SESSION_HEADER),
         ("REQUEST_ID_HEADER", contracts::REQUEST_ID_HEADER),
         ("AUTHORIZATION_HEADER", contracts::AUTHORIZATION_HEADER),
+        ("RESPONSE_PLAN_NAMESPACE", contracts::RESPONSE_PLAN_NAMESPACE),
+        ("RESPONSE_PLAN_KEY", contracts::RESPONSE_PLAN_KEY),
+        ("OUTCOME_TRAILER", contracts::OUTCOME_TRAILER),
+        ("RESPONSE_PATH_METADATA", contracts::RESPONSE_PATH_METADATA),
+        ("RESPONSE_PATH_MODULE", contracts::RESPONSE_PATH_MODULE),
         ("DEFAULT_ROUTING_POLICY", registry::DEFAULT_POLICY),
     ];
     for (name, value) in names {
