@@ -14,6 +14,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from load.loadgen.workloads import AGENT_ANSWER_TOKENS
+
 GATEWAYS = ("ours", "ours-module", "smg")
 # Our targets and the key of their ratio to SMG in a comparison row.
 RATIO_KEYS = {"ours": "ratio", "ours-module": "ratio_module"}
@@ -193,16 +195,26 @@ def stream_cost(comparison: dict[str, dict[str, Any]]) -> str:
 
 def tool_call_cost(comparison: dict[str, dict[str, Any]]) -> str:
     """Gateway CPU per request of the streamed tool call over the same-length plain stream, per gateway (the
-    issue's target for ours: at most 1.10); empty when the run had not both workloads."""
+    issue's target for ours: at most 1.10), and the difference per streamed token: the tool call's parser
+    and delta events, plus the tool request's own parse, validation and longer prompt (an upper bound on the
+    parser's CPU per token); empty when the run had not both workloads."""
     tools, plain = comparison.get("tool-stream"), comparison.get("plain-stream")
     if not tools or not plain:
         return ""
-    parts = []
+    parts, per_token = [], []
     for name in GATEWAYS:
-        ratio = _ratio(tools.get(name, {}).get("cpu_ms"), plain.get(name, {}).get("cpu_ms"))
+        tool_ms, plain_ms = tools.get(name, {}).get("cpu_ms"), plain.get(name, {}).get("cpu_ms")
+        ratio = _ratio(tool_ms, plain_ms)
         if ratio is not None:
             parts.append(f"{name} {_fmt(ratio)}")
-    return "tool-call stream CPU/req over plain stream (tool-stream/plain-stream): " + ", ".join(parts)
+            per_token.append(f"{name} {_fmt(1000 * (tool_ms - plain_ms) / AGENT_ANSWER_TOKENS)}")
+    return (
+        "tool-call stream CPU/req over plain stream (tool-stream/plain-stream): "
+        + ", ".join(parts)
+        + f"\ntool-call stream's extra gateway CPU per streamed token, µs ({AGENT_ANSWER_TOKENS} tokens; "
+        + "parser, call deltas and the tool request's parsing: an upper bound on the parser's): "
+        + ", ".join(per_token)
+    )
 
 
 def noise_note(results: list[dict[str, Any]]) -> str:

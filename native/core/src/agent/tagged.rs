@@ -118,24 +118,24 @@ impl Tagged {
                 return;
             }
             let id = self.markers.call_id.and_then(|f| f(&text[..upto]));
+            open.args.push_str(&args);
+            open.sent = Some((name.clone(), self.calls));
             out.calls.push(ToolCallPiece {
                 index: self.calls,
-                name: Some(name.clone()),
+                name: Some(name),
                 id,
-                arguments: args.clone(),
+                arguments: args,
             });
-            open.sent = Some((name, self.calls));
-            open.args = args;
             self.calls += 1;
         } else if let Some((_, index)) = &open.sent {
             if !args.is_empty() {
+                open.args.push_str(&args);
                 out.calls.push(ToolCallPiece {
                     index: *index,
                     name: None,
                     id: None,
-                    arguments: args.clone(),
+                    arguments: args,
                 });
-                open.args.push_str(&args);
             }
         }
     }

@@ -143,13 +143,24 @@ pub enum ToolCallDelta<'a> {
 }
 
 impl ToolCallDelta<'_> {
-    fn to_value(&self) -> Value {
+    /// As JSON: the start `{"index", "id", "type", "function": {"name", "arguments": ""}}`, a fragment
+    /// `{"index", "function": {"arguments"}}`.
+    fn write(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(b"{\"index\":");
         match self {
-            ToolCallDelta::Start { index, id, name } => json!({
-                "index": index, "id": id, "type": "function", "function": {"name": name, "arguments": ""},
-            }),
+            ToolCallDelta::Start { index, id, name } => {
+                out.extend_from_slice(index.to_string().as_bytes());
+                out.extend_from_slice(b",\"id\":");
+                json_str(id, out);
+                out.extend_from_slice(b",\"type\":\"function\",\"function\":{\"name\":");
+                json_str(name, out);
+                out.extend_from_slice(b",\"arguments\":\"\"}}");
+            }
             ToolCallDelta::Arguments { index, fragment } => {
-                json!({"index": index, "function": {"arguments": fragment}})
+                out.extend_from_slice(index.to_string().as_bytes());
+                out.extend_from_slice(b",\"function\":{\"arguments\":");
+                json_str(fragment, out);
+                out.extend_from_slice(b"}}");
             }
         }
     }
@@ -183,96 +194,87 @@ pub struct Delta<'a> {
     pub logprobs: Value,
 }
 
-/// One streamed chunk carrying one choice (as vLLM streams `n` choices: one per event). Written from
-/// borrowed parts, not built as a `Value` (a chunk per token is the stream's hot path): the fields in the
-/// order the envelope and the choice objects give them.
+/// One streamed chunk carrying one choice (as vLLM streams `n` choices: one per event). A stream writes
+/// one per token, so the event is written straight into `out`, with no JSON tree built and dropped per
+/// token: the bytes are those of serializing the equivalent `serde_json::Value` (keys in this order,
+/// compact), which the tests check against `json!`.
 pub fn chunk_event(meta: &ResponseMeta, index: u32, delta: Delta<'_>, out: &mut Vec<u8>) {
     // Room for a usual token's event at once (an empty `out` would grow 8, 16, ... 256 bytes).
     out.reserve(CHUNK_EVENT_BYTES + delta.text.map_or(0, str::len));
-    let logprobs = &delta.logprobs;
-    let finish_reason = delta.finish_reason;
+    out.extend_from_slice(b"data: {\"id\":");
+    json_str(&meta.id, out);
+    out.extend_from_slice(b",\"object\":\"");
+    out.extend_from_slice(meta.object(true).as_bytes());
+    out.extend_from_slice(b"\",\"created\":");
+    out.extend_from_slice(meta.created.to_string().as_bytes());
+    out.extend_from_slice(b",\"model\":");
+    json_str(&meta.model, out);
+    out.extend_from_slice(b",\"choices\":[{\"index\":");
+    out.extend_from_slice(index.to_string().as_bytes());
     match meta.api {
         Api::Chat => {
-            let choice = ChatChunkChoice {
-                index,
-                delta: ChatChunkDelta {
-                    role: delta.role.then_some("assistant"),
-                    content: delta.text,
-                    reasoning_content: delta.reasoning,
-                    reasoning: delta.reasoning,
-                    tool_calls: delta.tool_call.as_ref().map(|call| [call.to_value()]),
-                },
-                logprobs,
-                finish_reason,
-            };
-            event(&meta.chunk(choice), out);
+            out.extend_from_slice(b",\"delta\":{");
+            let mut fields = Fields::default();
+            if delta.role {
+                fields.key("role", out);
+                out.extend_from_slice(b"\"assistant\"");
+            }
+            if let Some(text) = delta.text {
+                fields.key("content", out);
+                json_str(text, out);
+            }
+            if let Some(reasoning) = delta.reasoning {
+                fields.key("reasoning_content", out);
+                json_str(reasoning, out);
+                fields.key("reasoning", out);
+                json_str(reasoning, out);
+            }
+            if let Some(call) = &delta.tool_call {
+                fields.key("tool_calls", out);
+                out.push(b'[');
+                call.write(out);
+                out.push(b']');
+            }
+            out.push(b'}');
         }
         Api::Completion => {
-            let choice = CompletionChunkChoice {
-                index,
-                text: delta.text.unwrap_or(""),
-                logprobs,
-                finish_reason,
-            };
-            event(&meta.chunk(choice), out);
+            out.extend_from_slice(b",\"text\":");
+            json_str(delta.text.unwrap_or(""), out);
         }
     }
+    out.extend_from_slice(b",\"logprobs\":");
+    serde_json::to_writer(&mut *out, &delta.logprobs).expect("logprobs JSON serializes");
+    out.extend_from_slice(b",\"finish_reason\":");
+    match delta.finish_reason {
+        Some(reason) => json_str(reason, out),
+        None => out.extend_from_slice(b"null"),
+    }
+    out.extend_from_slice(b"}]}\n\n");
 }
 
 /// About a one-token chat chunk's event with a 40-character id and a short model name.
 const CHUNK_EVENT_BYTES: usize = 256;
 
-/// A streamed chunk object (`envelope(true, [choice])`'s fields, borrowed).
-#[derive(Serialize)]
-struct Chunk<'a, C> {
-    id: &'a str,
-    object: &'static str,
-    created: u64,
-    model: &'a str,
-    choices: [C; 1],
+/// `s` as a JSON string (quoted, escaped as serde_json escapes).
+fn json_str(s: &str, out: &mut Vec<u8>) {
+    serde_json::to_writer(&mut *out, s).expect("a string serializes");
 }
 
-impl ResponseMeta {
-    fn chunk<C>(&self, choice: C) -> Chunk<'_, C> {
-        Chunk {
-            id: &self.id,
-            object: self.object(true),
-            created: self.created,
-            model: &self.model,
-            choices: [choice],
+/// The keys of one JSON object being written: a comma before every key but the first.
+#[derive(Default)]
+struct Fields {
+    started: bool,
+}
+
+impl Fields {
+    fn key(&mut self, name: &str, out: &mut Vec<u8>) {
+        if std::mem::replace(&mut self.started, true) {
+            out.push(b',');
         }
+        out.push(b'"');
+        out.extend_from_slice(name.as_bytes());
+        out.extend_from_slice(b"\":");
     }
-}
-
-#[derive(Serialize)]
-struct ChatChunkChoice<'a> {
-    index: u32,
-    delta: ChatChunkDelta<'a>,
-    logprobs: &'a Value,
-    finish_reason: Option<&'a str>,
-}
-
-/// A chat chunk's delta: only the fields it carries.
-#[derive(Serialize)]
-struct ChatChunkDelta<'a> {
-    #[serde(skip_serializing_if = "Option::is_none")]
-    role: Option<&'static str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    content: Option<&'a str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    reasoning_content: Option<&'a str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    reasoning: Option<&'a str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    tool_calls: Option<[Value; 1]>,
-}
-
-#[derive(Serialize)]
-struct CompletionChunkChoice<'a> {
-    index: u32,
-    text: &'a str,
-    logprobs: &'a Value,
-    finish_reason: Option<&'a str>,
 }
 
 /// Chat streams open each choice with the assistant role (completions have no such event).
@@ -372,23 +374,8 @@ mod tests {
         assert_eq!(v["choices"][0]["finish_reason"], "stop");
     }
 
-    #[test]
-    fn completion_events_carry_text() {
-        let mut out = Vec::new();
-        start_event(&meta(Api::Completion), 0, &mut out);
-        assert!(out.is_empty());
-        let text = Delta {
-            text: Some("a"),
-            ..Delta::default()
-        };
-        chunk_event(&meta(Api::Completion), 0, text, &mut out);
-        let v = parse_event(&out);
-        assert_eq!(v["object"], "text_completion");
-        assert_eq!(v["choices"][0]["text"], "a");
-    }
-
-    /// The chunk as a `Value` (how chunks were built before they were written from borrowed parts).
-    fn chunk_as_value(meta: &ResponseMeta, index: u32, delta: &Delta<'_>) -> Vec<u8> {
+    /// The chunk as a JSON tree, as `chunk_event` once built it: its bytes are the reference.
+    fn reference_chunk(meta: &ResponseMeta, index: u32, delta: &Delta<'_>) -> Vec<u8> {
         let choice = match meta.api {
             Api::Chat => {
                 let mut content = serde_json::Map::new();
@@ -402,8 +389,17 @@ mod tests {
                     content.insert("reasoning_content".into(), reasoning.into());
                     content.insert("reasoning".into(), reasoning.into());
                 }
-                if let Some(call) = &delta.tool_call {
-                    content.insert("tool_calls".into(), json!([call.to_value()]));
+                let call = match &delta.tool_call {
+                    Some(ToolCallDelta::Start { index, id, name }) => Some(json!({
+                        "index": index, "id": id, "type": "function", "function": {"name": name, "arguments": ""},
+                    })),
+                    Some(ToolCallDelta::Arguments { index, fragment }) => {
+                        Some(json!({"index": index, "function": {"arguments": fragment}}))
+                    }
+                    None => None,
+                };
+                if let Some(call) = call {
+                    content.insert("tool_calls".into(), json!([call]));
                 }
                 json!({"index": index, "delta": content, "logprobs": delta.logprobs, "finish_reason": delta.finish_reason})
             }
@@ -420,63 +416,89 @@ mod tests {
     }
 
     #[test]
-    fn chunks_are_byte_for_byte_their_value_form() {
-        let logprobs = json!({"content": [{"token": "a\"b", "logprob": -0.5, "bytes": [97], "top_logprobs": []}]});
-        let deltas = || {
-            vec![
-                Delta {
-                    text: Some(""),
-                    role: true,
-                    ..Delta::default()
-                },
-                Delta {
-                    text: Some("tab\t \"quote\" \u{1F600} \u{7f} \\ </script>"),
-                    ..Delta::default()
-                },
-                Delta {
-                    reasoning: Some("think\n"),
-                    ..Delta::default()
-                },
-                Delta {
-                    tool_call: Some(ToolCallDelta::Start {
-                        index: 1,
-                        id: "call_1",
-                        name: "f",
-                    }),
-                    ..Delta::default()
-                },
-                Delta {
-                    tool_call: Some(ToolCallDelta::Arguments {
-                        index: 0,
-                        fragment: "{\"a\": 1",
-                    }),
-                    ..Delta::default()
-                },
-                Delta {
-                    text: Some("x"),
-                    finish_reason: Some("length"),
-                    logprobs: logprobs.clone(),
-                    ..Delta::default()
-                },
-                Delta {
-                    finish_reason: Some("stop"),
-                    ..Delta::default()
-                },
-            ]
+    fn chunks_are_written_byte_for_byte_as_their_json_tree_serializes() {
+        let odd = ResponseMeta {
+            api: Api::Chat,
+            id: "chatcmpl-\"q\"\\é\u{1}".into(),
+            created: u64::MAX,
+            model: "m/ünï \"x\"".into(),
         };
+        let text = "a \"quoted\" \\ line\nbreak\t tab \u{7} bell é 日本 ✓ </tool_call>";
+        let deltas = [
+            Delta {
+                text: Some(""),
+                role: true,
+                ..Delta::default()
+            },
+            Delta {
+                text: Some(text),
+                ..Delta::default()
+            },
+            Delta {
+                reasoning: Some(text),
+                ..Delta::default()
+            },
+            Delta {
+                text: Some("t"),
+                reasoning: Some("r"),
+                finish_reason: Some("stop"),
+                ..Delta::default()
+            },
+            Delta {
+                tool_call: Some(ToolCallDelta::Start {
+                    index: 3,
+                    id: "call_\"x",
+                    name: "get_weather",
+                }),
+                ..Delta::default()
+            },
+            Delta {
+                tool_call: Some(ToolCallDelta::Arguments {
+                    index: 0,
+                    fragment: r#"{"city":"Pa\"ris"#,
+                }),
+                ..Delta::default()
+            },
+            Delta {
+                finish_reason: Some("tool_calls"),
+                ..Delta::default()
+            },
+            Delta {
+                text: Some("x"),
+                logprobs: json!({"content": [{"token": "x", "logprob": -0.5, "bytes": [120], "top_logprobs": []}]}),
+                ..Delta::default()
+            },
+            Delta::default(),
+        ];
         for api in [Api::Chat, Api::Completion] {
-            let m = ResponseMeta {
-                api,
-                id: "chatcmpl-\"id\"".into(),
-                created: u64::MAX,
-                model: "llama/3 \u{e9}".into(),
-            };
-            for (index, delta) in deltas().into_iter().enumerate() {
-                let expected = chunk_as_value(&m, index as u32, &delta);
-                let mut out = Vec::new();
-                chunk_event(&m, index as u32, delta, &mut out);
-                assert_eq!(String::from_utf8(out).unwrap(), String::from_utf8(expected).unwrap());
+            for m in [meta(api), ResponseMeta { api, ..odd.clone() }] {
+                for (i, delta) in deltas.iter().enumerate() {
+                    let mut out = Vec::new();
+                    let copy = Delta {
+                        tool_call: delta.tool_call.clone(),
+                        logprobs: delta.logprobs.clone(),
+                        ..*delta
+                    };
+                    chunk_event(&m, i as u32 * 7, copy, &mut out);
+                    let expected = reference_chunk(&m, i as u32 * 7, delta);
+                    assert_eq!(String::from_utf8(out).unwrap(), String::from_utf8(expected).unwrap());
+                }
             }
         }
+    }
+
+    #[test]
+    fn completion_events_carry_text() {
+        let mut out = Vec::new();
+        start_event(&meta(Api::Completion), 0, &mut out);
+        assert!(out.is_empty());
+        let text = Delta {
+            text: Some("a"),
+            ..Delta::default()
+        };
+        chunk_event(&meta(Api::Completion), 0, text, &mut out);
+        let v = parse_event(&out);
+        assert_eq!(v["object"], "text_completion");
+        assert_eq!(v["choices"][0]["text"], "a");
     }
 }
