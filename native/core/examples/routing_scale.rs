@@ -1,16 +1,20 @@
 //! Scale benchmark of the routing decision (issue 13): the `kv_events` pick's p50/p99 as the endpoint
 //! count grows, with a loaded prefix index, and the index's memory per cached block.
 //!
-//! `cargo run --release --example routing_scale` (about a minute on 2 shared cores). Three parts:
+//! `cargo run --release --example routing_scale -p extproc-core` (a few minutes on 2 shared cores;
+//! `-- 64 1000` measures only those counts). Two parts:
 //! 1. Whole picks (`Router::pick`: hash the prompt, match the index, build candidates, rank, book the
-//!    in-flight guard) at 16, 64 and 128 endpoints, each endpoint's index filled with 96 prompts of
-//!    128 blocks (a 64-block prefix out of 256 shared ones, then a unique tail).
-//! 2. The router at 1,000 and 10,000 endpoints: refused (`set_endpoints` errors), since the precise
-//!    index keeps a block's holders as a 128-bit set; printed as such.
-//! 3. The ranking alone (the `kv_events` policy over synthetic candidates with varied loads and cached
-//!    prefixes) at 64, 1,000 and 10,000 candidates: the part of a pick that grows with the endpoint
-//!    count, a lower bound for a pick at that size.
-//!    Memory: allocator bytes of the filled router over distinct indexed blocks and over memberships.
+//!    in-flight guard) at 16 to 10,000 endpoints, the index filled through KV events with prompts of
+//!    128 blocks (a 64-block prefix out of 256 shared ones, then a unique tail): 96 per endpoint up to
+//!    64 endpoints, then 6,144 in all (at least 4 per endpoint), so the larger routers hold as many
+//!    prompts or more. Requests share a system prefix with the index and nothing more; ~3 requests
+//!    stay in flight per endpoint so loads vary.
+//!    Memory: allocator bytes the filled index added (both indexes, every endpoint's engine-hash map)
+//!    over distinct indexed blocks and over memberships; and the precise index's own tables per block
+//!    (`IndexStats::index_bytes`).
+//! 2. The ranking alone (the `kv_events` policy over synthetic candidates with varied loads and cached
+//!    prefixes) at 64, 1,000 and 10,000 candidates: the top 4 as a pick asks for them (`rank_top`,
+//!    primary + 3 fallbacks) and the full ranking (`rank`).
 
 use std::sync::atomic::Ordering;
 use std::time::Instant;
@@ -24,8 +28,12 @@ use extproc_core::routing::{EngineLoad, Load, Router, RouterConfig};
 mod common;
 use common::{percentile, stored, tokens, Lcg, BLOCK, LIVE, SYSTEM_BLOCKS, SYSTEM_PROMPTS, TAIL_BLOCKS};
 
-const PROMPTS_PER_ENDPOINT: u64 = 96;
 const PICKS: usize = 20_000;
+
+/// Prompts indexed per endpoint at `n` endpoints: 96 up to 64 endpoints, then 6,144 in all.
+fn prompts_per_endpoint(n: usize) -> u64 {
+    (6_144 / n as u64).clamp(4, 96)
+}
 
 fn addr(i: usize) -> String {
     format!("10.{}.{}.{}:50051", i / 62_500, (i / 250) % 250, i % 250)
@@ -41,14 +49,15 @@ fn cfg() -> RouterConfig {
 
 /// Whole picks at `n` endpoints with a filled index; prints latency and memory.
 fn whole_picks(n: usize) {
-    let before = LIVE.load(Ordering::Relaxed);
     let router = Router::new("kv_events", cfg()).unwrap();
     router
         .set_endpoints((0..n).map(|i| (addr(i), BLOCK as u32)).collect())
         .unwrap();
+    let before = LIVE.load(Ordering::Relaxed);
+    let per_endpoint = prompts_per_endpoint(n);
     let mut rng = Lcg(1);
     for e in 0..n {
-        for k in 0..PROMPTS_PER_ENDPOINT {
+        for k in 0..per_endpoint {
             let system = rng.next() % SYSTEM_PROMPTS;
             let batch = stored(
                 k + 1,
@@ -60,7 +69,7 @@ fn whole_picks(n: usize) {
     }
     let bytes = (LIVE.load(Ordering::Relaxed) - before) as f64;
     let stats = router.index_stats();
-    let memberships = n as f64 * PROMPTS_PER_ENDPOINT as f64 * f64::from(SYSTEM_BLOCKS + TAIL_BLOCKS);
+    let memberships = n as f64 * per_endpoint as f64 * f64::from(SYSTEM_BLOCKS + TAIL_BLOCKS);
 
     let mut rng = Lcg(2);
     let requests: Vec<Vec<u32>> = (0..2000)
@@ -81,14 +90,15 @@ fn whole_picks(n: usize) {
     }
     samples.sort_by(f64::total_cmp);
     println!(
-        "{n:>6} {:>9.2} {:>9.2} {:>9.2} {:>10} {:>11.0} {:>10.1} {:>12.1}",
+        "{n:>6} {per_endpoint:>4} {:>9.2} {:>9.2} {:>9.2} {:>10} {:>11.0} {:>10.1} {:>12.1} {:>12.1}",
         percentile(&samples, 0.5),
         percentile(&samples, 0.99),
         percentile(&samples, 0.999),
         stats.event_blocks,
         memberships,
         bytes / stats.event_blocks as f64,
-        bytes / memberships
+        bytes / memberships,
+        stats.index_bytes as f64 / stats.event_blocks as f64
     );
 }
 
@@ -102,7 +112,7 @@ fn ranking(n: usize) {
                 .map(|id| {
                     let requests = rng.next() % 12;
                     Candidate {
-                        id: id % 128,
+                        id,
                         address_hash: u64::from(rng.next()),
                         load: Load {
                             in_flight_requests: requests,
@@ -125,7 +135,8 @@ fn ranking(n: usize) {
         .collect();
     let dice = Rng::new(9);
     let rounds = (2_000_000 / n).clamp(200, PICKS);
-    let mut samples = Vec::with_capacity(rounds);
+    let mut top = Vec::with_capacity(rounds);
+    let mut full = Vec::with_capacity(rounds);
     for i in 0..rounds {
         let ctx = PickContext {
             candidates: &sets[i % sets.len()],
@@ -133,41 +144,46 @@ fn ranking(n: usize) {
             rng: &dice,
         };
         let start = Instant::now();
+        let order = policy.rank_top(&ctx, 4);
+        top.push(start.elapsed().as_secs_f64() * 1e6);
+        assert_eq!(order.len(), 4);
+        let start = Instant::now();
         let order = policy.rank(&ctx);
-        samples.push(start.elapsed().as_secs_f64() * 1e6);
+        full.push(start.elapsed().as_secs_f64() * 1e6);
         assert_eq!(order.len(), n);
     }
-    samples.sort_by(f64::total_cmp);
+    top.sort_by(f64::total_cmp);
+    full.sort_by(f64::total_cmp);
     println!(
-        "{n:>6} {:>9.2} {:>9.2} {:>9.2}",
-        percentile(&samples, 0.5),
-        percentile(&samples, 0.99),
-        percentile(&samples, 0.999)
+        "{n:>6} {:>9.2} {:>9.2} {:>9.2} {:>12.2} {:>12.2}",
+        percentile(&top, 0.5),
+        percentile(&top, 0.99),
+        percentile(&top, 0.999),
+        percentile(&full, 0.5),
+        percentile(&full, 0.99)
     );
 }
 
 fn main() {
+    let only: Vec<usize> = std::env::args().skip(1).filter_map(|a| a.parse().ok()).collect();
+    let wanted = |n: &usize| only.is_empty() || only.contains(n);
     println!(
-        "whole kv_events picks, 2,048-token prompts ({} blocks of {BLOCK}), {PROMPTS_PER_ENDPOINT} prompts indexed per endpoint:",
+        "whole kv_events picks, 2,048-token prompts ({} blocks of {BLOCK}), prompts indexed per endpoint in column 2:",
         SYSTEM_BLOCKS + TAIL_BLOCKS
     );
     println!(
-        "{:>6} {:>9} {:>9} {:>9} {:>10} {:>11} {:>10} {:>12}",
-        "n", "p50 us", "p99 us", "p99.9 us", "blocks", "memberships", "B/block", "B/membership"
+        "{:>6} {:>4} {:>9} {:>9} {:>9} {:>10} {:>11} {:>10} {:>12} {:>12}",
+        "n", "per", "p50 us", "p99 us", "p99.9 us", "blocks", "memberships", "B/block", "B/membership", "index B/blk"
     );
-    for n in [16, 64, 128] {
+    for n in [16, 64, 128, 1_000, 10_000].into_iter().filter(wanted) {
         whole_picks(n);
     }
-    for n in [1_000, 10_000] {
-        let router = Router::new("kv_events", cfg()).unwrap();
-        match router.set_endpoints((0..n).map(|i| (addr(i), BLOCK as u32)).collect()) {
-            Ok(()) => println!("{n:>6} endpoints accepted (unexpected: measure them above)"),
-            Err(e) => println!("{n:>6} endpoints: refused by the router: {e}"),
-        }
-    }
     println!("\nkv_events ranking alone, synthetic candidates (1 in 8 holding a prefix):");
-    println!("{:>6} {:>9} {:>9} {:>9}", "n", "p50 us", "p99 us", "p99.9 us");
-    for n in [64, 1_000, 10_000] {
+    println!(
+        "{:>6} {:>9} {:>9} {:>9} {:>12} {:>12}",
+        "n", "top4 p50", "top4 p99", "top4 p99.9", "full p50 us", "full p99 us"
+    );
+    for n in [64, 1_000, 10_000].into_iter().filter(wanted) {
         ranking(n);
     }
 }

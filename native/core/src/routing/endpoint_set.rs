@@ -1,60 +1,60 @@
-//! A set of endpoint ids as a fixed 128-bit bitset: the per-block membership of the precise index, and
-//! the candidate set a match is restricted to. Intersections are two ANDs.
+//! Endpoint ids and a set of them as a growable bitset: the candidates a prefix match is restricted to,
+//! and the router's retired ids. A block's holders are kept more compactly (`holders.rs`).
 
-use super::membership::{Membership, Tick};
-
-/// Endpoint ids are `0..MAX_ENDPOINTS`, assigned by the router (one router per served model).
-pub const MAX_ENDPOINTS: usize = 128;
+/// Endpoint ids are `0..MAX_ENDPOINTS`, assigned by the router (one router per served model); the
+/// index stores them as `u16` (`u16::MAX` marks an empty lease).
+pub const MAX_ENDPOINTS: usize = u16::MAX as usize;
 
 pub type EndpointId = usize;
 
-#[derive(Clone, Copy, Default, PartialEq, Eq, Debug)]
-pub struct EndpointSet([u64; 2]);
+#[derive(Clone, Default, PartialEq, Eq, Debug)]
+pub struct EndpointSet(Vec<u64>);
 
 impl EndpointSet {
-    pub const EMPTY: EndpointSet = EndpointSet([0, 0]);
-
     pub fn of(ids: impl IntoIterator<Item = EndpointId>) -> Self {
-        let mut set = Self::EMPTY;
+        let mut set = Self::default();
         for id in ids {
             set.insert(id);
         }
         set
     }
 
+    /// An empty set with room for ids below `n` without growing.
+    pub fn with_capacity(n: usize) -> Self {
+        EndpointSet(vec![0; n.div_ceil(64)])
+    }
+
     pub fn insert(&mut self, id: EndpointId) {
         debug_assert!(id < MAX_ENDPOINTS);
-        self.0[id >> 6] |= 1 << (id & 63);
+        let w = id >> 6;
+        if w >= self.0.len() {
+            self.0.resize(w + 1, 0);
+        }
+        self.0[w] |= 1 << (id & 63);
     }
 
     pub fn remove(&mut self, id: EndpointId) {
-        self.0[id >> 6] &= !(1 << (id & 63));
+        if let Some(w) = self.0.get_mut(id >> 6) {
+            *w &= !(1 << (id & 63));
+        }
     }
 
     pub fn contains(&self, id: EndpointId) -> bool {
-        id < MAX_ENDPOINTS && self.0[id >> 6] & (1 << (id & 63)) != 0
+        self.0.get(id >> 6).is_some_and(|w| w & (1 << (id & 63)) != 0)
     }
 
     pub fn is_empty(&self) -> bool {
-        self.0 == [0, 0]
+        self.0.iter().all(|&w| w == 0)
     }
 
     pub fn len(&self) -> usize {
-        (self.0[0].count_ones() + self.0[1].count_ones()) as usize
-    }
-
-    pub fn and(self, other: Self) -> Self {
-        EndpointSet([self.0[0] & other.0[0], self.0[1] & other.0[1]])
-    }
-
-    pub fn and_not(self, other: Self) -> Self {
-        EndpointSet([self.0[0] & !other.0[0], self.0[1] & !other.0[1]])
+        self.0.iter().map(|w| w.count_ones() as usize).sum()
     }
 
     /// The ids in the set, ascending.
-    pub fn iter(self) -> impl Iterator<Item = EndpointId> {
-        (0..2).flat_map(move |w| {
-            let mut bits = self.0[w];
+    pub fn iter(&self) -> impl Iterator<Item = EndpointId> + '_ {
+        self.0.iter().enumerate().flat_map(|(w, &word)| {
+            let mut bits = word;
             std::iter::from_fn(move || {
                 if bits == 0 {
                     return None;
@@ -67,37 +67,22 @@ impl EndpointSet {
     }
 }
 
-/// Precise membership: an endpoint holds a block until its engine says it removed it.
-impl Membership for EndpointSet {
-    fn add(&mut self, id: EndpointId, _until: Tick) {
-        self.insert(id);
-    }
-    fn remove(&mut self, id: EndpointId) {
-        EndpointSet::remove(self, id);
-    }
-    fn live(&self, _now: Tick) -> EndpointSet {
-        *self
-    }
-    fn is_empty(&self) -> bool {
-        EndpointSet::is_empty(self)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn set_operations() {
-        let a = EndpointSet::of([0, 5, 64, 127]);
-        let b = EndpointSet::of([5, 127, 3]);
-        assert_eq!(a.len(), 4);
-        assert_eq!(a.and(b).iter().collect::<Vec<_>>(), vec![5, 127]);
-        assert_eq!(a.and_not(b).iter().collect::<Vec<_>>(), vec![0, 64]);
-        assert!(a.contains(64) && !a.contains(63) && !a.contains(500));
-        let mut c = a;
+        let a = EndpointSet::of([0, 5, 64, 127, 9_999]);
+        assert_eq!(a.len(), 5);
+        assert_eq!(a.iter().collect::<Vec<_>>(), vec![0, 5, 64, 127, 9_999]);
+        assert!(a.contains(64) && a.contains(9_999) && !a.contains(63) && !a.contains(500));
+        assert!(!a.contains(1 << 20), "past the last word");
+        let mut c = a.clone();
         c.remove(64);
-        assert!(!c.contains(64));
-        assert!(EndpointSet::EMPTY.is_empty() && EndpointSet::EMPTY.iter().next().is_none());
+        c.remove(1 << 20);
+        assert!(!c.contains(64) && c.len() == 4);
+        assert!(EndpointSet::default().is_empty() && EndpointSet::default().iter().next().is_none());
+        assert!(EndpointSet::with_capacity(300).is_empty());
     }
 }

@@ -84,7 +84,7 @@ impl Fixture {
     /// Leading blocks of the prompt made of these block tokens that endpoint 0 holds.
     fn held(&self, blocks: &[u32]) -> u32 {
         self.index
-            .match_prefix(&prompt_hashes(&toks(blocks), B, ROOT), EndpointSet::of([0]), 0)
+            .match_prefix(&prompt_hashes(&toks(blocks), B, ROOT), &EndpointSet::of([0]), 0)
             .get(0)
     }
 }
@@ -183,7 +183,7 @@ fn cleared_forgets_everything_of_the_endpoint_only() {
     assert_eq!(f.held(&[1, 2]), 0);
     assert_eq!(f.state.engine_map().len(), 0);
     let h = prompt_hashes(&toks(&[1]), B, ROOT);
-    assert_eq!(f.index.match_prefix(&h, EndpointSet::of([1]), 0).get(1), 1);
+    assert_eq!(f.index.match_prefix(&h, &EndpointSet::of([1]), 0).get(1), 1);
 }
 
 #[test]
@@ -375,9 +375,9 @@ fn namespaces_and_multimodal_blocks_do_not_match_plain_text() {
     assert_eq!(f.held(&[1]), 0);
     assert_eq!(f.held(&[2]), 0);
     let in_lora = |t: u32| prompt_hashes(&toks(&[t]), B, root(Some("ad"), None));
-    assert_eq!(f.index.match_prefix(&in_lora(1), EndpointSet::of([0]), 0).get(0), 1);
+    assert_eq!(f.index.match_prefix(&in_lora(1), &EndpointSet::of([0]), 0).get(0), 1);
     assert_eq!(
-        f.index.match_prefix(&in_lora(3), EndpointSet::of([0]), 0).get(0),
+        f.index.match_prefix(&in_lora(3), &EndpointSet::of([0]), 0).get(0),
         1,
         "the LoRA name key is the namespace"
     );

@@ -2,8 +2,8 @@
 //! hold. Pure Rust, no Python: the PyO3 layer wraps `Router`. See `docs/routing.md`.
 //!
 //! - `block_hash`: the gateway's own content hash chain over full blocks of token ids.
-//! - `prefix_index` (+ `shard`, `membership`, `endpoint_set`): block → endpoints holding it, bounded,
-//!   precise (from events) or approximate (from routing decisions, with a TTL).
+//! - `prefix_index` (+ `shard`, `membership`, `holders`, `endpoint_set`): block → endpoints holding it,
+//!   bounded, precise (from events) or approximate (from routing decisions, with a TTL).
 //! - `events` (+ `cursor`, `engine_map`): KV-event batches applied to the precise index.
 //! - `zmq_events`: vLLM's ZMQ KV-event payloads (msgpack) as the batches `events` applies.
 //! - `policy/`: filters → weighted scorers → picker, policies registered by name.
@@ -18,6 +18,7 @@ pub mod endpoint_set;
 pub mod engine_map;
 pub mod error;
 pub mod events;
+pub mod holders;
 pub mod load;
 pub mod membership;
 pub mod mix_hash;

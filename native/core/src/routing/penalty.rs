@@ -20,6 +20,7 @@
 //!   away) frees the slot for the next one.
 //! - any success (the engine answered or streamed a token) **closes** it again: `k` back to 0.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -92,14 +93,20 @@ struct State {
     next_probe: u64,
 }
 
-/// One endpoint's failure record. Cheap when closed: one uncontended lock per pick.
+/// One endpoint's failure record. Cheap when closed: one atomic load per pick, no lock (a pick reads
+/// every endpoint's standing, thousands of them in a large pool).
 #[derive(Debug, Default)]
 pub struct Penalty {
     state: Mutex<State>,
+    /// `state.until.is_some()`, written under the lock: false means closed.
+    failing: AtomicBool,
 }
 
 impl Penalty {
     pub fn standing(&self, now: Instant) -> Standing {
+        if !self.failing.load(Ordering::Acquire) {
+            return Standing::Closed;
+        }
         let s = self.lock();
         match s.until {
             None => Standing::Closed,
@@ -113,6 +120,9 @@ impl Penalty {
     /// A pick chose the endpoint: if it is half-open with its probe slot free, this request is the
     /// probe; its number comes back (hand it to `probe_ended` when the request ends).
     pub fn picked(&self, now: Instant) -> Option<u64> {
+        if !self.failing.load(Ordering::Acquire) {
+            return None;
+        }
         let mut s = self.lock();
         let half_open = s.until.is_some_and(|until| now >= until);
         if !half_open || s.probe.is_some() {
@@ -141,6 +151,7 @@ impl Penalty {
         s.failures = s.failures.saturating_add(1);
         s.until = Some(now + Backoff::of(failure).after(s.failures));
         s.probe = None;
+        self.failing.store(true, Ordering::Release);
     }
 
     /// An engine call on the endpoint succeeded (or proved the engine alive).
@@ -150,6 +161,7 @@ impl Penalty {
             s.failures = 0;
             s.until = None;
             s.probe = None;
+            self.failing.store(false, Ordering::Release);
         }
     }
 

@@ -2,47 +2,58 @@
 //! that matching (reads) runs concurrently with event application (short writes, one block at a time),
 //! bounded to `max_blocks` blocks with CLOCK eviction per shard.
 //!
-//! `PrefixIndex<EndpointSet>` is the precise index fed by engine KV events; `PrefixIndex<Leases>` is the
+//! `PrefixIndex<Holders>` is the precise index fed by engine KV events; `PrefixIndex<Leases>` is the
 //! approximate one, learned from the gateway's own routing decisions, each entry expiring after a TTL.
 //!
-//! Memory per cached block (precise, 64-bit): a 32-byte slot (hash, 128-bit endpoint set, flags) plus a
-//! 16-byte map entry and its control byte at hashbrown's 7/8 load (about 19-38 bytes by growth phase),
-//! so 51-70 bytes; `memory_bytes` reports the exact table sizes and `examples/routing_bench.rs`
-//! measures allocations. The per-endpoint engine-hash maps of `engine_map.rs` come on top.
+//! Memory per cached block (precise, 64-bit): a 16-byte slot (hash, up to three holders inline, flag)
+//! plus a 4-byte slot index and its control byte in the block table at hashbrown's 7/8 load (about
+//! 6-11 bytes by growth phase), so 22-27 bytes, and 2 bytes per holder past the third (`holders.rs`);
+//! `memory_bytes` reports the exact table sizes and `examples/routing_scale.rs` measures allocations.
+//! The per-endpoint engine-hash maps of `engine_map.rs` come on top.
 
 use std::sync::RwLock;
 
 use super::block_hash::BlockHash;
-use super::endpoint_set::{EndpointId, EndpointSet, MAX_ENDPOINTS};
+use super::endpoint_set::{EndpointId, EndpointSet};
+use super::holders::Holders;
 use super::membership::{Leases, Membership, Tick};
 use super::shard::Shard;
 
 const SHARD_BITS: u32 = 4;
 const SHARDS: usize = 1 << SHARD_BITS;
 
-pub type EventIndex = PrefixIndex<EndpointSet>;
+pub type EventIndex = PrefixIndex<Holders>;
 pub type RoutedIndex = PrefixIndex<Leases>;
 
-pub struct PrefixIndex<M> {
+pub struct PrefixIndex<M: Membership> {
     shards: Box<[RwLock<Shard<M>>]>,
 }
 
-/// Per endpoint, how many leading blocks of the matched prompt it holds.
-#[derive(Clone)]
+/// Per endpoint, how many leading blocks of the matched prompt it holds: the endpoints holding at least
+/// the first block, ascending by id (every other candidate holds none).
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct MatchCounts {
-    counts: [u32; MAX_ENDPOINTS],
+    held: Vec<(EndpointId, u32)>,
 }
 
 impl MatchCounts {
     pub fn none() -> Self {
-        MatchCounts {
-            counts: [0; MAX_ENDPOINTS],
-        }
+        MatchCounts::default()
     }
     pub fn get(&self, id: EndpointId) -> u32 {
-        self.counts.get(id).copied().unwrap_or(0)
+        self.held
+            .binary_search_by_key(&id, |&(e, _)| e)
+            .map_or(0, |i| self.held[i].1)
+    }
+    /// `(endpoint, leading blocks held)` for every endpoint holding at least one, ascending by id.
+    pub fn iter(&self) -> impl Iterator<Item = (EndpointId, u32)> + '_ {
+        self.held.iter().copied()
     }
 }
+
+/// Past this many endpoints still matching, a block's holders are read whole and merged with them
+/// instead of each being looked up in the block.
+const LOOKUP_AT_MOST: usize = 16;
 
 fn shard_of(hash: BlockHash) -> usize {
     (hash >> (64 - SHARD_BITS)) as usize
@@ -87,37 +98,53 @@ impl<M: Membership> PrefixIndex<M> {
 
     /// For each candidate, the number of leading blocks of `hashes` (a prompt's chain) it holds at
     /// `now`. Walks the chain until no candidate holds the next block; marks the held blocks used.
-    pub fn match_prefix(&self, hashes: &[BlockHash], candidates: EndpointSet, now: Tick) -> MatchCounts {
-        let mut out = MatchCounts::none();
-        let mut alive = candidates;
-        let mut depth = 0;
-        for &h in hashes {
+    /// Costs the first block's holders, then per block the fewer of those still matching (looked up)
+    /// and the block's holders (merged), whatever the number of candidates.
+    pub fn match_prefix(&self, hashes: &[BlockHash], candidates: &EndpointSet, now: Tick) -> MatchCounts {
+        let mut held = Vec::new();
+        // Candidates holding every block so far, ascending; `next`: those also holding this one.
+        let mut alive: Vec<EndpointId> = Vec::new();
+        let mut next: Vec<EndpointId> = Vec::new();
+        for (depth, &h) in hashes.iter().enumerate() {
+            next.clear();
+            {
+                let shard = self.read(shard_of(h));
+                if let Some(slot) = shard.get(h) {
+                    let spill = shard.spill();
+                    if depth == 0 {
+                        slot.members.live_into(now, spill, &mut next);
+                        next.retain(|&id| candidates.contains(id));
+                    } else if alive.len() <= LOOKUP_AT_MOST {
+                        next.extend(alive.iter().filter(|&&id| slot.members.holds(id, now, spill)));
+                    } else {
+                        slot.members.live_into(now, spill, &mut next);
+                        retain_common(&mut next, &alive);
+                    }
+                    if !next.is_empty() {
+                        slot.touch();
+                    }
+                }
+            }
+            if depth > 0 {
+                // Those matching so far that miss this block hold `depth` leading blocks.
+                let mut j = 0;
+                for &id in &alive {
+                    while j < next.len() && next[j] < id {
+                        j += 1;
+                    }
+                    if next.get(j) != Some(&id) {
+                        held.push((id, depth as u32));
+                    }
+                }
+            }
+            std::mem::swap(&mut alive, &mut next);
             if alive.is_empty() {
                 break;
             }
-            let held = {
-                let shard = self.read(shard_of(h));
-                match shard.get(h) {
-                    Some(slot) => {
-                        let held = slot.members.live(now).and(alive);
-                        if !held.is_empty() {
-                            slot.touch();
-                        }
-                        held
-                    }
-                    None => EndpointSet::EMPTY,
-                }
-            };
-            for id in alive.and_not(held).iter() {
-                out.counts[id] = depth;
-            }
-            alive = held;
-            depth += 1;
         }
-        for id in alive.iter() {
-            out.counts[id] = depth;
-        }
-        out
+        held.extend(alive.iter().map(|&id| (id, hashes.len() as u32)));
+        held.sort_unstable();
+        MatchCounts { held }
     }
 
     /// Blocks in the index.
@@ -142,6 +169,17 @@ impl<M: Membership> PrefixIndex<M> {
     fn write(&self, s: usize) -> std::sync::RwLockWriteGuard<'_, Shard<M>> {
         self.shards[s].write().unwrap_or_else(|e| e.into_inner())
     }
+}
+
+/// Keeps the ids of `ids` that are also in `other` (both ascending).
+fn retain_common(ids: &mut Vec<EndpointId>, other: &[EndpointId]) {
+    let mut j = 0;
+    ids.retain(|&id| {
+        while j < other.len() && other[j] < id {
+            j += 1;
+        }
+        other.get(j) == Some(&id)
+    });
 }
 
 impl PrefixIndex<Leases> {

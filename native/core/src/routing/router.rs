@@ -111,6 +111,8 @@ pub struct EndpointInfo {
 pub struct IndexStats {
     pub event_blocks: usize,
     pub routed_blocks: usize,
+    /// Bytes of the precise index's tables (block table, slots, spilled holder sets).
+    pub index_bytes: usize,
     /// Bytes of both indexes and every endpoint's engine-hash map.
     pub memory_bytes: usize,
 }
@@ -218,6 +220,7 @@ impl Router {
                 }
                 t.retired.insert(id);
             }
+            let mut free_from = 0;
             for (address, &block_size) in &wanted {
                 if let Some(st) = t.get(address) {
                     if block_size != 0 {
@@ -225,12 +228,14 @@ impl Router {
                     }
                     continue;
                 }
-                let id = (0..MAX_ENDPOINTS)
+                // Ids below `free_from` are taken (the search resumes there for the next endpoint).
+                let id = (free_from..MAX_ENDPOINTS)
                     .find(|&i| t.slots.get(i).is_none_or(|s| s.is_none()) && !t.retired.contains(i))
                     .ok_or(RoutingError::TooManyEndpoints {
                         max: MAX_ENDPOINTS,
                         got: wanted.len(),
                     })?;
+                free_from = id + 1;
                 if t.slots.len() <= id {
                     t.slots.resize(id + 1, None);
                 }
@@ -336,11 +341,22 @@ impl Router {
         let now = self.now();
         let chains = self.match_prompt(req, &block_sizes, &mut candidates, now);
 
-        let ranking = self.policy.rank(&PickContext {
-            candidates: &candidates,
-            session_key: req.session_key,
-            rng: &self.rng,
-        });
+        // The primary and its fallbacks are all a pick uses: with every endpoint its own engine they are
+        // the first 1 + max_fallbacks of the ranking; ranks of one engine share fallbacks, so then the
+        // whole ranking is walked.
+        let wanted = if states.iter().any(|st| st.rank.is_some()) {
+            candidates.len()
+        } else {
+            1 + self.config.max_fallbacks
+        };
+        let ranking = self.policy.rank_top(
+            &PickContext {
+                candidates: &candidates,
+                session_key: req.session_key,
+                rng: &self.rng,
+            },
+            wanted,
+        );
         let p = ranking[0];
         // Approximate mode leases what it routed; precise mode with booking books it until the
         // engine's events confirm (the lease runs out; the events index holds it by then).
@@ -416,25 +432,36 @@ impl Router {
             return Vec::new();
         }
         let root = block_hash::root(req.lora_name, req.cache_salt);
-        let mut sizes: Vec<u32> = block_sizes.iter().copied().filter(|&b| b > 0).collect();
+        // Distinct block sizes (one, nearly always), in the order first seen.
+        let mut sizes: Vec<u32> = Vec::new();
+        for &b in block_sizes {
+            if b > 0 && !sizes.contains(&b) {
+                sizes.push(b);
+            }
+        }
         sizes.sort_unstable();
-        sizes.dedup();
         let mut chains = Vec::with_capacity(sizes.len());
         for bs in sizes {
             let hashes = block_hash::prompt_hashes(req.token_ids, bs as usize, root);
-            let members: Vec<usize> = (0..candidates.len()).filter(|&i| block_sizes[i] == bs).collect();
-            let set = EndpointSet::of(members.iter().map(|&i| candidates[i].id));
+            let mut set = EndpointSet::with_capacity(candidates.last().map_or(0, |c| c.id + 1));
+            for (c, &b) in candidates.iter_mut().zip(block_sizes) {
+                if b == bs {
+                    set.insert(c.id);
+                    c.prompt_blocks = hashes.len() as u32;
+                }
+            }
             let counts = match self.source {
-                PrefixSource::Events => self.events.match_prefix(&hashes, set, now),
-                _ => self.routed.match_prefix(&hashes, set, now),
+                PrefixSource::Events => self.events.match_prefix(&hashes, &set, now),
+                _ => self.routed.match_prefix(&hashes, &set, now),
             };
             // Booked blocks (precise mode): what was just routed there, not yet in its events.
             let booked = (self.source == PrefixSource::Events && self.book > 0)
-                .then(|| self.routed.match_prefix(&hashes, set, now));
-            for i in members {
-                let id = candidates[i].id;
-                candidates[i].cached_blocks = counts.get(id).max(booked.as_ref().map_or(0, |b| b.get(id)));
-                candidates[i].prompt_blocks = hashes.len() as u32;
+                .then(|| self.routed.match_prefix(&hashes, &set, now));
+            // Only holders are listed; candidates are in id order, so each is found by bisection.
+            for (id, blocks) in counts.iter().chain(booked.iter().flat_map(|b| b.iter())) {
+                if let Ok(i) = candidates.binary_search_by_key(&id, |c| c.id) {
+                    candidates[i].cached_blocks = candidates[i].cached_blocks.max(blocks);
+                }
             }
             chains.push((bs, hashes));
         }
@@ -568,6 +595,7 @@ impl Router {
         IndexStats {
             event_blocks: self.events.len(),
             routed_blocks: self.routed.len(),
+            index_bytes: self.events.memory_bytes(),
             memory_bytes: self.events.memory_bytes() + self.routed.memory_bytes() + engine_maps,
         }
     }

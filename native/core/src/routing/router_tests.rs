@@ -380,6 +380,60 @@ fn block_size_is_learned_from_events() {
     );
 }
 
+/// A batch of one event (`Removed` of engine hashes, or `Cleared` when `None`).
+fn removal_batch(seq: u64, engine_hashes: Option<&[i64]>) -> Vec<u8> {
+    let data = match engine_hashes {
+        Some(h) => Data::Removed(pb::KvBlocksRemoved {
+            block_hashes: h.to_vec(),
+            ..Default::default()
+        }),
+        None => Data::Cleared(pb::KvCacheCleared::default()),
+    };
+    pb::KvEventBatch {
+        sequence_number: seq,
+        events: vec![pb::KvCacheEvent {
+            event_id: 1,
+            data: Some(data),
+        }],
+        ..Default::default()
+    }
+    .encode_to_vec()
+}
+
+#[test]
+fn ten_thousand_endpoints_route_by_prefix_with_events_at_high_ids() {
+    let n = 10_000;
+    let r = router("kv_events", n);
+    assert_eq!(r.endpoints().len(), n);
+    let system = prompt(7, 6);
+    // 9,999 holds all 6 blocks, 5,000 the first 4, 200 the first 2; ids past 128 and 255 throughout.
+    for (e, blocks) in [(9_999, 6), (5_000, 4), (200, 2)] {
+        let batch = stored_batch(1, &system[..blocks * B as usize], e as i64);
+        assert_eq!(r.apply_kv_events(&addr(e), &batch).outcome.kind(), "applied");
+    }
+    let p = r.pick(&system, None).unwrap();
+    assert_eq!((&*p.primary, p.cached_blocks), (addr(9_999).as_str(), 6));
+    assert_eq!(
+        p.fallbacks.iter().take(2).map(|f| f.to_string()).collect::<Vec<_>>(),
+        vec![addr(5_000), addr(200)],
+        "the next longest prefixes follow"
+    );
+    assert_eq!(p.fallbacks.len(), 3);
+    drop(p);
+    // 9,999 drops its last four blocks (engine hashes 9_999_002 to 005): 5,000 holds the most now.
+    let dropped: Vec<i64> = (2..6).map(|k| 9_999_000 + k).collect();
+    r.apply_kv_events(&addr(9_999), &removal_batch(2, Some(&dropped)));
+    let p = r.pick(&system, None).unwrap();
+    assert_eq!((&*p.primary, p.cached_blocks), (addr(5_000).as_str(), 4));
+    drop(p);
+    // 5,000's cache is cleared; 9,999 leaves the router: 200 is the last holder.
+    r.apply_kv_events(&addr(5_000), &removal_batch(2, None));
+    r.set_endpoints((0..n - 1).map(|i| (addr(i), B)).collect()).unwrap();
+    let p = r.pick(&system, None).unwrap();
+    assert_eq!((&*p.primary, p.cached_blocks), (addr(200).as_str(), 2));
+    assert_eq!(r.index_stats().event_blocks, 2);
+}
+
 #[test]
 fn endpoint_changes_keep_survivors_and_forget_the_removed() {
     let r = router("kv_events", 3);
@@ -407,7 +461,7 @@ fn endpoint_changes_keep_survivors_and_forget_the_removed() {
         0,
         "a re-added endpoint starts empty"
     );
-    let too_many: Vec<_> = (0..200).map(|i| (format!("h{i}:1"), B)).collect();
+    let too_many: Vec<_> = (0..=MAX_ENDPOINTS).map(|i| (format!("h{i}:1"), B)).collect();
     assert!(matches!(
         r.set_endpoints(too_many),
         Err(RoutingError::TooManyEndpoints { .. })

@@ -6,16 +6,17 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use hashbrown::HashTable;
+
 use super::block_hash::BlockHash;
 use super::endpoint_set::EndpointId;
 use super::membership::{Membership, Tick};
-use super::mix_hash::MixMap;
+use super::mix_hash::mix64;
 
 pub(crate) struct Slot<M> {
     pub hash: BlockHash,
     pub members: M,
     referenced: AtomicBool,
-    occupied: bool,
 }
 
 impl<M: Membership> Slot<M> {
@@ -25,12 +26,19 @@ impl<M: Membership> Slot<M> {
             self.referenced.store(true, Ordering::Relaxed);
         }
     }
+
+    /// An occupied slot always has a member: a block goes when its last holder does.
+    fn occupied(&self) -> bool {
+        !self.members.is_empty()
+    }
 }
 
-pub(crate) struct Shard<M> {
-    map: MixMap<BlockHash, u32>,
+pub(crate) struct Shard<M: Membership> {
+    /// Slot indices, hashed by their slot's block hash (the hash is stored once, in the slot).
+    map: HashTable<u32>,
     slots: Vec<Slot<M>>,
     free: Vec<u32>,
+    spill: M::Spill,
     hand: usize,
     capacity: usize,
 }
@@ -38,16 +46,29 @@ pub(crate) struct Shard<M> {
 impl<M: Membership> Shard<M> {
     pub fn new(capacity: usize) -> Self {
         Shard {
-            map: MixMap::default(),
+            map: HashTable::new(),
             slots: Vec::new(),
             free: Vec::new(),
+            spill: M::Spill::default(),
             hand: 0,
             capacity: capacity.max(1),
         }
     }
 
+    fn find(&self, hash: BlockHash) -> Option<usize> {
+        let slots = &self.slots;
+        self.map
+            .find(mix64(hash), |&i| slots[i as usize].hash == hash)
+            .map(|&i| i as usize)
+    }
+
     pub fn get(&self, hash: BlockHash) -> Option<&Slot<M>> {
-        self.map.get(&hash).map(|&i| &self.slots[i as usize])
+        self.find(hash).map(|i| &self.slots[i])
+    }
+
+    /// Where the slots' members keep what outgrew them.
+    pub fn spill(&self) -> &M::Spill {
+        &self.spill
     }
 
     pub fn len(&self) -> usize {
@@ -57,9 +78,9 @@ impl<M: Membership> Shard<M> {
     /// Records `id` as holding `hash`, evicting another block when the shard is full.
     /// Returns whether a block was evicted.
     pub fn add(&mut self, hash: BlockHash, id: EndpointId, until: Tick) -> bool {
-        if let Some(&i) = self.map.get(&hash) {
-            let slot = &mut self.slots[i as usize];
-            slot.members.add(id, until);
+        if let Some(i) = self.find(hash) {
+            let slot = &mut self.slots[i];
+            slot.members.add(id, until, &mut self.spill);
             *slot.referenced.get_mut() = true;
             return false;
         }
@@ -71,7 +92,6 @@ impl<M: Membership> Shard<M> {
                 hash: 0,
                 members: M::default(),
                 referenced: AtomicBool::new(false),
-                occupied: false,
             });
             self.slots.len() - 1
         } else {
@@ -80,22 +100,22 @@ impl<M: Membership> Shard<M> {
         };
         let slot = &mut self.slots[index];
         slot.hash = hash;
-        slot.members = M::default();
-        slot.members.add(id, until);
+        slot.members.add(id, until, &mut self.spill);
         // A new block starts unreferenced: one stored and never used again goes before blocks in use.
         *slot.referenced.get_mut() = false;
-        slot.occupied = true;
-        self.map.insert(hash, index as u32);
+        let slots = &self.slots;
+        self.map
+            .insert_unique(mix64(hash), index as u32, |&i| mix64(slots[i as usize].hash));
         evicted
     }
 
     /// `id` no longer holds `hash`; the block goes when nobody does.
     pub fn remove(&mut self, hash: BlockHash, id: EndpointId) {
-        if let Some(&i) = self.map.get(&hash) {
-            let slot = &mut self.slots[i as usize];
-            slot.members.remove(id);
+        if let Some(i) = self.find(hash) {
+            let slot = &mut self.slots[i];
+            slot.members.remove(id, &mut self.spill);
             if slot.members.is_empty() {
-                self.release(i as usize);
+                self.release(i);
             }
         }
     }
@@ -103,8 +123,8 @@ impl<M: Membership> Shard<M> {
     /// Drops `id` from every block: O(slots), for Cleared events and removed endpoints.
     pub fn clear(&mut self, id: EndpointId) {
         for i in 0..self.slots.len() {
-            if self.slots[i].occupied {
-                self.slots[i].members.remove(id);
+            if self.slots[i].occupied() {
+                self.slots[i].members.remove(id, &mut self.spill);
                 if self.slots[i].members.is_empty() {
                     self.release(i);
                 }
@@ -113,10 +133,11 @@ impl<M: Membership> Shard<M> {
     }
 
     fn release(&mut self, i: usize) {
-        let slot = &mut self.slots[i];
-        self.map.remove(&slot.hash);
-        slot.occupied = false;
-        slot.members = M::default();
+        let hash = self.slots[i].hash;
+        if let Ok(entry) = self.map.find_entry(mix64(hash), |&j| j as usize == i) {
+            entry.remove();
+        }
+        self.slots[i].members.release(&mut self.spill);
         self.free.push(i as u32);
     }
 
@@ -128,7 +149,7 @@ impl<M: Membership> Shard<M> {
             let i = self.hand;
             self.hand = (self.hand + 1) % n;
             let slot = &mut self.slots[i];
-            if !slot.occupied {
+            if !slot.occupied() {
                 continue;
             }
             if std::mem::take(slot.referenced.get_mut()) {
@@ -140,16 +161,22 @@ impl<M: Membership> Shard<M> {
         }
     }
 
-    /// Bytes held by this shard's tables (hashbrown: one control byte per bucket, buckets a power of
-    /// two at most 8/7 of the capacity).
+    /// Bytes held by this shard's tables.
     pub fn memory_bytes(&self) -> usize {
-        let buckets = if self.map.capacity() == 0 {
-            0
-        } else {
-            (self.map.capacity() * 8 / 7).next_power_of_two()
-        };
-        buckets * (std::mem::size_of::<(BlockHash, u32)>() + 1)
+        self.map.allocation_size()
             + self.slots.capacity() * std::mem::size_of::<Slot<M>>()
             + self.free.capacity() * std::mem::size_of::<u32>()
+            + M::spill_bytes(&self.spill)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::routing::holders::Holders;
+
+    #[test]
+    fn a_precise_slot_is_16_bytes() {
+        assert_eq!(std::mem::size_of::<Slot<Holders>>(), 16);
     }
 }

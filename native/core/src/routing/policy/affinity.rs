@@ -31,8 +31,10 @@
 //! Prefill dominates time to first token, and an engine busy prefilling a long uncached prompt delays
 //! every request behind it: a cache hit there can cost more than a miss on an idle engine.
 
+use std::cmp::{Ordering, Reverse};
+
 use super::filter::SpillGate;
-use super::picker::{by_load, load_key};
+use super::picker::load_key;
 use super::{Candidate, PickContext, PrefixSource};
 use crate::routing::config::RouterConfig;
 
@@ -78,29 +80,81 @@ impl Affinity {
     }
 
     pub fn rank(&self, ctx: &PickContext<'_>) -> Vec<usize> {
+        self.rank_top(ctx, ctx.candidates.len())
+    }
+
+    /// The first `k` of the ranking: each candidate's key computed once, then the best `k` kept while
+    /// scanning (a few fallbacks: one comparison per candidate) or selected and sorted (large `k`), not
+    /// every candidate sorted. Random tie breaks as the full sort drew them: one per candidate for the
+    /// kept order, then one per candidate for the spilled order, computed only for keys that tie.
+    pub fn rank_top(&self, ctx: &PickContext<'_>, k: usize) -> Vec<usize> {
         let c = ctx.candidates;
-        let (mut order, spilled) = self.gate.split(c);
-        let tie: Vec<u64> = (0..c.len()).map(|_| ctx.rng.next_u64()).collect();
-        let longest = order.iter().map(|&i| c[i].cached_blocks).max().unwrap_or(0);
-        let slack = |i: usize| {
-            if self.holds_the_history(&c[i], longest) {
-                u64::from(self.holder_slack)
-            } else {
-                0
-            }
+        let n = c.len();
+        let draws = ctx.rng.reserve(2 * n);
+        let min = SpillGate::min_requests(c);
+        // The holder band's longest kept prefix (a pass only when the band is on).
+        let longest = if self.holder_slack > 0 {
+            (0..n)
+                .filter(|&i| self.gate.keeps(&c[i], min))
+                .map(|i| c[i].cached_blocks)
+                .max()
+                .unwrap_or(0)
+        } else {
+            0
         };
-        order.sort_unstable_by_key(|&i| {
-            (
-                self.expected_wait(&c[i]).saturating_sub(slack(i)),
-                std::cmp::Reverse(c[i].cached_blocks),
-                load_key(&c[i]),
-                tie[i],
-            )
-        });
-        order.extend(by_load(ctx, spilled));
-        order
+        let key = |i: usize| {
+            let spilled = !self.gate.keeps(&c[i], min);
+            let (wait, cached) = if spilled {
+                (0, 0)
+            } else {
+                let slack = if self.holds_the_history(&c[i], longest) {
+                    u64::from(self.holder_slack)
+                } else {
+                    0
+                };
+                (self.expected_wait(&c[i]).saturating_sub(slack), c[i].cached_blocks)
+            };
+            (RankKey(spilled, wait, Reverse(cached), load_key(&c[i])), i)
+        };
+        let tie = |k: &RankKey, i: usize| draws.get(if k.0 { n + i } else { i });
+        let cmp = |a: &(RankKey, usize), b: &(RankKey, usize)| -> Ordering {
+            a.0.cmp(&b.0).then_with(|| tie(&a.0, a.1).cmp(&tie(&b.0, b.1)))
+        };
+        let k = k.min(n);
+        if k == 0 {
+            return Vec::new();
+        }
+        let mut top: Vec<(RankKey, usize)>;
+        if k <= SCAN_AT_MOST {
+            top = Vec::with_capacity(k + 1);
+            for i in 0..n {
+                let e = key(i);
+                if top.len() == k && cmp(&e, &top[k - 1]) != Ordering::Less {
+                    continue;
+                }
+                let at = top.partition_point(|x| cmp(x, &e) == Ordering::Less);
+                top.insert(at, e);
+                top.truncate(k);
+            }
+        } else {
+            top = (0..n).map(key).collect();
+            if k < n {
+                top.select_nth_unstable_by(k - 1, cmp);
+                top.truncate(k);
+            }
+            top.sort_unstable_by(cmp);
+        }
+        top.into_iter().map(|(_, i)| i).collect()
     }
 }
+
+/// Up to this many places the best are kept in a sorted buffer while scanning the candidates.
+const SCAN_AT_MOST: usize = 16;
+
+/// A candidate's place, before its random tie break: kept before spilled; kept ones by expected wait,
+/// then more cached blocks, then load; spilled ones (wait and cached zero) by load.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct RankKey(bool, u64, Reverse<u32>, (u32, u64));
 
 #[cfg(test)]
 mod tests {
@@ -221,5 +275,93 @@ mod tests {
         assert_eq!(rank(&banded, &[longer, shorter])[0], 0, "164 - 128 = 36 < 128");
         banded.holder_slack = 0;
         assert_eq!(rank(&banded, &[longer, shorter])[0], 1);
+    }
+}
+
+/// The selection against the full sort it replaced (decisions must not change).
+#[cfg(test)]
+mod selection_tests {
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::routing::load::{EngineLoad, Load};
+    use crate::routing::policy::picker::by_load;
+    use crate::routing::rng::Rng;
+
+    /// The ranking as it was: every candidate sorted, its key recomputed per comparison.
+    fn full_sort(a: &Affinity, ctx: &PickContext<'_>) -> Vec<usize> {
+        let c = ctx.candidates;
+        let (mut order, spilled) = a.gate.split(c);
+        let tie: Vec<u64> = (0..c.len()).map(|_| ctx.rng.next_u64()).collect();
+        order.sort_unstable_by_key(|&i| {
+            (
+                a.expected_wait(&c[i]),
+                std::cmp::Reverse(c[i].cached_blocks),
+                load_key(&c[i]),
+                tie[i],
+            )
+        });
+        order.extend(by_load(ctx, spilled));
+        order
+    }
+
+    fn candidate() -> impl Strategy<Value = Candidate> {
+        // Small ranges so that waits, cached prefixes and loads tie often.
+        (
+            0..6u32,
+            0..4u32,
+            0..3u64,
+            0..5u32,
+            prop_oneof![Just(0u32), Just(16)],
+            0..2u32,
+        )
+            .prop_map(|(requests, tokens_k, prefill, cached, block_size, waiting)| Candidate {
+                id: 0,
+                address_hash: 0,
+                load: Load {
+                    in_flight_requests: requests,
+                    in_flight_tokens: u64::from(tokens_k) * 100,
+                    prefill_tokens: prefill * 50,
+                    engine: EngineLoad {
+                        waiting: waiting * 3,
+                        ..Default::default()
+                    },
+                },
+                cached_blocks: cached,
+                prompt_blocks: 4,
+                prompt_tokens: 64,
+                block_size,
+            })
+    }
+
+    proptest! {
+        #[test]
+        fn selecting_the_top_k_matches_the_full_sort(
+            mut candidates in proptest::collection::vec(candidate(), 1..80),
+            k in 0..90usize,
+            seed in any::<u64>(),
+            gate in any::<bool>(),
+            abs in 0..4u32,
+            request_cost in 0..40u32,
+            weight in prop_oneof![Just(1.0), Just(2.0), Just(0.5)],
+        ) {
+            for (i, c) in candidates.iter_mut().enumerate() {
+                c.id = i * 97;
+            }
+            let a = Affinity {
+                source: PrefixSource::Events,
+                gate: SpillGate { enabled: gate, abs, ratio: 1.5 },
+                request_cost,
+                uncached_weight: weight,
+                holder_slack: 0,
+            };
+            let (old_rng, new_rng) = (Rng::new(seed), Rng::new(seed));
+            let old_ctx = PickContext { candidates: &candidates, session_key: None, rng: &old_rng };
+            let new_ctx = PickContext { candidates: &candidates, session_key: None, rng: &new_rng };
+            let mut want = full_sort(&a, &old_ctx);
+            want.truncate(k);
+            prop_assert_eq!(a.rank_top(&new_ctx, k), want);
+            prop_assert_eq!(old_rng.next_u64(), new_rng.next_u64(), "the same draws consumed");
+        }
     }
 }

@@ -19,15 +19,19 @@ pub struct SpillGate {
 impl SpillGate {
     /// Candidate indices split into (kept, spilled); `kept` is never empty.
     pub fn split(&self, candidates: &[Candidate]) -> (Vec<usize>, Vec<usize>) {
-        let all = 0..candidates.len();
-        if !self.enabled {
-            return (all.collect(), Vec::new());
-        }
-        let min = candidates.iter().map(|c| c.load.requests()).min().unwrap_or(0);
-        all.partition(|&i| {
-            let r = candidates[i].load.requests();
-            r <= min.saturating_add(self.abs) || f64::from(r) <= f64::from(min) * self.ratio
-        })
+        let min = Self::min_requests(candidates);
+        (0..candidates.len()).partition(|&i| self.keeps(&candidates[i], min))
+    }
+
+    /// The fewest requests on any candidate: `keeps`'s `min`.
+    pub fn min_requests(candidates: &[Candidate]) -> u32 {
+        candidates.iter().map(|c| c.load.requests()).min().unwrap_or(0)
+    }
+
+    /// Whether `c` passes the gate when the least loaded candidate has `min` requests.
+    pub fn keeps(&self, c: &Candidate, min: u32) -> bool {
+        let r = c.load.requests();
+        !self.enabled || r <= min.saturating_add(self.abs) || f64::from(r) <= f64::from(min) * self.ratio
     }
 }
 

@@ -20,4 +20,7 @@ impl Policy for KvEvents {
     fn rank(&self, ctx: &PickContext<'_>) -> Vec<usize> {
         self.0.rank(ctx)
     }
+    fn rank_top(&self, ctx: &PickContext<'_>, k: usize) -> Vec<usize> {
+        self.0.rank_top(ctx, k)
+    }
 }

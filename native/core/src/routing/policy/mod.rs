@@ -78,4 +78,13 @@ pub trait Policy: Send + Sync {
 
     /// A permutation of `0..ctx.candidates.len()`, best first.
     fn rank(&self, ctx: &PickContext<'_>) -> Vec<usize>;
+
+    /// The first `k` of what `rank` would return (all of it when `k` covers every candidate), drawing
+    /// the same random numbers. The router needs the primary and its fallbacks only: a policy that can
+    /// select those without ordering every candidate overrides this.
+    fn rank_top(&self, ctx: &PickContext<'_>, k: usize) -> Vec<usize> {
+        let mut ranking = self.rank(ctx);
+        ranking.truncate(k);
+        ranking
+    }
 }

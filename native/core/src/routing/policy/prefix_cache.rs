@@ -21,4 +21,7 @@ impl Policy for PrefixCache {
     fn rank(&self, ctx: &PickContext<'_>) -> Vec<usize> {
         self.0.rank(ctx)
     }
+    fn rank_top(&self, ctx: &PickContext<'_>, k: usize) -> Vec<usize> {
+        self.0.rank_top(ctx, k)
+    }
 }
