@@ -1001,7 +1001,7 @@ mod tests {
                 assert_eq!(messages[0]["content"], "");
                 let call = &messages[0]["tool_calls"][0]["function"];
                 assert_eq!(call["name"], "get_weather");
-                assert_eq!(call["arguments"], "{\"");
+                assert_eq!(call["arguments"], "{");
                 assert_eq!(reasons[0].as_deref(), Some("length"));
             } else {
                 let v: Value = serde_json::from_slice(&out).unwrap();
