@@ -6,7 +6,7 @@ out of the model's text into `message.tool_calls` / `reasoning_content`, streame
 One stack serves a model per format, each a real tokenizer (Llama 3, Llama 3 with Llama 3.1's special-token
 names, DeepSeek V3) with that family's chat template (tests/templates), on a simulated engine scripted to say
 the format's text (one format's engines speak SGLang's protocol, the others vLLM's). Streams send a call's
-name first and then its arguments in fragments (Hermes, Qwen3-Coder, GLM, DeepSeek, Kimi): the fragments add
+name first and then its arguments in fragments (every format, and forced tool choices): the fragments add
 up to the whole answer's arguments. A multi-turn agent loop checks that the prompt the engine got equals
 transformers' `apply_chat_template` of the same conversation: the engine answers the scripted text only to
 that exact prompt.
@@ -342,14 +342,24 @@ def test_streamed_answers_add_up_to_the_whole_one_per_choice(client: openai.Open
 
 
 @pytest.mark.parametrize(
-    "model", ["qwen2.5-hermes", "qwen3-coder-xml", "kimi-k2", "glm-4.5-sglang", "deepseek-v3"]
+    "model",
+    [
+        "qwen2.5-hermes",
+        "qwen3-coder-xml",
+        "kimi-k2",
+        "glm-4.5-sglang",
+        "deepseek-v3",
+        "llama-3.1-json",
+        "llama-4-pythonic",
+        "gpt-oss-harmony",
+    ],
 )
 def test_a_streamed_call_sends_its_name_before_its_arguments_are_complete(
     client: openai.OpenAI, model: str
 ) -> None:
     """Name-first streaming: the call's name arrives in its own delta before the last argument fragment, and
-    the arguments come in more than one fragment where the format allows (JSON text streams as it arrives,
-    Qwen3-Coder/GLM one fragment per parameter)."""
+    the arguments come in more than one fragment (JSON text streams as it arrives, Qwen3-Coder/GLM one
+    fragment per parameter, pythonic one per keyword argument and the closing brace)."""
     stream = client.chat.completions.create(model=model, messages=QUESTION, tools=[WEATHER_TOOL], stream=True)
     deltas = [c for chunk in stream for ch in chunk.choices for c in (ch.delta.tool_calls or [])]
     assert deltas[0].function.name == "get_weather" and deltas[0].function.arguments == ""
@@ -396,6 +406,9 @@ def test_a_forced_tool_choice_returns_the_constrained_json_as_calls(client: open
         )
         calls = [c for chunk in stream for ch in chunk.choices for c in (ch.delta.tool_calls or [])]
         assert calls[0].function.name == "get_weather" and calls[0].id.startswith("call_")
+        # Name first, then the parameters' text in fragments as the constrained JSON streams.
+        assert calls[0].function.arguments == "" and all(c.function.name is None for c in calls[1:])
+        assert len(calls) >= 3, calls
         assert isinstance(json.loads("".join(c.function.arguments or "" for c in calls))["city"], str)
 
 

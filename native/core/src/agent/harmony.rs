@@ -13,11 +13,20 @@
 //! body); an output that ends inside a header drops that header (it is markup only); one that ends inside a
 //! call's body gives the body back as content.
 //!
-//! Streaming: reasoning and content as they arrive, holding back only what may start a marker; each call
-//! whole when `<|call|>` arrives.
+//! Arguments are the model's JSON object text with the whitespace outside strings removed.
+//!
+//! Streaming: reasoning and content as they arrive, holding back only what may start a marker. A whole
+//! answer gets each call whole when `<|call|>` arrives. A stream gets the call's name (known from the
+//! header's `to=functions.NAME`, when it is a declared tool) once its body opens with `{`, then the
+//! arguments' text as it arrives; a sent call that turns out malformed or cut off stays a call with the
+//! fragments sent (a body that does not open with `{` is content, as in a whole answer).
 
-use super::scan::{json_object, opening, scan, Body, Opening, Scan};
-use super::{OutputParser, Parsed, ToolCallPiece};
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use super::scan::{minified_object, opening, partial_len, scan, Body, MinifiedObject, ObjectState, Opening, Scan};
+use super::sent_call::{Calls, SentCall};
+use super::{OutputParser, Parsed};
 
 const START: &str = "<|start|>";
 const CHANNEL: &str = "<|channel|>";
@@ -47,7 +56,11 @@ pub struct Harmony {
     buf: String,
     /// The header being read, or the body of a call being read.
     body: Body,
-    calls: u32,
+    calls: Calls,
+    /// Streams: the arguments of the call being read, while they may stream.
+    object: Option<MinifiedObject>,
+    /// Streams: the call being read, once its name was sent.
+    sent: Option<SentCall>,
     /// Whether the start of the output has been read: the prompt ends with `<|start|>assistant`, so the
     /// model may go on with that header's recipient (` to=functions.NAME<|channel|>…`) before any marker.
     started: bool,
@@ -61,7 +74,9 @@ pub fn parser() -> Box<dyn OutputParser> {
         state: State::Text,
         buf: String::new(),
         body: Body::default(),
-        calls: 0,
+        calls: Calls::default(),
+        object: None,
+        sent: None,
         started: false,
     })
 }
@@ -92,6 +107,23 @@ fn kind(header: &str) -> Kind {
 }
 
 impl Harmony {
+    /// Streams: the call's body so far (up to its end, once found; else less a possible marker start).
+    fn read_call(&mut self, name: &str, end: Option<usize>, out: &mut Parsed) {
+        let Some(object) = self.object.as_mut() else { return };
+        let text = &self.body.text;
+        let upto = end.unwrap_or(text.len() - partial_len(text, &BODY_ENDS));
+        let mut args = String::new();
+        let state = object.feed(&text[..upto], &mut args);
+        match (self.sent.as_mut(), state) {
+            (Some(sent), _) => sent.more(&args, out),
+            (None, ObjectState::Inside | ObjectState::Done) => {
+                self.sent = Some(self.calls.start(name.to_string(), args, out));
+            }
+            (None, ObjectState::NotAnObject) => self.object = None,
+            (None, ObjectState::Before) => {}
+        }
+    }
+
     fn run(&mut self, out: &mut Parsed) {
         loop {
             if !self.started {
@@ -126,29 +158,32 @@ impl Harmony {
                     let Some(at) = self.body.find(MESSAGE) else { return };
                     let header = self.body.take();
                     self.buf = header[at + MESSAGE.len()..].to_string();
-                    self.state = State::Message(kind(&header[..at]));
+                    let kind = kind(&header[..at]);
+                    self.object = match &kind {
+                        Kind::Call(name) if self.calls.may_stream(name) => Some(MinifiedObject::default()),
+                        _ => None,
+                    };
+                    self.sent = None;
+                    self.state = State::Message(kind);
                 }
                 State::Message(Kind::Call(name)) => {
                     self.body.text.push_str(&self.buf);
                     self.buf.clear();
-                    let Some((at, which)) = self.body.find_any(&BODY_ENDS) else {
+                    let found = self.body.find_any(&BODY_ENDS);
+                    self.read_call(&name, found.map(|(at, _)| at), out);
+                    let Some((at, which)) = found else {
                         return;
                     };
                     let body = self.body.take();
                     let ends_here = which < 3;
                     let marker_len = if ends_here { BODY_ENDS[which].len() } else { 0 };
                     self.buf = body[at + marker_len..].to_string();
-                    match json_object(&body[..at]) {
-                        Some(arguments) => {
-                            out.calls.push(ToolCallPiece {
-                                index: self.calls,
-                                id: None,
-                                name: Some(name),
-                                arguments,
-                            });
-                            self.calls += 1;
-                        }
-                        None => out.content.push_str(&body[..at]),
+                    let decoded = minified_object(&body[..at]);
+                    match (self.sent.take(), decoded) {
+                        // A sent call stays a call, malformed or not.
+                        (Some(sent), decoded) => sent.close(decoded.map(|a| (name, a)), out),
+                        (None, Some(arguments)) => self.calls.whole(name, arguments, out),
+                        (None, None) => out.content.push_str(&body[..at]),
                     }
                     self.state = State::Text;
                 }
@@ -193,6 +228,10 @@ impl OutputParser for Harmony {
                 self.body.take();
             }
             State::Message(Kind::Reasoning) => out.reasoning.push_str(&rest),
+            // A sent call the output ends inside stays as sent.
+            State::Message(Kind::Call(_)) if self.sent.take().is_some() => {
+                self.body.take();
+            }
             State::Message(Kind::Call(_)) => {
                 out.content.push_str(&self.body.take());
                 out.content.push_str(&rest);
@@ -202,11 +241,18 @@ impl OutputParser for Harmony {
         self.state = State::Text;
         out
     }
+
+    fn stream_calls(&mut self, declared: Option<Arc<HashSet<String>>>) {
+        self.calls.stream(declared);
+    }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::super::testutil::{assert_linear, call, expect, long_plain_text_streams, parse_all_splits};
+    use super::super::testutil::{
+        assert_linear, call, call_pieces, declaring, expect, long_plain_text_streams, parse_all_splits,
+        parse_whole_splits, piece, run, streaming,
+    };
     use super::parser;
 
     // What gpt-oss's chat template renders for an assistant turn that thinks and calls a tool (the prompt's
@@ -236,10 +282,14 @@ mod tests {
     #[test]
     fn preamble_two_calls_and_recipient_before_channel() {
         let text = "<|channel|>commentary<|message|>Checking two things.<|end|><|start|>assistant to=functions.a<|channel|>commentary json<|message|>{}<|call|><|start|>assistant<|channel|>commentary to=functions.b <|constrain|>json<|message|>{\"x\": [1, \"<|end|>\"]}<|call|>";
-        let got = parse_all_splits(&parser, text);
+        let got = parse_whole_splits(&parser, text);
         // A marker inside a JSON string still ends the message (special tokens are not text): b's body is cut.
         assert_eq!(got.content, "Checking two things.{\"x\": [1, \"\"]}");
         assert_eq!(got.calls, vec![call("a", "{}")]);
+        // A stream sent b's name when its body opened: b stays a call with the text sent.
+        let got = run(streaming(&parser).as_mut(), &[text]);
+        assert_eq!(got.content, "Checking two things.\"]}");
+        assert_eq!(got.calls, vec![call("a", "{}"), ("b".into(), "{\"x\":[1,\"".into())]);
     }
 
     #[test]
@@ -256,9 +306,17 @@ mod tests {
     #[test]
     fn malformed_and_truncated() {
         let bad = "<|channel|>commentary to=functions.f <|constrain|>json<|message|>{oops<|call|>";
-        assert_eq!(parse_all_splits(&parser, bad), expect("{oops", "", &[]));
+        assert_eq!(parse_whole_splits(&parser, bad), expect("{oops", "", &[]));
         let cut_call = "<|channel|>commentary to=functions.f<|message|>{\"a\":";
-        assert_eq!(parse_all_splits(&parser, cut_call), expect("{\"a\":", "", &[]));
+        assert_eq!(parse_whole_splits(&parser, cut_call), expect("{\"a\":", "", &[]));
+        // A stream sent the name when the body opened with `{`: the call stays with what was sent.
+        let got = run(streaming(&parser).as_mut(), &[bad]);
+        assert_eq!(got, expect("", "", &[("f".into(), "{oops".into())]));
+        let got = run(streaming(&parser).as_mut(), &[cut_call]);
+        assert_eq!(got, expect("", "", &[("f".into(), "{\"a\":".into())]));
+        // A body that is not an object is content, streamed or not.
+        let not_object = "<|channel|>commentary to=functions.f<|message|>sure<|call|>";
+        assert_eq!(parse_all_splits(&parser, not_object), expect("sure", "", &[]));
         let cut_header = "<|channel|>analysis<|message|>hmm<|end|><|start|>assistant<|chan";
         assert_eq!(parse_all_splits(&parser, cut_header), expect("", "hmm", &[]));
         let cut_reasoning = "<|channel|>analysis<|message|>still thinking";
@@ -278,6 +336,34 @@ mod tests {
         assert_eq!(parse_all_splits(&parser, plain), expect(plain, "", &[]));
         long_plain_text_streams(&parser);
     }
+    #[test]
+    fn a_stream_sends_the_name_then_the_arguments_as_they_arrive() {
+        let at = CALL.find("Pa").unwrap();
+        let got = call_pieces(streaming(&parser).as_mut(), &[&CALL[..at], &CALL[at..]]);
+        assert_eq!(
+            got,
+            [
+                vec![piece(0, Some("get_weather"), "{\"city\":\"")],
+                vec![piece(0, None, "Paris\"}")],
+                vec![]
+            ]
+        );
+        // A tool the request did not declare goes whole at `<|call|>`.
+        let got = call_pieces(declaring(&parser, &["other"]).as_mut(), &[&CALL[..at], &CALL[at..]]);
+        assert_eq!(
+            got,
+            [
+                vec![],
+                vec![piece(0, Some("get_weather"), r#"{"city":"Paris"}"#)],
+                vec![]
+            ]
+        );
+        // The end marker arriving in pieces is never argument text.
+        let text = "<|channel|>commentary to=functions.f<|message|>{\"a\": 1}<|ca";
+        let got = call_pieces(streaming(&parser).as_mut(), &[text, "ll|>"]);
+        assert_eq!(got, [vec![piece(0, Some("f"), "{\"a\":1}")], vec![], vec![]]);
+    }
+
     #[test]
     fn linear_in_the_output_length() {
         assert_linear(&parser, "", "");

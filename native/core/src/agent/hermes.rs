@@ -8,8 +8,8 @@
 //! arrived, then the arguments' text as it arrives; a whole answer gets each call whole when its
 //! `</tool_call>` arrives.
 
-use super::scan::{call_from_json, MinifiedObject, ObjectState};
-use super::tagged::{CallReader, Markers, Tagged};
+use super::json_call::{decode, JsonCallReader};
+use super::tagged::{Markers, Tagged};
 use super::OutputParser;
 
 pub fn parser() -> Box<dyn OutputParser> {
@@ -17,112 +17,17 @@ pub fn parser() -> Box<dyn OutputParser> {
         Markers {
             section: None,
             call: ("<tool_call>", "</tool_call>"),
-            reader: Some(|| Box::new(Reader::default())),
+            reader: Some(|| Box::new(JsonCallReader::default())),
             call_id: None,
         },
         decode,
     ))
 }
 
-fn decode(body: &str) -> Option<(String, String)> {
-    let (name, compact) = call_from_json(body)?;
-    // The arguments as streamed, when the reader streams them: the same text by construction.
-    let mut reader = Reader::default();
-    let mut args = String::new();
-    let streamed = reader.read(body, &mut args);
-    if streamed.as_deref() == Some(name.as_str()) && reader.object.1 == ObjectState::Done {
-        return Some((name, args));
-    }
-    Some((name, compact))
-}
-
-/// The head of a call up to its arguments' value, as far as it has arrived.
-enum Head {
-    More,
-    Not,
-    /// The name, and the byte offset where the arguments' value starts.
-    Found(String, usize),
-}
-
-/// `{"name": "NAME", "arguments": ` (or `"parameters"`), whitespace allowed between tokens.
-fn head(body: &str) -> Head {
-    let mut at = 0;
-    let mut name = String::new();
-    let steps: [&[&str]; 7] = [
-        &["{"],
-        &["\"name\""],
-        &[":"],
-        &["\""],
-        &[],
-        &[","],
-        &["\"arguments\"", "\"parameters\""],
-    ];
-    for step in steps.iter().chain([&[":"] as &[&str]].iter()) {
-        let rest = &body[at..];
-        if step.is_empty() {
-            // The name: up to its closing quote (a name needing escapes is not one a tool can have).
-            match rest.find(['"', '\\']) {
-                None => return Head::More,
-                Some(end) if rest.as_bytes()[end] == b'"' && end > 0 => {
-                    name = rest[..end].to_string();
-                    at += end + 1;
-                    continue;
-                }
-                Some(_) => return Head::Not,
-            }
-        }
-        let trimmed = rest.trim_start();
-        at += rest.len() - trimmed.len();
-        if let Some(token) = step.iter().find(|t| trimmed.starts_with(**t)) {
-            at += token.len();
-        } else if step.iter().any(|t| t.starts_with(trimmed)) {
-            return Head::More;
-        } else {
-            return Head::Not;
-        }
-    }
-    Head::Found(name, at)
-}
-
-/// Streams a call: its name once the head has arrived, then its arguments object's text.
-#[derive(Default)]
-struct Reader {
-    /// Where the arguments start, once the head is read.
-    args_at: Option<usize>,
-    object: (MinifiedObject, ObjectState),
-    gave_up: bool,
-}
-
-impl CallReader for Reader {
-    fn read(&mut self, body: &str, args: &mut String) -> Option<String> {
-        if self.gave_up {
-            return None;
-        }
-        let mut name = None;
-        let at = match self.args_at {
-            Some(at) => at,
-            None => match head(body) {
-                Head::More if body.len() < 1024 => return None,
-                Head::More | Head::Not => {
-                    self.gave_up = true;
-                    return None;
-                }
-                Head::Found(found, at) => {
-                    name = Some(found);
-                    self.args_at = Some(at);
-                    at
-                }
-            },
-        };
-        self.object.1 = self.object.0.feed(&body[at..], args);
-        name
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::super::testutil::{assert_linear, call, expect, long_plain_text_streams, parse_all_splits};
-    use super::{head, parser, Head};
+    use super::parser;
 
     // What Qwen2.5's chat template renders for an assistant message with content and two calls.
     const QWEN25: &str = "Let me check.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>\n<tool_call>\n{\"name\": \"get_time\", \"arguments\": {\"tz\": \"Europe/Paris\", \"fmt\": [1, 2]}}\n</tool_call>";
@@ -143,15 +48,6 @@ mod tests {
             "é\n\n<tool_call>\n{\"name\": \"f\", \"arguments\": {\"q\": \"日本 </tool\"}}\n</tool_call>\n\nDone ✓";
         let got = parse_all_splits(&parser, text);
         assert_eq!(got, expect("éDone ✓", "", &[call("f", r#"{"q":"日本 </tool"}"#)]));
-    }
-
-    #[test]
-    fn head_of_a_call() {
-        let text = r#" { "name" : "f_1", "arguments" :"#;
-        assert!(matches!(head(text), Head::Found(n, at) if n == "f_1" && at == text.len()));
-        assert!(matches!(head(r#"{"name": "f", "param"#), Head::More));
-        assert!(matches!(head(r#"{"arguments": {}, "name": "f"}"#), Head::Not));
-        assert!(matches!(head(r#"{"name": "a\"b", "arguments": {}}"#), Head::Not));
     }
 
     #[test]

@@ -4,11 +4,23 @@
 //! A JSON object that is not a call (no name, arguments not an object) comes back as content, exactly as
 //! written.
 //!
-//! Streaming: content as it arrives; each call whole when its JSON object closes (the object's extent is
-//! tracked as it streams, strings and escapes included, so each byte is looked at once).
+//! Arguments are the model's JSON object text with the whitespace outside strings removed (arguments given
+//! as a JSON string holding an object, or written before the name, are re-serialized compactly).
+//!
+//! Streaming: content as it arrives. A whole answer gets each call whole when its JSON object closes (the
+//! object's extent is tracked as it streams, strings and escapes included, so each byte is looked at once).
+//! A stream gets the call's name once `{"name": "NAME", "parameters": {` has arrived (when it is a declared
+//! tool), then the arguments' text as it arrives. Name-first needs `"name"` to be the object's first key: a
+//! call written `{"parameters": {...}, "name": "f"}` goes whole when its object closes, as in a whole answer.
 
-use super::scan::{call_from_json, opening, scan, Content, Extent, Opening, Scan};
-use super::{OutputParser, Parsed, ToolCallPiece};
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use super::json_call::{decode, JsonCallReader};
+use super::scan::{opening, scan, Content, Extent, Opening, Scan};
+use super::sent_call::{Calls, SentCall};
+use super::tagged::CallReader;
+use super::{OutputParser, Parsed};
 
 const TAG: &str = "<|python_tag|>";
 
@@ -29,7 +41,11 @@ pub struct Llama3 {
     body: String,
     extent: Extent,
     content: Content,
-    calls: u32,
+    calls: Calls,
+    /// Streams: the reader of the call object being read (None once it is known not to stream).
+    reader: Option<JsonCallReader>,
+    /// Streams: the call object being read, once its name was sent.
+    sent: Option<SentCall>,
 }
 
 pub fn parser() -> Box<dyn OutputParser> {
@@ -40,11 +56,27 @@ pub fn parser() -> Box<dyn OutputParser> {
         body: String::new(),
         extent: Extent::default(),
         content: Content::default(),
-        calls: 0,
+        calls: Calls::default(),
+        reader: None,
+        sent: None,
     })
 }
 
 impl Llama3 {
+    /// Streams: what the reader makes of the call object so far (up to its end, once known).
+    fn read_call(&mut self, end: Option<usize>, out: &mut Parsed) {
+        let Some(reader) = self.reader.as_mut() else { return };
+        let mut args = String::new();
+        let name = reader.read(&self.body[..end.unwrap_or(self.body.len())], &mut args);
+        match (name, self.sent.as_mut()) {
+            (Some(name), _) if self.calls.may_stream(&name) => self.sent = Some(self.calls.start(name, args, out)),
+            // Not a declared tool: the call goes whole when it closes.
+            (Some(_), _) => self.reader = None,
+            (None, Some(sent)) => sent.more(&args, out),
+            (None, None) => {}
+        }
+    }
+
     fn run(&mut self, out: &mut Parsed) {
         loop {
             match self.state {
@@ -82,6 +114,8 @@ impl Llama3 {
                         self.raw.push_str(&self.buf[..skipped]);
                         self.buf.drain(..skipped);
                         self.extent = Extent::default();
+                        self.reader = self.calls.streams().then(JsonCallReader::at_object);
+                        self.sent = None;
                         self.state = State::Object;
                     } else if t.is_empty() || (self.buf.len() < TAG.len() && TAG.starts_with(self.buf.as_str())) {
                         return;
@@ -94,25 +128,28 @@ impl Llama3 {
                 State::Object => {
                     self.body.push_str(&self.buf);
                     self.buf.clear();
-                    let Some(end) = self.extent.advance(&self.body) else {
+                    let end = self.extent.advance(&self.body);
+                    self.read_call(end, out);
+                    let Some(end) = end else {
                         return;
                     };
                     let body = std::mem::take(&mut self.body);
                     self.buf = body[end..].to_string();
                     let raw = std::mem::take(&mut self.raw);
-                    match call_from_json(&body[..end]) {
-                        Some((name, arguments)) => {
-                            out.calls.push(ToolCallPiece {
-                                index: self.calls,
-                                id: None,
-                                name: Some(name),
-                                arguments,
-                            });
-                            self.calls += 1;
+                    let decoded = decode(&body[..end]);
+                    match (self.sent.take(), decoded) {
+                        (Some(sent), decoded) => {
+                            // A sent call stays a call, malformed or not; its markup is not content.
+                            sent.close(decoded, out);
                             self.content.call_boundary();
                             self.state = State::Between;
                         }
-                        None => {
+                        (None, Some((name, arguments))) => {
+                            self.calls.whole(name, arguments, out);
+                            self.content.call_boundary();
+                            self.state = State::Between;
+                        }
+                        (None, None) => {
                             self.content
                                 .not_a_call(&format!("{raw}{}", &body[..end]), &mut out.content);
                             self.state = State::Text;
@@ -142,6 +179,8 @@ impl OutputParser for Llama3 {
         );
         self.buf.clear();
         match self.state {
+            // A sent call the output ends inside stays as sent.
+            State::Object if self.sent.take().is_some() => self.content.call_boundary(),
             State::Between | State::Object => self.content.not_a_call(&rest, &mut out.content),
             _ => self.content.text(&rest, &mut out.content),
         }
@@ -149,11 +188,18 @@ impl OutputParser for Llama3 {
         self.state = State::Text;
         out
     }
+
+    fn stream_calls(&mut self, declared: Option<Arc<HashSet<String>>>) {
+        self.calls.stream(declared);
+    }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::super::testutil::{assert_linear, call, expect, long_plain_text_streams, parse_all_splits};
+    use super::super::testutil::{
+        assert_linear, call, call_pieces, declaring, expect, long_plain_text_streams, parse_all_splits,
+        parse_whole_splits, piece, run, streaming,
+    };
     use super::parser;
 
     // What Llama 3.1's chat template renders for an assistant call (`{"name": ..., "parameters": ...}`),
@@ -187,13 +233,75 @@ mod tests {
             "The set {1, 2} has two elements.",
             "{\"name\": \"f\", \"parameters\": [1]} then text",
             "<|python_tag|>print('hi')",
-            "{\"name\": \"f\", \"parameters\": {\"x\": ",
+            "{\"name\": \"f\", \"parameters\": \"x\"} then",
             "ok <|python_ta",
         ] {
             assert_eq!(parse_all_splits(&parser, text), expect(text, "", &[]), "{text}");
         }
         long_plain_text_streams(&parser);
     }
+    #[test]
+    fn a_stream_sends_the_name_then_the_arguments_as_they_arrive() {
+        let parts = [
+            "Calling.\n<|python_tag|>{\"name\": \"get_weather\", \"param",
+            "eters\": {\"city\": \"Pa",
+            "ris\", \"days\": 2}}; {\"name\": \"g\", \"parameters\": {}}",
+        ];
+        let got = call_pieces(streaming(&parser).as_mut(), &parts);
+        assert_eq!(
+            got,
+            [
+                vec![],
+                vec![piece(0, Some("get_weather"), "{\"city\":\"Pa")],
+                vec![piece(0, None, "ris\",\"days\":2}"), piece(1, Some("g"), "{}")],
+                vec![]
+            ]
+        );
+        // Streamed == whole at every split point.
+        let text = parts.concat();
+        let calls = [call("get_weather", r#"{"city":"Paris","days":2}"#), call("g", "{}")];
+        assert_eq!(parse_all_splits(&parser, &text), expect("Calling.", "", &calls));
+    }
+
+    #[test]
+    fn parameters_before_the_name_and_undeclared_tools_go_whole() {
+        // Name-first needs "name" as the first key: otherwise the call goes whole when its object closes.
+        let late = "{\"parameters\": {\"x\": 1.50}, \"name\": \"f\"}";
+        let at = late.len() - 1;
+        let got = call_pieces(streaming(&parser).as_mut(), &[&late[..at], &late[at..]]);
+        assert_eq!(got, [vec![], vec![piece(0, Some("f"), r#"{"x":1.5}"#)], vec![]]);
+        assert_eq!(
+            parse_all_splits(&parser, late),
+            expect("", "", &[call("f", r#"{"x":1.5}"#)])
+        );
+        let at = RENDERED.len() - 2;
+        let got = call_pieces(
+            declaring(&parser, &["other"]).as_mut(),
+            &[&RENDERED[..at], &RENDERED[at..]],
+        );
+        assert_eq!(
+            got,
+            [
+                vec![],
+                vec![piece(0, Some("get_weather"), r#"{"city":"Paris"}"#)],
+                vec![]
+            ]
+        );
+    }
+
+    #[test]
+    fn a_truncated_call_is_content_until_its_name_was_streamed() {
+        let cut = "ok <|python_tag|>{\"name\": \"f\", \"parameters\": {\"x\": ";
+        assert_eq!(parse_whole_splits(&parser, cut), expect(cut, "", &[]));
+        // A stream sent the name: the call stays, with the fragments sent; no markup in content.
+        let got = run(streaming(&parser).as_mut(), &[cut]);
+        assert_eq!(got, expect("ok", "", &[("f".into(), "{\"x\":".into())]));
+        let malformed = "{\"name\": \"f\", \"parameters\": {\"x\": 1} oops}";
+        assert_eq!(parse_whole_splits(&parser, malformed), expect(malformed, "", &[]));
+        let got = run(streaming(&parser).as_mut(), &[malformed]);
+        assert_eq!(got, expect("", "", &[("f".into(), "{\"x\":1}".into())]));
+    }
+
     #[test]
     fn linear_in_the_output_length() {
         assert_linear(&parser, "", "");

@@ -8,10 +8,11 @@
 //!
 //! By default the tool-call parsers announce a call only once it is complete and valid, as one piece carrying
 //! its name and whole arguments, so a truncated or malformed call is content (a whole answer). A stream turns
-//! on `stream_calls`: the formats with a call reader (Hermes, Qwen3-Coder, GLM 4.5, DeepSeek, Kimi K2) then
-//! send a call's name as soon as it is certain and its arguments as they arrive, fragments that concatenate
-//! to the whole answer's arguments; the others still send each call whole. Reasoning and content stream as
-//! they arrive. Families, names and inference: docs/agents.md; the stream shapes: docs/agent-responses.md.
+//! on `stream_calls`: every format then sends a call's name as soon as it is certain (and declared) and its
+//! arguments as they arrive, fragments that concatenate to the whole answer's arguments (`tagged.rs` for
+//! the formats with markers around each call, `sent_call.rs` for the others' bookkeeping). Reasoning and
+//! content stream as they arrive. Families, names and inference: docs/agents.md; the stream shapes:
+//! docs/agent-responses.md.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -64,6 +65,7 @@ mod deepseek;
 mod glm45;
 mod harmony;
 mod hermes;
+pub(crate) mod json_call;
 mod kimi_k2;
 mod llama3;
 mod mistral;
@@ -71,11 +73,12 @@ mod pythonic;
 mod qwen3_coder;
 mod scan;
 mod select;
+pub(crate) mod sent_call;
 mod tagged;
 #[cfg(test)]
 mod template_roundtrip_tests;
 #[cfg(test)]
-mod testutil;
+pub(crate) mod testutil;
 mod think;
 
 pub use select::{infer, parser, prompt_opens_think, ReasoningFormat, ToolFormat};

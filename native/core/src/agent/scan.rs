@@ -270,14 +270,6 @@ pub(crate) fn call_from_json(text: &str) -> Option<(String, String)> {
     }
 }
 
-/// The arguments object as JSON text, if `text` is one.
-pub(crate) fn json_object(text: &str) -> Option<String> {
-    match serde_json::from_str::<Value>(text.trim()) {
-        Ok(v @ Value::Object(_)) => Some(v.to_string()),
-        _ => None,
-    }
-}
-
 /// A parameter value written as text (Qwen3-Coder, GLM): the schema is unknown here, so the value is the
 /// JSON it spells when it is valid JSON (`42`, `true`, `{"a": 1}`, `"x"`), else the text as a string.
 pub(crate) fn loose_value(text: &str) -> Value {

@@ -136,3 +136,23 @@ pub(crate) fn assert_linear(make: &dyn Fn() -> Box<dyn OutputParser>, prefix: &s
         assert_eq!(merged, whole, "stream: {stream}");
     }
 }
+
+/// A parser as a stream runs it when the request declared the tools `names`.
+pub(crate) fn declaring(make: &dyn Fn() -> Box<dyn OutputParser>, names: &[&str]) -> Box<dyn OutputParser> {
+    let mut parser = make();
+    parser.stream_calls(Some(std::sync::Arc::new(names.iter().map(|n| n.to_string()).collect())));
+    parser
+}
+
+/// The call pieces each push of `parts` (then the finish) gave: (index, name, arguments) per piece.
+pub(crate) fn call_pieces(parser: &mut dyn OutputParser, parts: &[&str]) -> Vec<Vec<(u32, Option<String>, String)>> {
+    let pieces = |p: Parsed| p.calls.into_iter().map(|c| (c.index, c.name, c.arguments)).collect();
+    let mut all: Vec<Vec<_>> = parts.iter().map(|t| pieces(parser.push(t))).collect();
+    all.push(pieces(parser.finish()));
+    all
+}
+
+/// A piece as `call_pieces` lists it.
+pub(crate) fn piece(index: u32, name: Option<&str>, arguments: &str) -> (u32, Option<String>, String) {
+    (index, name.map(str::to_string), arguments.to_string())
+}

@@ -2,14 +2,21 @@
 //! `{"name": ..., "parameters": {...}}` objects for `required`, one such object for a named function
 //! (which of the two is read from the output's first character).
 //!
-//! The JSON is scanned as it streams (strings, escapes and nesting tracked) and each call is returned
-//! whole once its object closes: its name and its parameters re-serialized as the arguments string. Text
-//! that does not make a call (malformed JSON, a cut-off object, anything outside the calls) comes back as
-//! content at the end, never dropped.
+//! The JSON is scanned as it streams (strings, escapes and nesting tracked). A whole answer gets each call
+//! once its object closes: its name, and its parameters' text with the whitespace outside strings removed
+//! as the arguments string. A stream gets each call's name as soon as `{"name": "NAME", "parameters": {`
+//! has arrived (the schema we build lists `name` first, and constrained engines write properties in that
+//! order; an object written otherwise goes whole when it closes), then the parameters' text as it arrives:
+//! fragments that concatenate to the whole answer's arguments. Text that does not make a call (malformed
+//! JSON, a cut-off object, anything outside the calls) comes back as content at the end, never dropped,
+//! except a call whose name was sent: it stays a call with the fragments sent, its text is not content.
 
-use serde_json::Value;
+use std::collections::HashSet;
+use std::sync::Arc;
 
-use crate::agent::{OutputParser, Parsed, ToolCallPiece};
+use crate::agent::json_call::{decode, CallReader, JsonCallReader};
+use crate::agent::sent_call::{Calls, SentCall};
+use crate::agent::{OutputParser, Parsed};
 
 /// What the constraint made the engine write.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -34,7 +41,11 @@ pub struct ForcedCallsParser {
     object_start: Option<usize>,
     /// The end of the last call returned: text before it is accounted for.
     consumed: usize,
-    calls: u32,
+    calls: Calls,
+    /// Streams: the reader of the call object being read (None once it is known not to stream).
+    reader: Option<JsonCallReader>,
+    /// Streams: the call object being read, once its name was sent.
+    sent: Option<SentCall>,
     /// Text outside calls that is not the array's own punctuation: the output was not what the
     /// constraint promised.
     stray: bool,
@@ -87,6 +98,8 @@ impl ForcedCallsParser {
                 b'{' | b'[' => {
                     if b == b'{' && self.depth == self.call_depth() && self.object_start.is_none() {
                         self.object_start = Some(at);
+                        self.reader = self.calls.streams().then(JsonCallReader::at_object);
+                        self.sent = None;
                     } else if self.object_start.is_none() && !(b == b'[' && self.depth == 0) {
                         self.stray = true;
                     }
@@ -96,18 +109,19 @@ impl ForcedCallsParser {
                     self.depth = self.depth.saturating_sub(1);
                     if b == b'}' && self.depth == self.call_depth() {
                         if let Some(start) = self.object_start.take() {
-                            match call_of(&self.text[start..=at]) {
-                                Some((name, arguments)) => {
-                                    parsed.calls.push(ToolCallPiece {
-                                        index: self.calls,
-                                        id: None,
-                                        name: Some(name),
-                                        arguments,
-                                    });
-                                    self.calls += 1;
+                            let object = &self.text[start..=at];
+                            read_call(&mut self.reader, &mut self.sent, &mut self.calls, object, &mut parsed);
+                            match (self.sent.take(), decode(object)) {
+                                // A sent call stays a call, malformed or not; its text is not content.
+                                (Some(sent), decoded) => {
+                                    sent.close(decoded, &mut parsed);
                                     self.consumed = at + 1;
                                 }
-                                None => self.stray = true,
+                                (None, Some((name, arguments))) => {
+                                    self.calls.whole(name, arguments, &mut parsed);
+                                    self.consumed = at + 1;
+                                }
+                                (None, None) => self.stray = true,
                             }
                         }
                     }
@@ -122,21 +136,31 @@ impl ForcedCallsParser {
             at += 1;
         }
         self.scanned = at;
+        if let Some(start) = self.object_start {
+            let object = &self.text[start..];
+            read_call(&mut self.reader, &mut self.sent, &mut self.calls, object, &mut parsed);
+        }
         parsed
     }
 }
 
-/// `{"name": "f", "parameters": {...}}` (or `"arguments"`) → the name and the arguments as a JSON string.
-fn call_of(object: &str) -> Option<(String, String)> {
-    let value: Value = serde_json::from_str(object).ok()?;
-    let name = value.get("name")?.as_str()?.to_string();
-    let arguments = match value.get("parameters").or_else(|| value.get("arguments")) {
-        Some(args @ Value::Object(_)) => args.to_string(),
-        Some(Value::String(s)) => s.clone(),
-        None => "{}".to_string(),
-        Some(_) => return None,
-    };
-    Some((name, arguments))
+/// Streams: what the reader makes of the call object so far.
+fn read_call(
+    reader: &mut Option<JsonCallReader>,
+    sent: &mut Option<SentCall>,
+    calls: &mut Calls,
+    object: &str,
+    out: &mut Parsed,
+) {
+    let Some(r) = reader.as_mut() else { return };
+    let mut args = String::new();
+    match (r.read(object, &mut args), sent.as_mut()) {
+        (Some(name), _) if calls.may_stream(&name) => *sent = Some(calls.start(name, args, out)),
+        // Not a declared tool: the call goes whole when it closes.
+        (Some(_), _) => *reader = None,
+        (None, Some(call)) => call.more(&args, out),
+        (None, None) => {}
+    }
 }
 
 impl OutputParser for ForcedCallsParser {
@@ -149,9 +173,14 @@ impl OutputParser for ForcedCallsParser {
         let mut parsed = self.scan();
         // Unclosed, malformed or stray text: whatever made no call is the answer's content (all of it when
         // no call was made, so nothing the model wrote is lost).
-        let rest = &self.text[self.consumed..];
-        let unfinished = self.object_start.is_some() || self.in_string;
-        if self.calls == 0 {
+        // A sent call the output ends inside stays as sent: its text is not content.
+        let end = match (self.sent.take(), self.object_start) {
+            (Some(_), Some(start)) => start,
+            _ => self.text.len(),
+        };
+        let rest = &self.text[self.consumed..end];
+        let unfinished = (self.object_start.is_some() && end == self.text.len()) || self.in_string;
+        if self.calls.count == 0 {
             parsed.content = self.text.clone();
         } else if self.stray || unfinished {
             let trimmed = rest.trim_start_matches([',', ' ', '\n', '\r', '\t']);
@@ -161,11 +190,18 @@ impl OutputParser for ForcedCallsParser {
         }
         parsed
     }
+
+    fn stream_calls(&mut self, declared: Option<Arc<HashSet<String>>>) {
+        self.calls.stream(declared);
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::agent::testutil::{
+        call, call_pieces, declaring, expect, parse_all_splits, piece, run as run_merged, streaming,
+    };
 
     fn run(pieces: &[&str]) -> (Vec<Parsed>, Parsed) {
         let mut p = ForcedCallsParser::new();
@@ -227,5 +263,68 @@ mod tests {
         let (each, end) = run(&[r#"[{"name": "a", "parameters": {}}, {"name": "b"#]);
         assert_eq!(calls(&each).len(), 1);
         assert_eq!(end.content, r#"{"name": "b"#);
+    }
+
+    fn forced() -> Box<dyn OutputParser> {
+        Box::new(ForcedCallsParser::new())
+    }
+
+    #[test]
+    fn streamed_equals_whole_at_every_split_point() {
+        let required = r#"[{"name": "get_weather", "parameters": {"city": "Par\"is", "n": [1, {"x": "}"}], "f": 1.50}}, {"name": "now", "parameters": {}}]"#;
+        let got = parse_all_splits(&forced, required);
+        let weather = r#"{"city":"Par\"is","n":[1,{"x":"}"}],"f":1.50}"#;
+        assert_eq!(
+            got,
+            expect(
+                "",
+                "",
+                &[("get_weather".into(), weather.into()), ("now".into(), "{}".into())]
+            )
+        );
+        let named = "{\n  \"name\": \"f\",\n  \"parameters\": {\"q\": [1, 2]}\n}";
+        assert_eq!(
+            parse_all_splits(&forced, named),
+            expect("", "", &[call("f", r#"{"q":[1,2]}"#)])
+        );
+    }
+
+    #[test]
+    fn a_stream_sends_each_name_then_the_parameters_as_they_arrive() {
+        let parts = [
+            r#"[{"name": "get_weather", "parameters": {"ci"#,
+            r#"ty": "Paris"}}, {"name": "n"#,
+            r#"ow", "parameters": {}}]"#,
+        ];
+        let got = call_pieces(declaring(&forced, &["get_weather", "now"]).as_mut(), &parts);
+        assert_eq!(
+            got,
+            [
+                vec![piece(0, Some("get_weather"), r#"{"ci"#)],
+                vec![piece(0, None, r#"ty":"Paris"}"#)],
+                vec![piece(1, Some("now"), "{}")],
+                vec![]
+            ]
+        );
+        // Parameters written before the name: the call goes whole when its object closes.
+        let late = [r#"{"parameters": {"q": 1}, "na"#, r#"me": "f"}"#];
+        let got = call_pieces(streaming(&forced).as_mut(), &late);
+        assert_eq!(got, [vec![], vec![piece(0, Some("f"), r#"{"q":1}"#)], vec![]]);
+    }
+
+    #[test]
+    fn a_cut_off_call_whose_name_was_sent_stays_a_call() {
+        let cut = r#"[{"name": "a", "parameters": {}}, {"name": "b", "parameters": {"q": "x"#;
+        let got = run_merged(streaming(&forced).as_mut(), &[cut]);
+        assert_eq!(
+            got,
+            expect("", "", &[call("a", "{}"), ("b".into(), r#"{"q":"x"#.into())])
+        );
+        // Whole: the cut-off call is content.
+        let got = run_merged(forced().as_mut(), &[cut]);
+        assert_eq!(
+            got,
+            expect(r#"{"name": "b", "parameters": {"q": "x"#, "", &[call("a", "{}")])
+        );
     }
 }

@@ -306,4 +306,9 @@ impl OutputParser for Chained {
         let first = self.first.finish();
         self.then(first, true)
     }
+
+    fn stream_calls(&mut self, declared: Option<Arc<HashSet<String>>>) {
+        self.first.stream_calls(declared.clone());
+        self.second.stream_calls(declared);
+    }
 }
