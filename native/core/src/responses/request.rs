@@ -646,7 +646,10 @@ mod tests {
         let m = messages(None, &items);
         let roles: Vec<&str> = m.iter().map(|m| m["role"].as_str().unwrap()).collect();
         // Calls with no message between them read as one turn: one assistant message, the results after.
-        assert_eq!(roles, ["user", "assistant", "tool", "tool", "tool", "assistant", "tool"]);
+        assert_eq!(
+            roles,
+            ["user", "assistant", "tool", "tool", "tool", "assistant", "tool"]
+        );
         let ids = |m: &serde_json::Value| -> Vec<String> {
             m["tool_calls"]
                 .as_array()
@@ -658,7 +661,10 @@ mod tests {
         assert_eq!(ids(&m[1]), ["mcp_1", "mcp_2", "mcpr_1"]);
         assert_eq!(m[2], json!({"role": "tool", "tool_call_id": "mcp_1", "content": "3"}));
         assert_eq!(m[3]["content"], "Error: down");
-        assert_eq!(m[4], json!({"role": "tool", "tool_call_id": "mcpr_1", "content": super::DENIED}));
+        assert_eq!(
+            m[4],
+            json!({"role": "tool", "tool_call_id": "mcpr_1", "content": super::DENIED})
+        );
         assert_eq!(ids(&m[5]), ["mcpr_2"], "the approved call is the request's");
         assert_eq!(m[6], json!({"role": "tool", "tool_call_id": "mcpr_2", "content": "7"}));
     }

@@ -60,6 +60,7 @@ impl PyGateway {
         response_in_envoy = false,
         responses_mcp_max_rounds = DEFAULT_RESPONSES_MCP_MAX_ROUNDS,
     ))]
+    #[allow(clippy::too_many_arguments)] // keyword-only in Python: each is named at the call
     fn new(
         max_body_bytes: usize,
         max_engine_message: usize,
