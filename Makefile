@@ -47,8 +47,7 @@ $(TEST_STAMP): $(RUNTIME_STAMP)
 .venv: $(TEST_STAMP) ## create .venv and install extproc editable (builds the Rust extension) with test tools
 venv: .venv
 
-# `up` answers through the Envoy module when it is built and Envoy loads it (response_path = auto): built first.
-run: $(RUNTIME_STAMP) envoy-module ## run the local stack in the foreground; real engines: ARGS="--engine grpc://h:p --model-dir DIR"
+run: $(RUNTIME_STAMP) ## run the local stack in the foreground; real engines: ARGS="--engine grpc://h:p --model-dir DIR"
 	$(BIN)/extproc up $(ARGS)
 
 test: test-rust test-python ## all tests: cargo test, then pytest

@@ -17,6 +17,13 @@ SESSION_HEADER: str
 REQUEST_ID_HEADER: str
 AUTHORIZATION_HEADER: str
 ENGINE_REQUEST_HEADERS: tuple[str, ...]
+# The response path inside Envoy: the plan extproc leaves in dynamic metadata, the outcome trailer the
+# module returns, and the ext_proc metadata by which a module config tells extproc the module answers.
+RESPONSE_PLAN_NAMESPACE: str
+RESPONSE_PLAN_KEY: str
+OUTCOME_TRAILER: str
+RESPONSE_PATH_METADATA: str
+RESPONSE_PATH_MODULE: str
 # The routing policy registry's names, the default first (native/core/src/routing/policy/registry.rs).
 ROUTING_POLICIES: tuple[str, ...]
 DEFAULT_ROUTING_POLICY: str

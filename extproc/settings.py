@@ -549,7 +549,9 @@ class Settings:
         doc="how long each child may take to become ready",
     )
     response_path: str = setting(
-        "auto",
+        # Not `auto` yet: past the shutdown grace the module path resets a cut stream where ext_proc
+        # ends it with an SSE 503 event and [DONE] (docs/operating.md, "The response path").
+        "ext_proc",
         p.choice(("auto", "module", "ext_proc")),
         _ALL,
         "where engine responses become OpenAI answers: auto, module (inside Envoy) or ext_proc",

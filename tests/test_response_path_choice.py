@@ -34,6 +34,7 @@ def built_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 def _choose(monkeypatch: pytest.MonkeyPatch, envoy: Path, **settings: str) -> tuple[str, str]:
     monkeypatch.setenv("EXTPROC_ENVOY_BIN", str(envoy))
+    settings.setdefault("response_path", "auto")
     chosen, why = envoy_bootstrap.choose_response_path(Settings(**settings))  # type: ignore[arg-type]
     return chosen.response_path, why
 
@@ -96,7 +97,7 @@ def test_the_wheels_envoy_loads_the_built_module() -> None:
         b"\0" + (directory / envoy_module.MODULE_FILE).read_bytes()
     )
     assert envoy_module.unsupported_reason(envoy_bootstrap.envoy_binary()) is None
-    chosen, _ = envoy_bootstrap.choose_response_path(Settings())
+    chosen, _ = envoy_bootstrap.choose_response_path(Settings(response_path="auto"))
     assert chosen.response_path == "module"
 
 
@@ -105,10 +106,10 @@ def _filters(config: dict) -> list[dict]:
     return hcm["http_filters"]
 
 
-def test_envoy_config_takes_the_module_by_default_and_ext_proc_when_told(
+def test_envoy_config_takes_the_module_when_auto_and_ext_proc_when_told(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert cli.main(["envoy-config", "-o", str(tmp_path / "auto.json")]) == 0
+    assert cli.main(["envoy-config", "--response-path", "auto", "-o", str(tmp_path / "auto.json")]) == 0
     assert "extproc: response path: module (" in capsys.readouterr().err
     auto = json.loads((tmp_path / "auto.json").read_text())
     names = [f["name"] for f in _filters(auto)]
@@ -122,6 +123,10 @@ def test_envoy_config_takes_the_module_by_default_and_ext_proc_when_told(
     assert service["initial_metadata"] == [{"key": "x-extproc-response-path", "value": "module"}]
     envoy_bootstrap.validate_config(tmp_path / "auto.json")
 
+    # The default is ext_proc (docs/operating.md says why): no module filter, whatever this Envoy loads.
+    assert cli.main(["envoy-config", "-o", str(tmp_path / "default.json")]) == 0
+    default = json.loads((tmp_path / "default.json").read_text())
+    assert "envoy.filters.http.dynamic_modules" not in [f["name"] for f in _filters(default)]
     assert cli.main(["envoy-config", "--response-path", "ext_proc", "-o", str(tmp_path / "ext.json")]) == 0
     assert "extproc: response path: ext_proc (response_path = ext_proc)" in capsys.readouterr().err
     ext = json.loads((tmp_path / "ext.json").read_text())
@@ -133,7 +138,7 @@ def test_envoy_config_falls_back_when_envoy_cannot_load_the_module(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setenv("EXTPROC_ENVOY_BIN", str(_fake_envoy(tmp_path, b"an old envoy")))
-    assert cli.main(["envoy-config", "-o", str(tmp_path / "out.json")]) == 0
+    assert cli.main(["envoy-config", "--response-path", "auto", "-o", str(tmp_path / "out.json")]) == 0
     err = capsys.readouterr().err
     assert "extproc: response path: ext_proc (" in err and "has no dynamic modules" in err
     names = [f["name"] for f in _filters(json.loads((tmp_path / "out.json").read_text()))]
@@ -164,7 +169,12 @@ def test_up_says_which_path_it_runs_and_builds_its_stack_with_it(
     out, err = tmp_path / "out", tmp_path / "err"
     port, sim_port, admin, listen, metrics = (free_ports.one() for _ in range(5))
     settings = Settings(
-        port=port, sim_port=sim_port, admin_port=admin, listen=f"127.0.0.1:{listen}", metrics_port=metrics
+        port=port,
+        sim_port=sim_port,
+        admin_port=admin,
+        listen=f"127.0.0.1:{listen}",
+        metrics_port=metrics,
+        response_path="auto",
     )
     with out.open("w") as o, err.open("w") as e:
         assert stack.run_stack(settings, o, e) == 1
