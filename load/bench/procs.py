@@ -76,15 +76,14 @@ except (OSError, AttributeError):
     _prctl = None
 
 
-def die_with_us(sig: signal.Signals = signal.SIGKILL) -> Callable[[], None] | None:
-    """A preexec hook so no child outlives a benchmark (or test session) that was killed: the child gets
-    `sig` when the thread that started it ends, so start it from a thread that lives as long as it."""
+def _die_with_us() -> Callable[[], None] | None:
+    """A preexec hook so no child outlives a benchmark that was killed."""
     if _prctl is None or not sys.platform.startswith("linux"):
         return None
     prctl, parent = _prctl, os.getpid()
 
     def hook() -> None:
-        prctl(_PR_SET_PDEATHSIG, int(sig))
+        prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL))
         if os.getppid() != parent:
             os.kill(os.getpid(), signal.SIGKILL)
 
@@ -137,7 +136,7 @@ def spawn(
             stderr=subprocess.STDOUT,
             env={**os.environ, **(env or {})},
             # Safe: children are started before this process has other threads.
-            preexec_fn=die_with_us(),
+            preexec_fn=_die_with_us(),
         )
     return Child(name, proc, log)
 

@@ -21,7 +21,6 @@ from pathlib import Path
 import grpc
 from smg_grpc_proto.generated import vllm_engine_pb2, vllm_engine_pb2_grpc
 
-from load.bench.procs import die_with_us
 from load.vllm_engine.tiny_model import MAX_MODEL_LEN, ensure_tiny_model
 from load.vllm_engine.venv import ensure_venv
 
@@ -180,9 +179,6 @@ def start_vllm(
             stderr=subprocess.STDOUT,
             env=engine_env(),
             start_new_session=True,
-            # A test session or benchmark killed outright leaves no engine behind: SIGTERM, so the
-            # engine stops its own EngineCore and workers.
-            preexec_fn=die_with_us(signal.SIGTERM),
         )
     engine = VllmProcess(
         process, host, port, model, model.name, kv_endpoint, log_path, started_s=time.monotonic()
