@@ -20,7 +20,7 @@ use std::sync::Arc;
 
 use serde_json::{Map, Number, Value};
 
-use super::scan::{count_work, object_member, Content, Extent};
+use super::scan::{count_work, object_member, Content, Extent, Quoted};
 use super::sent_call::{Calls, SentCall};
 use super::{OutputParser, Parsed};
 
@@ -186,8 +186,7 @@ impl OutputParser for Pythonic {
 struct ListScan {
     pos: usize,
     depth: u32,
-    quote: Option<u8>,
-    escaped: bool,
+    quoted: Quoted,
     /// Where the part being read starts: a call's name (depth 1) or a keyword argument (depth 2).
     part: usize,
     call: Option<PyCall>,
@@ -220,18 +219,11 @@ impl ListScan {
         while self.pos < bytes.len() && !self.failed {
             let (b, at) = (bytes[self.pos], self.pos);
             self.pos += 1;
-            if let Some(q) = self.quote {
-                if self.escaped {
-                    self.escaped = false;
-                } else if b == b'\\' {
-                    self.escaped = true;
-                } else if b == q {
-                    self.quote = None;
-                }
+            if self.quoted.inside(b) {
                 continue;
             }
             match b {
-                b'"' | b'\'' => self.quote = Some(b),
+                b'"' | b'\'' => self.quoted.open(b),
                 b'(' if self.depth == 1 => {
                     let name = text[self.part..at].trim();
                     self.open_call(name, calls, out);

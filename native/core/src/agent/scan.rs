@@ -188,6 +188,33 @@ impl Content {
     }
 }
 
+/// Where a byte scan stands in quoted text: the open quote, if any, and whether the last byte was a
+/// backslash inside it. Shared by the bracket scanners (`Extent`, the pythonic list's scan).
+#[derive(Default)]
+pub(crate) struct Quoted {
+    quote: Option<u8>,
+    escaped: bool,
+}
+
+impl Quoted {
+    /// Takes `b` when a string is open (true: the caller skips it), closing the string at its quote.
+    pub fn inside(&mut self, b: u8) -> bool {
+        let Some(q) = self.quote else { return false };
+        if self.escaped {
+            self.escaped = false;
+        } else if b == b'\\' {
+            self.escaped = true;
+        } else if b == q {
+            self.quote = None;
+        }
+        true
+    }
+
+    pub fn open(&mut self, quote: u8) {
+        self.quote = Some(quote);
+    }
+}
+
 /// Where a JSON value (or, with `python`, a Python literal expression) that starts with a bracket ends, fed
 /// the growing text and resuming where it stopped. Bytes are enough: every structural character is ASCII
 /// and no byte of a multi-byte UTF-8 character is.
@@ -195,8 +222,7 @@ impl Content {
 pub(crate) struct Extent {
     python: bool,
     depth: u32,
-    quote: Option<u8>,
-    escaped: bool,
+    quoted: Quoted,
     pos: usize,
 }
 
@@ -215,19 +241,12 @@ impl Extent {
         while self.pos < bytes.len() {
             let b = bytes[self.pos];
             self.pos += 1;
-            if let Some(q) = self.quote {
-                if self.escaped {
-                    self.escaped = false;
-                } else if b == b'\\' {
-                    self.escaped = true;
-                } else if b == q {
-                    self.quote = None;
-                }
+            if self.quoted.inside(b) {
                 continue;
             }
             match b {
-                b'"' => self.quote = Some(b),
-                b'\'' if self.python => self.quote = Some(b),
+                b'"' => self.quoted.open(b),
+                b'\'' if self.python => self.quoted.open(b),
                 b'{' | b'[' => self.depth += 1,
                 b'(' if self.python => self.depth += 1,
                 b'}' | b']' | b')' => {
