@@ -142,10 +142,12 @@ class ExtProcServer:
         engine_tls_key: str | PathLike[str] | None = None,
         engine_tls_server_name: str | None = None,
         responses_store: str = "memory",
+        module_stop_file: str | PathLike[str] | None = None,
     ) -> None:
         """`tls_cert`/`tls_key`: the port over TLS (`tls_client_ca`: mutual TLS). `engine_tls_*`: the
-        server's own engine calls (Abort, batched completions) over TLS. ValueError on a bad combination;
-        unreadable files raise OSError at `start`."""
+        server's own engine calls (Abort, batched completions) over TLS. `module_stop_file`: created when a
+        stop's grace ran out, so that Envoy's response module ends its answers too. ValueError on a bad
+        combination; unreadable files raise OSError at `start`."""
     def start(self) -> str:
         """Bind `listen` ("host:port", port 0 for any; or "unix:/path") and serve; returns the address."""
     def stop(self, grace_s: float) -> None:

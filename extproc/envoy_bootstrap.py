@@ -164,10 +164,14 @@ class EnvoyOptions:
 
 @dataclass(frozen=True)
 class ResponseModule:
-    """The `extproc_envoy` module's shared object and the served models' directories by name."""
+    """The `extproc_envoy` module's shared object, the served models' directories by name, how long a
+    stream's bytes may be held to go out together (`stream_flush_ms`) and the stop file it looks for."""
 
     path: str
     models: tuple[tuple[str, str], ...]
+    stream_flush_ms: int = 0
+    # Created by extproc when its shutdown grace ran out (`module_stop_file`); empty: none.
+    stop_file: str = ""
 
 
 # --- addresses -------------------------------------------------------------------------------------------
@@ -495,14 +499,16 @@ def _ext_proc_filter(in_envoy: bool = False) -> dict[str, Any]:
 def _response_module_filter(module: ResponseModule) -> dict[str, Any]:
     """The extproc_envoy module's `response` filter, between ext_proc and the router: on the way back it
     sees the engine's response first."""
-    config = json.dumps({"models": dict(module.models)})
+    config: dict[str, Any] = {"models": dict(module.models), "stream_flush_ms": module.stream_flush_ms}
+    if module.stop_file:
+        config["stop_file"] = module.stop_file
     return {
         "name": "envoy.filters.http.dynamic_modules",
         "typed_config": {
             "@type": _TYPE + "envoy.extensions.filters.http.dynamic_modules.v3.DynamicModuleFilter",
             "dynamic_module_config": {"module": {"local": {"filename": module.path}}},
             "filter_name": "response",
-            "filter_config": {"@type": _TYPE + "google.protobuf.StringValue", "value": config},
+            "filter_config": {"@type": _TYPE + "google.protobuf.StringValue", "value": json.dumps(config)},
         },
     }
 
@@ -836,7 +842,8 @@ def response_module(settings: Settings) -> ResponseModule | None:
     from extproc.config import served_models
 
     models = tuple((m.name, str(m.model_dir)) for m in served_models(settings))
-    return ResponseModule(envoy_module.module_path(), models)
+    stop_file = settings.module_stop_file or ""
+    return ResponseModule(envoy_module.module_path(), models, settings.stream_flush_ms, stop_file)
 
 
 def render_bootstrap(opts: EnvoyOptions) -> str:

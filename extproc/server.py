@@ -238,6 +238,7 @@ async def start(
             engine_tls_server_name=settings.engine_tls_server_name,
             # Unset under `serve`: memory (`up` always passes its own, SQLite in its state directory).
             responses_store=settings.responses_store or "memory",
+            module_stop_file=settings.module_stop_file,
         )
         try:
             address = server.start()

@@ -72,6 +72,11 @@ def parse_port_or_off(raw: Any) -> int:
     return _int(raw, 0, 65535, "expected an integer 0-65535 (0: off)")
 
 
+def parse_flush_ms(raw: Any) -> int:
+    """Milliseconds a stream's bytes may be held (0: none); a second at most, past it a stream stutters."""
+    return _int(raw, 0, 1000, "expected milliseconds 0-1000 (0: off)")
+
+
 def parse_count(raw: Any) -> int:
     return _int(raw, 0, 1024, "expected an integer 0-1024")
 

@@ -549,9 +549,7 @@ class Settings:
         doc="how long each child may take to become ready",
     )
     response_path: str = setting(
-        # Not `auto` yet: past the shutdown grace the module path resets a cut stream where ext_proc
-        # ends it with an SSE 503 event and [DONE] (docs/operating.md, "The response path").
-        "ext_proc",
+        "auto",
         p.choice(("auto", "module", "ext_proc")),
         _ALL,
         "where engine responses become OpenAI answers: auto, module (inside Envoy) or ext_proc",
@@ -563,6 +561,32 @@ class Settings:
         "loads it (its dynamic-module ABI), else ext_proc, and say why. `serve` follows the Envoy in "
         "front, per request (`module` forces it). Both answer the same bytes (see "
         "[architecture.md](architecture.md#the-response-path-inside-envoy))",
+    )
+    module_stop_file: str | None = setting(
+        None,
+        p.parse_file,
+        _ALL,
+        "file extproc creates when its shutdown grace ran out, to end the response module's answers",
+        "FILE",
+        doc="on the module response path, the file extproc creates when its shutdown grace ran out; Envoy's "
+        "module, looking for it every 50 ms, then ends the answers it is translating as extproc ends its own "
+        "(an SSE error event and `data: [DONE]`, or a 503). `up` sets one in its run directory; where Envoy "
+        "and extproc run apart, give both the same path on a shared volume (without it, answers still open "
+        "when extproc stops are reset)",
+        default_doc="none (`up`: one in its run directory)",
+    )
+    stream_flush_ms: int = setting(
+        0,
+        p.parse_flush_ms,
+        _ENVOY,
+        "module path: milliseconds a stream's tokens after its first may be held to go out together (0: off)",
+        "MS",
+        doc="on the module response path, how long a stream's bytes after its first content may be held "
+        "so that several engine messages reach the client in one write: each write costs Envoy about what "
+        "a whole token costs the rest of the path. The first content always goes at once (time to first "
+        "token is unchanged); later tokens arrive up to this much later, in batches. `0`: every engine "
+        "message's bytes go out at once. The ext_proc path does not hold (see "
+        "[benchmarks.md](benchmarks.md#long-streams))",
     )
     envoy_access_log: bool = setting(
         False,

@@ -220,6 +220,10 @@ def stack_specs(
     filled = {plan.model.name: plan.engines for plan in sims}
     served = tuple(replace(m, engines=filled.get(m.name, m.engines)) for m in served)
     settings = replace(settings, responses_store=up_responses_store(settings))
+    if settings.response_path == "module" and settings.module_stop_file is None:
+        # Past the shutdown grace, extproc creates it and Envoy's module ends its answers (extproc
+        # removes a stale one when it starts, before Envoy).
+        settings = replace(settings, module_stop_file=str(run_dir / "module-stop"))
     if sims and settings.engine_tls_ca:
         raise StackError(
             "engine_tls_ca is for engines given with --engine: the simulators `up` starts serve plaintext"
@@ -245,7 +249,7 @@ def stack_specs(
     common = (*common, "engine_tls_ca", "engine_tls_cert", "engine_tls_key", "engine_tls_server_name")
     common = (*common, "metrics_host", "metrics_port")
     common = (*common, "dns_refresh_interval", "kubernetes_api", "kubernetes_token_file")
-    common = (*common, "kubernetes_ca_file", "xds_listen", "destination_fallbacks")
+    common = (*common, "kubernetes_ca_file", "xds_listen", "destination_fallbacks", "module_stop_file")
     # The fallbacks extproc lists must match the retries `up` gives Envoy (envoy_spec), for every model.
     fallbacks = known_engines(served, settings.xds_listen is not None)[1]
     settings = replace(settings, destination_fallbacks=fallbacks)

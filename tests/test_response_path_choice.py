@@ -123,10 +123,10 @@ def test_envoy_config_takes_the_module_when_auto_and_ext_proc_when_told(
     assert service["initial_metadata"] == [{"key": "x-extproc-response-path", "value": "module"}]
     envoy_bootstrap.validate_config(tmp_path / "auto.json")
 
-    # The default is ext_proc (docs/operating.md says why): no module filter, whatever this Envoy loads.
+    # The default is auto: the module, where this Envoy loads it.
     assert cli.main(["envoy-config", "-o", str(tmp_path / "default.json")]) == 0
     default = json.loads((tmp_path / "default.json").read_text())
-    assert "envoy.filters.http.dynamic_modules" not in [f["name"] for f in _filters(default)]
+    assert [f["name"] for f in _filters(default)] == names
     assert cli.main(["envoy-config", "--response-path", "ext_proc", "-o", str(tmp_path / "ext.json")]) == 0
     assert "extproc: response path: ext_proc (response_path = ext_proc)" in capsys.readouterr().err
     ext = json.loads((tmp_path / "ext.json").read_text())

@@ -72,6 +72,8 @@ def samples(model_dir: Path) -> dict[str, tuple[str, Any]]:
         "envoy_log_level": ("DEBUG", "debug"),
         "startup_timeout": ("2.5", 2.5),
         "envoy_access_log": ("true", True),
+        "module_stop_file": ("/run/extproc/module-stop", "/run/extproc/module-stop"),
+        "stream_flush_ms": ("20", 20),
         "shutdown_grace": ("0", 0.0),
         "liveness_interval": ("1.5", 1.5),
         "request_headers_timeout": ("0", 0.0),

@@ -35,7 +35,7 @@ from load.loadgen.openai_target import OpenAITarget
 from load.loadgen.records import json_safe
 from load.loadgen.text import Vocab, load_vocab
 
-TARGETS = ("floor", *gateways.OURS_TARGETS, "smg")
+TARGETS = ("floor", *gateways.OURS_TARGETS, gateways.RELAY, "smg")
 DEFAULT_OUT = gateways.ROOT / "load" / "results"
 DEFAULT_SWEEP = "1,2,4,8,16"
 # Seconds per sweep level and target (times --scale): 5 levels x 3 targets of this fit the time budget.
@@ -71,6 +71,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         type=float,
         default=None,
         help="seconds per sweep level and target (default 4, quick 1.5, times --scale)",
+    )
+    parser.add_argument(
+        "--stream-flush-ms",
+        type=int,
+        default=0,
+        help="the module path's stream_flush_ms (default 0: every engine message's bytes go at once)",
     )
     parser.add_argument("--no-plots", action="store_true", help="write no PNG plots")
     args = parser.parse_args(argv)
@@ -141,6 +147,7 @@ def environment(args: argparse.Namespace) -> dict[str, Any]:
         "commit": commit + ("+dirty" if dirty else ""),
         "envoy": _run_text([envoy_binary(), "--version"]).split("version:")[-1].strip()[:80],
         "envoy_concurrency": args.envoy_concurrency,
+        "stream_flush_ms": args.stream_flush_ms,
         "smg": gateways.SMG_VERSION if "smg" in args.targets else None,
     }
 
@@ -187,7 +194,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                     envoy_concurrency=args.envoy_concurrency,
                     response_path=response_path,
                     model_dir=model_dir,
+                    stream_flush_ms=args.stream_flush_ms,
                 )
+            )
+        if gateways.RELAY in args.targets:
+            running.append(
+                gateways.start_relay(engines.addresses, log_dir, envoy_concurrency=args.envoy_concurrency)
             )
         if smg_binary is not None:
             running.append(gateways.start_smg(smg_binary, engines.addresses, model_dir, model, log_dir))
@@ -256,8 +268,13 @@ async def _measure(
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     # The floor's gRPC channels start threads: only now, after every child process was forked.
     floor = FloorTarget(engines.addresses, vocab) if "floor" in args.targets else None
-    http = [(gw, OpenAITarget(gw.base_url, model, ignore_eos=True)) for gw in running]
-    targets = targets_with_floor([BenchTarget(gw.name, t, gw.processes) for gw, t in http], floor)
+    http = [
+        (gw, OpenAITarget(gw.base_url, model, ignore_eos=True)) for gw in running if gw.name != gateways.RELAY
+    ]
+    # The relay is called as the floor is (gRPC, token ids), through Envoy.
+    relays = [(gw, FloorTarget([gw.base_url], vocab)) for gw in running if gw.name == gateways.RELAY]
+    listed = [BenchTarget(gw.name, t, gw.processes) for gw, t in [*http, *relays]]
+    targets = targets_with_floor(listed, floor)
 
     def check_alive() -> None:
         for gw in running:
@@ -272,6 +289,8 @@ async def _measure(
     finally:
         for _, target in http:
             target.close()
+        for _, relay in relays:
+            await relay.close()
         if floor is not None:
             await floor.close()
 

@@ -144,12 +144,14 @@ def start_ours(
     routing_policy: str | None = None,
     response_path: str = "ext_proc",
     model_dir: Path | None = None,
+    stream_flush_ms: int = 0,
     timeout_s: float = 60.0,
 ) -> Gateway:
     """`extproc serve` and Envoy in front of it, as separate processes, as an operator would run them;
     `routing_policy` and `response_path` go to extproc through their documented settings
     (EXTPROC_ROUTING_POLICY, EXTPROC_RESPONSE_PATH); with "module", Envoy loads the response module with
-    `model_dir`'s tokenizer (the gateway is named "ours-module", logs apart)."""
+    `model_dir`'s tokenizer and holds stream bytes `stream_flush_ms` (the gateway is named "ours-module",
+    logs apart)."""
     from extproc.envoy_bootstrap import EnvoyOptions, ResponseModule, envoy_binary, render_bootstrap
     from extproc.envoy_module import module_path
     from extproc.models import default_model_dir
@@ -174,7 +176,8 @@ def start_ours(
     server = spawn("extproc", argv, log_dir, env=env, log_name=f"extproc{suffix}")
     module = None
     if response_path == "module":
-        module = ResponseModule(module_path(), ((model, str(model_dir or default_model_dir())),))
+        served = ((model, str(model_dir or default_model_dir())),)
+        module = ResponseModule(module_path(), served, stream_flush_ms)
     options = EnvoyOptions(
         listen_port=port,
         admin_port=admin_port,
@@ -193,6 +196,106 @@ def start_ours(
         gateway.stop()
         raise
     return gateway
+
+
+RELAY = "envoy-relay"
+_TYPE = "type.googleapis.com/"
+
+
+def _relay_bootstrap(port: int, admin_port: int, engines: list[str]) -> dict[str, object]:
+    """Envoy with nothing but its router: any request round-robin to the engines over h2c."""
+    endpoints = []
+    for address in engines:
+        host, _, engine_port = address.rpartition(":")
+        socket = {"address": host, "port_value": int(engine_port)}
+        endpoints.append({"endpoint": {"address": {"socket_address": socket}}})
+    hcm = {
+        "@type": _TYPE + "envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+        "stat_prefix": "relay",
+        "codec_type": "AUTO",
+        "route_config": {
+            "virtual_hosts": [
+                {
+                    "name": "engines",
+                    "domains": ["*"],
+                    "routes": [{"match": {"prefix": "/"}, "route": {"cluster": "engines", "timeout": "0s"}}],
+                }
+            ]
+        },
+        "http_filters": [
+            {
+                "name": "envoy.filters.http.router",
+                "typed_config": {"@type": _TYPE + "envoy.extensions.filters.http.router.v3.Router"},
+            }
+        ],
+    }
+    http2 = {
+        "@type": _TYPE + "envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+        "explicit_http_config": {"http2_protocol_options": {}},
+    }
+    local = {"socket_address": {"address": "127.0.0.1", "port_value": port}}
+    return {
+        "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": admin_port}}},
+        "static_resources": {
+            "listeners": [
+                {
+                    "name": "relay",
+                    "address": local,
+                    "filter_chains": [
+                        {
+                            "filters": [
+                                {"name": "envoy.filters.network.http_connection_manager", "typed_config": hcm}
+                            ]
+                        }
+                    ],
+                }
+            ],
+            "clusters": [
+                {
+                    "name": "engines",
+                    "type": "STATIC",
+                    "lb_policy": "ROUND_ROBIN",
+                    "typed_extension_protocol_options": {
+                        "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": http2
+                    },
+                    "load_assignment": {
+                        "cluster_name": "engines",
+                        "endpoints": [{"lb_endpoints": endpoints}],
+                    },
+                }
+            ],
+        },
+    }
+
+
+def start_relay(engines: list[str], log_dir: Path, *, envoy_concurrency: int) -> Gateway:
+    """Envoy alone relaying the floor's gRPC calls to the engines (router only, no ext_proc, no module):
+    its CPU per request is what Envoy costs to pass each engine message on, the floor under any answer
+    path hosted in Envoy. Its `base_url` is the gRPC address the floor's client calls."""
+    from extproc.envoy_bootstrap import envoy_binary
+
+    port, admin_port = free_port(), free_port()
+    config = log_dir / "envoy-relay.json"
+    config.write_text(json.dumps(_relay_bootstrap(port, admin_port, engines), indent=1))
+    argv = [envoy_binary(), "-c", str(config), "--log-level", "warning", "--disable-hot-restart"]
+    argv += ["--concurrency", str(envoy_concurrency)]
+    envoy = spawn("envoy", argv, log_dir, log_name="envoy-relay")
+    try:
+        wait_for(envoy, lambda: _listening(port), "listener", 30)
+    except BaseException:
+        envoy.stop()
+        raise
+    return Gateway(RELAY, f"127.0.0.1:{port}", [envoy])
+
+
+def _listening(port: int) -> bool:
+    import socket
+
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            return True
+    except OSError:
+        return False
 
 
 def smg_binary(venv: Path) -> Path:

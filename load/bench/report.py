@@ -16,7 +16,7 @@ from typing import Any
 
 from load.loadgen.workloads import AGENT_ANSWER_TOKENS
 
-GATEWAYS = ("ours", "ours-module", "smg")
+GATEWAYS = ("ours", "ours-module", "envoy-relay", "smg")
 # Our targets and the key of their ratio to SMG in a comparison row.
 RATIO_KEYS = {"ours": "ratio", "ours-module": "ratio_module"}
 # Issue 17's targets, gateway CPU per request ours/SMG, per long-stream workload.
@@ -117,7 +117,7 @@ def table(comparison: dict[str, dict[str, Any]]) -> str:
     """The side-by-side numbers (requests/s at the throughput phase's clients), then the ratios to SMG."""
     gws = _present(comparison) or ["ours", "smg"]
     everyone = ["floor", *gws]
-    short = {"ours-module": "module"}
+    short = {"ours-module": "module", "envoy-relay": "relay"}
 
     def names(targets: list[str], width: int) -> str:
         return " ".join(f"{short.get(t, t):>{width}}" for t in targets)
@@ -187,6 +187,10 @@ def stream_cost(comparison: dict[str, dict[str, Any]]) -> str:
             if ratio is not None:
                 met = "met" if ratio <= CPU_TARGETS[workload] else "missed"
                 verdicts.append(f"{name}/SMG {_fmt(ratio)} ({met}, target <= {CPU_TARGETS[workload]})")
+        relay, smg = row.get("envoy-relay"), row.get("smg")
+        if relay and smg and smg["cpu_ms"]:
+            floor = _fmt(relay["cpu_ms"] / smg["cpu_ms"])
+            verdicts.append(f"envoy-relay/SMG {floor} (Envoy alone: the floor of a path in Envoy)")
         lines.append(f"  {workload}: " + "; ".join(parts))
         if verdicts:
             lines.append(f"  {'':<{len(workload)}}  " + "; ".join(verdicts))

@@ -257,8 +257,13 @@ class StreamReader:
         return [e.removeprefix("data: ") for e in self.data.decode(errors="replace").split("\n\n") if e]
 
 
-def test_sigterm_drains_open_streams_then_stops_in_order(tmp_path: Path, free_ports: Any) -> None:
+# `auto` takes the module path where it is built (the Envoy module's stop file ends its answers).
+@pytest.mark.parametrize("response_path", ["ext_proc", "auto"])
+def test_sigterm_drains_open_streams_then_stops_in_order(
+    tmp_path: Path, free_ports: Any, response_path: str
+) -> None:
     flags = ("--shutdown-grace", str(GRACE_S), "--liveness-interval", str(LIVENESS_S))
+    flags = (*flags, "--response-path", response_path)
     with running_up(tmp_path, free_ports, *flags) as (up, port, log):
         # The simulator makes a token every 2 ms or slower: ~0.6 s for the short stream, at least 12 s
         # for the long one.

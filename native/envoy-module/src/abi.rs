@@ -106,6 +106,9 @@ pub const METADATA_DYNAMIC: u32 = 0;
 pub mod status {
     pub const CONTINUE: u32 = 0;
     pub const HEADERS_STOP_ITERATION: u32 = 1;
+    /// Envoy keeps the (replaced) received bytes in the filter's buffer, sent with the next `CONTINUE`
+    /// or on `continue_encoding`.
+    pub const BODY_STOP_ITERATION_AND_BUFFER: u32 = 1;
     pub const BODY_STOP_ITERATION_NO_BUFFER: u32 = 3;
 }
 
@@ -158,6 +161,9 @@ extern "C" {
     pub fn envoy_dynamic_module_callback_http_filter_scheduler_commit(scheduler: SchedulerPtr, event_id: u64);
 
     pub fn envoy_dynamic_module_callback_http_filter_scheduler_delete(scheduler: SchedulerPtr);
+
+    /// Resume the response where this filter stopped it: its buffered bytes go on down the chain.
+    pub fn envoy_dynamic_module_callback_http_filter_continue_encoding(filter: FilterEnvoyPtr);
 
     /// Response bytes from outside an encoder event (`decoder_callbacks->encodeData`): they go through
     /// the whole encoder chain, this filter first.

@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use crate::abi::status;
 use crate::host::Stream;
-use crate::models::Models;
+use crate::models::ResponseConfig;
 
 /// One HTTP stream's filter. Every hook returns Envoy's filter status (`abi::status`).
 pub trait HttpFilter {
@@ -30,8 +30,8 @@ pub enum FilterConfig {
     /// `probe`: append the config's bytes to every response body.
     Probe(Vec<u8>),
     /// `response`: the engine response to the client's OpenAI answer (`response_filter.rs`); the config
-    /// names the served models' directories.
-    Response(Arc<Models>),
+    /// names the served models' directories and the stream flush window (`models.rs`).
+    Response(Arc<ResponseConfig>),
 }
 
 impl FilterConfig {
@@ -40,7 +40,7 @@ impl FilterConfig {
     pub fn new(name: &[u8], config: &[u8]) -> Result<FilterConfig, String> {
         match name {
             b"probe" => Ok(FilterConfig::Probe(config.to_vec())),
-            b"response" => Ok(FilterConfig::Response(Arc::new(Models::from_config(config)?))),
+            b"response" => Ok(FilterConfig::Response(Arc::new(ResponseConfig::from_json(config)?))),
             other => Err(format!("unknown filter '{}'", String::from_utf8_lossy(other))),
         }
     }
@@ -48,7 +48,7 @@ impl FilterConfig {
     pub fn filter(&self) -> Box<dyn HttpFilter> {
         match self {
             FilterConfig::Probe(suffix) => Box::new(crate::probe::Probe { suffix: suffix.clone() }),
-            FilterConfig::Response(models) => Box::new(crate::response_filter::ResponseFilter::new(models.clone())),
+            FilterConfig::Response(config) => Box::new(crate::response_filter::ResponseFilter::new(config.clone())),
         }
     }
 }

@@ -121,6 +121,38 @@ impl Stream {
         }
     }
 
+    /// Take the bytes this filter left in Envoy's buffer (`BODY_STOP_ITERATION_AND_BUFFER`).
+    pub fn take_buffered_body(&self) -> Vec<u8> {
+        // SAFETY: live filter pointer; the vector has room for every chunk Envoy reports, and the slices
+        // are copied before the buffer is drained.
+        unsafe {
+            let n = abi::envoy_dynamic_module_callback_http_get_body_chunks_size(self.0, body_type::BUFFERED_RESPONSE);
+            if n == 0 {
+                return Vec::new();
+            }
+            let mut chunks = vec![EnvoyBuffer::EMPTY; n];
+            if !abi::envoy_dynamic_module_callback_http_get_body_chunks(
+                self.0,
+                body_type::BUFFERED_RESPONSE,
+                chunks.as_mut_ptr(),
+            ) {
+                return Vec::new();
+            }
+            let mut out = Vec::with_capacity(chunks.iter().map(|c| c.length).sum());
+            for chunk in &chunks {
+                out.extend_from_slice(chunk.as_slice());
+            }
+            abi::envoy_dynamic_module_callback_http_drain_body(self.0, body_type::BUFFERED_RESPONSE, out.len());
+            out
+        }
+    }
+
+    /// Resume the response this filter stopped (from a scheduled wake-up): its buffered bytes go on.
+    pub fn continue_response(&self) {
+        // SAFETY: a live filter pointer inside its hook.
+        unsafe { abi::envoy_dynamic_module_callback_http_filter_continue_encoding(self.0) }
+    }
+
     /// Add body bytes outside a body event (the trailers hook): Envoy sends them before the trailers.
     pub fn add_body(&self, bytes: &[u8]) {
         if bytes.is_empty() {

@@ -6,9 +6,14 @@
 //!
 //! The client's headers wait, as on the ext_proc path, until the first content (streams) or the outcome
 //! (non-streamed), so an engine error before any content still gets its own status.
+//!
+//! With `stream_flush_ms`, a stream's bytes after its first content are held (in Envoy's buffer of this
+//! filter) up to that long and go out together: each write to the client is a pass through Envoy's codec
+//! and filter chain and a socket write, which costs about what the rest of the path costs per token. The
+//! first content always goes at once.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use extproc_core::contracts::{OUTCOME_TRAILER, RESPONSE_PLAN_KEY, RESPONSE_PLAN_NAMESPACE};
 use extproc_core::error::ApiError;
@@ -20,10 +25,13 @@ use extproc_core::stream::Missed;
 use crate::abi::status;
 use crate::filter::HttpFilter;
 use crate::host::Stream;
-use crate::models::Models;
-use crate::watchdog::{Watch, DEADLINE_EVENT};
+use crate::models::ResponseConfig;
+use crate::watchdog::{self, Watch, DEADLINE_EVENT, FLUSH_EVENT, SHUTDOWN_EVENT};
 
 const REQUEST_ID_HEADER: &str = "x-request-id";
+
+/// The most bytes held for a flush: past it they go at once (Envoy's buffer limit is far above).
+const MAX_HELD_BYTES: usize = 64 * 1024;
 
 enum State {
     /// Not a routed engine call (no plan): nothing to do.
@@ -39,7 +47,7 @@ enum State {
 }
 
 pub struct ResponseFilter {
-    models: Arc<Models>,
+    config: Arc<ResponseConfig>,
     state: State,
     /// What the answer came to, once it ended: extproc reads it from the trailers (`OUTCOME_TRAILER`).
     outcome: Option<ResponseOutcome>,
@@ -49,17 +57,22 @@ pub struct ResponseFilter {
     /// The plan's inter-token deadline (zero: none), watched from the engine's first message on.
     inter_token: Duration,
     watch: Option<Watch>,
+    /// Since when stream bytes are held for a flush (in Envoy's buffer), and how many.
+    held_since: Option<Instant>,
+    held_bytes: usize,
 }
 
 impl ResponseFilter {
-    pub fn new(models: Arc<Models>) -> ResponseFilter {
+    pub fn new(config: Arc<ResponseConfig>) -> ResponseFilter {
         ResponseFilter {
-            models,
+            config,
             state: State::Passing,
             outcome: None,
             local_reply: false,
             inter_token: Duration::ZERO,
             watch: None,
+            held_since: None,
+            held_bytes: 0,
         }
     }
 
@@ -67,6 +80,7 @@ impl ResponseFilter {
     fn start(&mut self, plan: &[u8]) -> Result<(ResponseTranslator, String), ApiError> {
         let plan = ResponsePlan::from_json(plan).map_err(ApiError::internal)?;
         let model = self
+            .config
             .models
             .get(&plan.model)
             .ok_or_else(|| ApiError::internal(format!("the Envoy module does not serve model '{}'", plan.model)))?;
@@ -105,6 +119,11 @@ fn send_error(stream: &Stream, error: &ApiError, request_id: &str) {
     stream.send_response(error.status as u32, &headers, &error.to_json(), "extproc_error");
 }
 
+/// The error of answers the gateway's shutdown ends: the ext_proc path's words (`StreamMachine::shutdown`).
+fn shutting_down() -> ApiError {
+    ApiError::unavailable("the gateway is shutting down")
+}
+
 fn header_str(value: &Option<Vec<u8>>) -> Option<&str> {
     value.as_deref().and_then(|v| std::str::from_utf8(v).ok())
 }
@@ -130,6 +149,7 @@ impl ResponseFilter {
             finish_reason: translator.finish_reason().unwrap_or_default(),
             error: error.as_ref().map(|e| e.message.clone()).unwrap_or_default(),
             timed_out: false,
+            cut: false,
         });
         if let Some((status, content_type)) = headers {
             set_client_headers(stream, status, content_type, request_id);
@@ -139,18 +159,56 @@ impl ResponseFilter {
         }
         self.state = State::Done;
         self.watch = None;
+        // Whatever is held goes out before `body`: it is in Envoy's buffer, ahead of it.
+        self.held_since = None;
         body
     }
 
     /// The engine sent a message: its inter-token deadline starts again (and starts at the first).
-    fn engine_progress(&mut self, stream: &Stream) {
-        match &self.watch {
-            Some(watch) => watch.progress(),
-            None if !self.inter_token.is_zero() => {
-                self.watch = Some(Watch::start(stream.new_scheduler(), self.inter_token))
-            }
-            None => {}
+    fn engine_progress(&self) {
+        if let Some(watch) = &self.watch {
+            watch.progress();
         }
+    }
+
+    /// A stream's `events` after its first content become the body event's bytes; the status says
+    /// whether they go now (with whatever is held before them) or are held. Held bytes go with the
+    /// first message that finds them `stream_flush` old, or on the flush timer (`flush`).
+    fn send_or_hold(&mut self, stream: &Stream, events: &[u8]) -> u32 {
+        stream.replace_received_body(events);
+        let window = self.config.stream_flush;
+        if window.is_zero() || (self.held_since.is_none() && events.is_empty()) {
+            return if events.is_empty() {
+                status::BODY_STOP_ITERATION_NO_BUFFER
+            } else {
+                status::CONTINUE
+            };
+        }
+        let since = *self.held_since.get_or_insert_with(Instant::now);
+        self.held_bytes += events.len();
+        let waited = since.elapsed();
+        if waited >= window || self.held_bytes >= MAX_HELD_BYTES {
+            self.held_since = None;
+            self.held_bytes = 0;
+            if let Some(watch) = &self.watch {
+                watch.disarm_flush();
+            }
+            return status::CONTINUE;
+        }
+        if let Some(watch) = &self.watch {
+            watch.arm_flush(window - waited);
+        }
+        status::BODY_STOP_ITERATION_AND_BUFFER
+    }
+
+    /// The flush timer fell due: the held bytes go on to the client.
+    fn flush(&mut self, stream: &Stream) {
+        if self.held_since.is_none() || !matches!(self.state, State::Translating { .. }) {
+            return;
+        }
+        self.held_since = None;
+        self.held_bytes = 0;
+        stream.continue_response();
     }
 
     /// The engine missed its inter-token deadline: the client hears it as on the ext_proc path (a 504
@@ -158,6 +216,13 @@ impl ResponseFilter {
     /// extproc, which penalises the endpoint and aborts the call. Ending the stream also makes Envoy
     /// reset the engine call.
     fn time_out(&mut self, stream: &Stream, budget: Duration) {
+        let error = ApiError::new(504, "timeout", Missed::NextToken(budget).message());
+        self.cut(stream, error, true);
+    }
+
+    /// End the answer now with `error`, as the ext_proc path's server does (`time_out`, shutdown):
+    /// `timed_out` tells extproc to penalise the endpoint.
+    fn cut(&mut self, stream: &Stream, error: ApiError, timed_out: bool) {
         let State::Translating {
             request_id,
             headers_sent,
@@ -167,7 +232,6 @@ impl ResponseFilter {
             self.watch = None;
             return;
         };
-        let error = ApiError::new(504, "timeout", Missed::NextToken(budget).message());
         if !*headers_sent {
             let request_id = request_id.clone();
             self.watch = None;
@@ -175,9 +239,12 @@ impl ResponseFilter {
             send_error(stream, &error, &request_id);
             return;
         }
-        let body = self.end(stream, Some(error));
+        // The held bytes leave Envoy's buffer to go first: what is sent from here bypasses this filter.
+        let mut body = stream.take_buffered_body();
+        body.extend(self.end(stream, Some(error)));
         let outcome = self.outcome.as_mut().map(|o| {
-            o.timed_out = true;
+            o.timed_out = timed_out;
+            o.cut = true;
             serde_json::to_string(o).unwrap_or_default()
         });
         // What this filter sends now passes through it too.
@@ -221,11 +288,20 @@ impl HttpFilter for ResponseFilter {
             send_error(stream, &error, &plan_request_id);
             return status::HEADERS_STOP_ITERATION;
         }
+        if watchdog::stopping() {
+            // The gateway stopped after this call was routed: as extproc answers then.
+            self.state = State::Done;
+            send_error(stream, &shutting_down(), &plan_request_id);
+            return status::HEADERS_STOP_ITERATION;
+        }
         self.state = State::Translating {
             translator: Box::new(translator),
             request_id: plan_request_id,
             headers_sent: false,
         };
+        // Every answer is watched: its deadline, flushes and the gateway's shutdown.
+        let deadline = (!self.inter_token.is_zero()).then_some(self.inter_token);
+        self.watch = Some(Watch::start(stream.new_scheduler(), deadline));
         // Held until the first content or the outcome.
         status::HEADERS_STOP_ITERATION
     }
@@ -245,7 +321,7 @@ impl HttpFilter for ResponseFilter {
                 let body = stream.received_body();
                 let pushed = translator.push(&body);
                 if !body.is_empty() {
-                    self.engine_progress(stream);
+                    self.engine_progress();
                 }
                 pushed
             }
@@ -269,22 +345,21 @@ impl HttpFilter for ResponseFilter {
             stream.replace_received_body(&body);
             return status::CONTINUE;
         }
-        stream.replace_received_body(&events);
-        if events.is_empty() {
-            return status::BODY_STOP_ITERATION_NO_BUFFER;
-        }
         if let State::Translating {
             request_id,
             headers_sent,
             ..
         } = &mut self.state
         {
-            if !*headers_sent {
+            if !*headers_sent && !events.is_empty() {
+                // The first content goes at once, headers with it.
                 *headers_sent = true;
                 set_client_headers(stream, 200, "text/event-stream", request_id);
+                stream.replace_received_body(&events);
+                return status::CONTINUE;
             }
         }
-        status::CONTINUE
+        self.send_or_hold(stream, &events)
     }
 
     /// A local reply (Envoy's own after the engine failed to answer, or the error this filter sent) goes
@@ -296,6 +371,14 @@ impl HttpFilter for ResponseFilter {
     }
 
     fn scheduled(&mut self, stream: &Stream, event_id: u64) {
+        if event_id == FLUSH_EVENT {
+            self.flush(stream);
+            return;
+        }
+        if event_id == SHUTDOWN_EVENT {
+            self.cut(stream, shutting_down(), false);
+            return;
+        }
         let Some(watch) = self.watch.as_ref().filter(|_| event_id == DEADLINE_EVENT) else {
             return;
         };

@@ -165,6 +165,7 @@ mod tests {
             tls: None,
             engine_tls: None,
             responses_store: "memory".into(),
+            module_stop_file: None,
         };
         ExtProcServer::start(gateway, Arc::new(Telemetry::new(0)), &config).unwrap()
     }

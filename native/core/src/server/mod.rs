@@ -14,6 +14,7 @@ mod workers;
 
 use std::future::Future;
 use std::io;
+use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -47,6 +48,9 @@ const CONNECTION_WINDOW: u32 = 16 * 1024 * 1024;
 const STREAM_WINDOW: u32 = 2 * 1024 * 1024;
 /// After the grace period, how long cancelled streams get to send their final status.
 const CANCEL_WAIT: Duration = Duration::from_secs(1);
+/// After the grace period, how long the response module gets to end its answers (it looks for the stop
+/// file every 50 ms), whose streams then finish here with their trailers.
+const MODULE_STOP_WAIT: Duration = Duration::from_secs(2);
 
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
@@ -64,6 +68,9 @@ pub struct ServerConfig {
     /// Where the Responses API keeps responses and conversations: `memory`, `none`, or a backend
     /// `responses::store::open` knows (`sqlite:PATH`, `postgres://…`).
     pub responses_store: String,
+    /// The response module's stop file (`module_stop_file`): created when the grace ran out, so that
+    /// Envoy's module ends the answers it is translating as this server ends its own; None: none.
+    pub module_stop_file: Option<PathBuf>,
 }
 
 /// A running server; `stop` (or dropping it) shuts it down.
@@ -103,8 +110,13 @@ impl ExtProcServer {
             responses_store,
         });
         let (stop_tx, stop_rx) = oneshot::channel();
+        // A stop file left by an earlier run would end every answer the module translates.
+        let stop_file = config.module_stop_file.clone();
+        if let Some(path) = &stop_file {
+            remove_stale(path)?;
+        }
         let thread = std::thread::Builder::new().name("extproc-grpc".into()).spawn(move || {
-            runtime.block_on(serve(server, listener, shared, stop_rx, cancel_tx));
+            runtime.block_on(serve(server, listener, shared, stop_rx, cancel_tx, stop_file));
             runtime.shutdown_timeout(Duration::from_millis(100));
         })?;
         Ok(ExtProcServer {
@@ -183,6 +195,7 @@ async fn serve(
     shared: Arc<Shared>,
     stop: oneshot::Receiver<Duration>,
     cancel: watch::Sender<bool>,
+    module_stop_file: Option<PathBuf>,
 ) {
     let aborter = shared.aborter.clone();
     // Health watches end when the stop begins: they must not hold the server up for the grace.
@@ -212,7 +225,16 @@ async fn serve(
     tokio::select! {
         _ = &mut serving => {}
         Ok(grace) = grace_rx => {
-            if tokio::time::timeout(grace, &mut serving).await.is_err() {
+            let mut open = tokio::time::timeout(grace, &mut serving).await.is_err();
+            if let (true, Some(path)) = (open, &module_stop_file) {
+                // The module's answers end first, the way this server's do (their streams then finish
+                // with their trailers); what is still open after that is cancelled.
+                if let Err(e) = std::fs::write(path, b"stopping\n") {
+                    eprintln!("extproc: cannot create the module's stop file {}: {e}", path.display());
+                }
+                open = tokio::time::timeout(MODULE_STOP_WAIT, &mut serving).await.is_err();
+            }
+            if open {
                 let _ = cancel.send(true);
                 let _ = tokio::time::timeout(CANCEL_WAIT, &mut serving).await;
             }
@@ -223,6 +245,14 @@ async fn serve(
         let _ = std::fs::remove_file(path);
     }
     aborter.wait_idle(ABORT_TIMEOUT + Duration::from_millis(500)).await;
+}
+
+/// Remove `path` if it exists (a stop file of an earlier run).
+fn remove_stale(path: &Path) -> io::Result<()> {
+    match std::fs::remove_file(path) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+        _ => Ok(()),
+    }
 }
 
 #[cfg(test)]
@@ -268,6 +298,13 @@ mod tests {
     }
 
     fn start(listen: &str) -> (ExtProcServer, Arc<Telemetry>) {
+        start_with_stop_file(listen, None)
+    }
+
+    fn start_with_stop_file(
+        listen: &str,
+        module_stop_file: Option<std::path::PathBuf>,
+    ) -> (ExtProcServer, Arc<Telemetry>) {
         let telemetry = Arc::new(Telemetry::new(16));
         let config = ServerConfig {
             listen: listen.into(),
@@ -276,6 +313,7 @@ mod tests {
             tls: None,
             engine_tls: None,
             responses_store: "memory".into(),
+            module_stop_file,
         };
         (
             ExtProcServer::start(gateway(), telemetry.clone(), &config).unwrap(),
@@ -475,6 +513,7 @@ mod tests {
                 tls: None,
                 engine_tls: None,
                 responses_store: "memory".into(),
+                module_stop_file: None,
             };
             // Port 1 needs privileges the tests do not run with; if they do, it binds, and that is fine.
             if listen == "127.0.0.1:1" && std::net::TcpListener::bind(listen).is_ok() {
@@ -525,6 +564,35 @@ mod tests {
         drop(tx);
         // Nothing listens any more.
         assert!(std::net::TcpStream::connect(&address).is_err());
+    }
+
+    #[test]
+    fn the_module_stop_file_appears_when_the_grace_ran_out_and_a_stale_one_goes_at_start() {
+        let dir = std::env::temp_dir().join(format!("extproc-stop-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("module-stop");
+        std::fs::write(&file, b"an earlier run's").unwrap();
+        let (mut server, telemetry) = start_with_stop_file("127.0.0.1:0", Some(file.clone()));
+        // A stale file would make Envoy's module end every answer at once.
+        assert!(!file.exists());
+        let address = server.address().to_string();
+        let rt = client_runtime();
+        let (tx, mut replies) = open_waiting_post(&rt, &address, &telemetry);
+        let outcome = rt.spawn(async move { replies.message().await.map(|m| m.is_some()) });
+        let began = Instant::now();
+        server.stop(Duration::from_millis(200));
+        let took = began.elapsed();
+        // The file appeared at the end of the grace; the module did not end this stream (no module
+        // here), so it was cancelled after the module's wait.
+        assert!(file.exists());
+        assert!(
+            took >= Duration::from_millis(200) + MODULE_STOP_WAIT,
+            "stopped after {took:?}"
+        );
+        let status = rt.block_on(outcome).unwrap().unwrap_err();
+        assert_eq!(status.code(), Code::Unavailable);
+        drop(tx);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
@@ -617,6 +685,7 @@ mod tests {
             tls: None,
             engine_tls: None,
             responses_store: "memory".into(),
+            module_stop_file: None,
         };
         let _server = ExtProcServer::start(gateway, telemetry, &config).unwrap();
         let address = _server.address().to_string();

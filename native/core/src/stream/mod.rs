@@ -245,8 +245,8 @@ impl RequestStream {
                 protocol: x.target.protocol,
                 request_id: &x.engine_request_id,
             }),
-            // The Envoy module ended a stalled call: the engine may still be generating.
-            (Some(x), Phase::Done) if self.module_timed_out() => Some(PendingAbort {
+            // The Envoy module ended the answer early: the engine may still be generating.
+            (Some(x), Phase::Done) if self.module_cut() => Some(PendingAbort {
                 endpoint: &x.target.address,
                 protocol: x.target.protocol,
                 request_id: &x.engine_request_id,
@@ -258,6 +258,11 @@ impl RequestStream {
     /// The Envoy module said it ended the answer at the inter-token deadline.
     fn module_timed_out(&self) -> bool {
         self.module_outcome.as_ref().is_some_and(|o| o.timed_out)
+    }
+
+    /// The Envoy module said it ended the answer before the engine finished.
+    fn module_cut(&self) -> bool {
+        self.module_outcome.as_ref().is_some_and(|o| o.timed_out || o.cut)
     }
 
     /// What the request became so far.

@@ -31,6 +31,10 @@ pub struct ResponseOutcome {
     /// penalises the endpoint and aborts the engine call, as when it times a call out itself.
     #[serde(default)]
     pub timed_out: bool,
+    /// The module ended the answer before the engine finished (the inter-token deadline, the gateway's
+    /// shutdown): extproc aborts the engine call, as when it cuts a stream itself.
+    #[serde(default)]
+    pub cut: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

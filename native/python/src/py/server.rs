@@ -29,12 +29,13 @@ impl PyExtProcServer {
     /// signed. `engine_tls_ca`: the server's own engine calls over TLS, engines verified against it,
     /// presenting `engine_tls_cert`/`engine_tls_key` if given, `engine_tls_server_name` as SNI.
     /// `responses_store`: where the Responses API stores responses and conversations (`memory`,
-    /// `none`, or a backend spec such as `sqlite:PATH`).
+    /// `none`, or a backend spec such as `sqlite:PATH`). `module_stop_file`: the file created when the
+    /// stop's grace ran out, which tells Envoy's response module to end its answers too.
     #[pyo3(signature = (
         gateway, listen, *, worker_threads = 1, request_workers = 0, summary_capacity = 4096,
         tls_cert = None, tls_key = None, tls_client_ca = None,
         engine_tls_ca = None, engine_tls_cert = None, engine_tls_key = None, engine_tls_server_name = None,
-        responses_store = String::from("memory"),
+        responses_store = String::from("memory"), module_stop_file = None,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -51,6 +52,7 @@ impl PyExtProcServer {
         engine_tls_key: Option<PathBuf>,
         engine_tls_server_name: Option<String>,
         responses_store: String,
+        module_stop_file: Option<PathBuf>,
     ) -> PyResult<Self> {
         if worker_threads == 0 {
             return Err(PyValueError::new_err("worker_threads must be at least 1"));
@@ -92,6 +94,7 @@ impl PyExtProcServer {
                 tls,
                 engine_tls,
                 responses_store,
+                module_stop_file,
             },
             telemetry: Arc::new(Telemetry::new(summary_capacity)),
             running: Mutex::new(None),
