@@ -128,6 +128,7 @@ fn ranking(n: usize) {
                         prompt_blocks: 128,
                         prompt_tokens: 2048,
                         block_size: BLOCK as u32,
+                        tie: u64::from(rng.next()),
                     }
                 })
                 .collect()

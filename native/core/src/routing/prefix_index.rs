@@ -101,6 +101,17 @@ impl<M: Membership> PrefixIndex<M> {
     /// Costs the first block's holders, then per block the fewer of those still matching (looked up)
     /// and the block's holders (merged), whatever the number of candidates.
     pub fn match_prefix(&self, hashes: &[BlockHash], candidates: &EndpointSet, now: Tick) -> MatchCounts {
+        self.match_prefix_where(hashes, |id| candidates.contains(id), now)
+    }
+
+    /// `match_prefix` over the endpoints `is_candidate` admits (asked once per holder of the first
+    /// block), for a caller that has no set of them at hand.
+    pub fn match_prefix_where(
+        &self,
+        hashes: &[BlockHash],
+        is_candidate: impl Fn(EndpointId) -> bool,
+        now: Tick,
+    ) -> MatchCounts {
         let mut held = Vec::new();
         // Candidates holding every block so far, ascending; `next`: those also holding this one.
         let mut alive: Vec<EndpointId> = Vec::new();
@@ -113,7 +124,7 @@ impl<M: Membership> PrefixIndex<M> {
                     let spill = shard.spill();
                     if depth == 0 {
                         slot.members.live_into(now, spill, &mut next);
-                        next.retain(|&id| candidates.contains(id));
+                        next.retain(|&id| is_candidate(id));
                     } else if alive.len() <= LOOKUP_AT_MOST {
                         next.extend(alive.iter().filter(|&&id| slot.members.holds(id, now, spill)));
                     } else {
