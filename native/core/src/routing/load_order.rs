@@ -36,22 +36,32 @@ pub fn base_wait(load: &Load, request_cost: u32) -> u64 {
     load.prefill_backlog() + u64::from(request_cost) * u64::from(load.requests())
 }
 
+/// A listed endpoint as of its last update: what a shortlist reads of it, without reaching for the
+/// endpoint itself (thousands of them are scattered over the heap; the entries are one array).
 #[derive(Clone, Copy, Debug, PartialEq)]
-struct Entry {
+pub struct Entry {
+    pub load: Load,
+    pub address_hash: u64,
+    pub tie: u64,
+    pub block_size: u32,
+    /// It has failures on record (`Penalty::failing`): its standing needs a look.
+    pub failing: bool,
     wait: u64,
-    requests: u32,
-    tokens: u64,
-    tie: u64,
-    block_size: u32,
 }
 
 impl Entry {
     fn wait_key(&self, id: EndpointId) -> WaitKey {
-        (self.wait, self.requests, self.tokens, self.tie, id)
+        (
+            self.wait,
+            self.load.requests(),
+            self.load.in_flight_tokens,
+            self.tie,
+            id,
+        )
     }
 
     fn load_key(&self, id: EndpointId) -> LoadKey {
-        (self.requests, self.tokens, self.tie, id)
+        (self.load.requests(), self.load.in_flight_tokens, self.tie, id)
     }
 }
 
@@ -86,8 +96,8 @@ impl LoadOrder {
         }
     }
 
-    /// Brings `st`'s entry up to date with its load, health and block size (read under the lock, so
-    /// the last of concurrent updates leaves the latest values), drawing it a new tie. An unhealthy
+    /// Brings `st`'s entry up to date with its load, health, block size and penalty (read under the
+    /// lock, so the last of concurrent updates leaves the latest values), drawing it a new tie. An unhealthy
     /// endpoint is unlisted; a removed one (`remove`) is left alone: its id may be another's by now.
     pub fn update(&self, st: &EndpointState) {
         let mut o = self.lock();
@@ -99,10 +109,11 @@ impl LoadOrder {
             let load = st.load();
             let entry = Entry {
                 wait: base_wait(&load, self.request_cost),
-                requests: load.requests(),
-                tokens: load.in_flight_tokens,
+                load,
+                address_hash: st.address_hash,
                 tie: o.ties.next_u64(),
                 block_size: st.block_size(),
+                failing: st.penalty.failing(),
             };
             o.list(st.id, entry);
         }
@@ -159,7 +170,12 @@ impl Orders {
 
     /// The endpoint's tie (0 when not listed).
     pub fn tie(&self, id: EndpointId) -> u64 {
-        self.entries.get(id).copied().flatten().map_or(0, |e| e.tie)
+        self.entry(id).map_or(0, |e| e.tie)
+    }
+
+    /// The endpoint's entry, when listed.
+    pub fn entry(&self, id: EndpointId) -> Option<&Entry> {
+        self.entries.get(id).and_then(Option::as_ref)
     }
 
     /// `(id, requests)` by wait, least first.
@@ -189,7 +205,8 @@ mod tests {
     use crate::routing::load::EngineLoad;
 
     fn endpoint(order: &Arc<LoadOrder>, id: EndpointId, block_size: u32) -> Arc<EndpointState> {
-        let st = Arc::new(EndpointState::new(&format!("10.0.0.{id}:8000"), id, block_size, 8).with_order(order.clone()));
+        let st =
+            Arc::new(EndpointState::new(&format!("10.0.0.{id}:8000"), id, block_size, 8).with_order(order.clone()));
         order.update(&st);
         st
     }
@@ -238,7 +255,11 @@ mod tests {
             ..Default::default()
         });
         assert_eq!(waits(&order), vec![(1, 1), (0, 3)]);
-        assert_eq!(order.lock().by_load(2).collect::<Vec<_>>(), vec![(0, 3)], "from 2 requests on");
+        assert_eq!(
+            order.lock().by_load(2).collect::<Vec<_>>(),
+            vec![(0, 3)],
+            "from 2 requests on"
+        );
     }
 
     #[test]

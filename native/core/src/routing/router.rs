@@ -410,7 +410,11 @@ impl Router {
         if candidates.is_empty() {
             return Err(NoRoute::NoEndpoint);
         }
-        if self.may_shed(req) && candidates.iter().all(|c| c.load.queue() >= self.config.shed_queue_depth) {
+        if self.may_shed(req)
+            && candidates
+                .iter()
+                .all(|c| c.load.queue() >= self.config.shed_queue_depth)
+        {
             return Err(NoRoute::Overloaded);
         }
         let chains = self.match_prompt(req, &mut candidates, now);
@@ -460,8 +464,13 @@ impl Router {
             return None;
         }
         let state = |id: EndpointId| table.slots.get(id).and_then(Option::as_ref);
-        // Listed endpoints are healthy; a candidate is one its penalty lets in (some is, or `None`).
-        let admitted = |id| state(id).is_some_and(|st| st.penalty.standing(clock).admits());
+        // Listed endpoints are healthy; a candidate is one its penalty lets in (some is, or `None`):
+        // only the standing of one with failures on record depends on the time.
+        let admitted = |id| {
+            orders
+                .entry(id)
+                .is_some_and(|e| !e.failing || state(id).is_some_and(|st| st.penalty.standing(clock).admits()))
+        };
         let mut skips = SHORTLIST_SKIPS;
         let mut skip = || {
             skips = skips.checked_sub(1)?;
@@ -481,9 +490,14 @@ impl Router {
 
         let sizes: Vec<u32> = orders.block_sizes().filter(|&b| b > 0).collect();
         let (chains, holders) = self.match_holders(req, &sizes, now, |id, bs| {
-            state(id).is_some_and(|st| st.healthy() && st.block_size() == bs && admitted(id))
+            orders.entry(id).is_some_and(|e| e.block_size == bs) && admitted(id)
         });
-        let holds = |id| holders.binary_search_by_key(&id, |&(h, _)| h).ok().map(|i| holders[i].1);
+        let holds = |id| {
+            holders
+                .binary_search_by_key(&id, |&(h, _)| h)
+                .ok()
+                .map(|i| holders[i].1)
+        };
 
         let k = 1 + self.config.max_fallbacks;
         let mut ids: Vec<EndpointId> = holders.iter().map(|&(id, _)| id).collect();
@@ -525,19 +539,23 @@ impl Router {
 
         let mut states = Vec::with_capacity(ids.len());
         let mut candidates = Vec::with_capacity(ids.len());
+        // Loads as the orders last saw them (the endpoints' own counters agree, but for updates
+        // under way).
         for id in ids {
-            let st = state(id)?;
-            let block_size = st.block_size();
-            let prompt_blocks = chains.iter().find(|(b, _)| *b == block_size).map_or(0, |(_, h)| h.len());
+            let (st, e) = (state(id)?, orders.entry(id)?);
+            let prompt_blocks = chains
+                .iter()
+                .find(|(b, _)| *b == e.block_size)
+                .map_or(0, |(_, h)| h.len());
             candidates.push(Candidate {
                 id,
-                address_hash: st.address_hash,
-                load: st.load(),
+                address_hash: e.address_hash,
+                load: e.load,
                 cached_blocks: holds(id).unwrap_or(0),
                 prompt_blocks: prompt_blocks as u32,
                 prompt_tokens: req.token_ids.len() as u32,
-                block_size,
-                tie: orders.tie(id),
+                block_size: e.block_size,
+                tie: e.tie,
             });
             states.push(st);
         }
@@ -577,6 +595,9 @@ impl Router {
         match outcome {
             Ok(()) => st.penalty.succeeded(),
             Err(failure) => st.penalty.failed(failure, Instant::now()),
+        }
+        if let Some((_, order)) = &self.wait_order {
+            order.update(st);
         }
         true
     }

@@ -19,7 +19,10 @@ struct Lcg(u64);
 
 impl Lcg {
     fn below(&mut self, n: u64) -> u64 {
-        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         (self.0 >> 33) % n
     }
     fn chance(&mut self, percent: u64) -> bool {
@@ -163,7 +166,10 @@ fn a_shortlist_decides_as_ranking_every_endpoint() {
     // Declined: every endpoint ejected (the penalty then lets them all in), or too many in the way.
     assert!(compared > 10 * declined, "{compared} compared, {declined} declined");
     // Not a vacuous comparison: the shortlists left most candidates out.
-    assert!(2 * shortlisted < candidates, "{shortlisted} shortlisted of {candidates}");
+    assert!(
+        2 * shortlisted < candidates,
+        "{shortlisted} shortlisted of {candidates}"
+    );
 }
 
 /// A pool of `n` idle endpoints that ranks shortlists.
@@ -181,7 +187,10 @@ fn shortlisted(r: &Router, t: &[u32]) -> Vec<Arc<str>> {
     };
     let table = r.read_table();
     let d = r.shortlist(&table, &req, Instant::now(), r.now()).expect("a shortlist");
-    d.candidates.iter().map(|c| table.slots[c.id].as_ref().unwrap().address.clone()).collect()
+    d.candidates
+        .iter()
+        .map(|c| table.slots[c.id].as_ref().unwrap().address.clone())
+        .collect()
 }
 
 #[test]
@@ -199,19 +208,30 @@ fn a_large_pool_looks_at_its_holders_and_a_few_least_loaded() {
     let root = block_hash::root(None, None);
     let t = tokens(1, 2, 0);
     let id = r.read_table().get(&addr(500)).unwrap().id;
-    r.events.insert(id, &block_hash::prompt_hashes(&t, B as usize, root)[..PREFIX], 0);
+    r.events
+        .insert(id, &block_hash::prompt_hashes(&t, B as usize, root)[..PREFIX], 0);
     let list = shortlisted(&r, &t);
     assert!(list.len() <= 1 + 3, "holder + 3 by wait: {list:?}");
     for a in [addr(10), addr(20), addr(500)] {
         assert!(list.iter().any(|x| **x == *a), "{a} in {list:?}");
     }
     let pick = r.pick(&t, None).unwrap();
-    assert_eq!(pick.address(), addr(500), "the holder: 16 for its request + 2 x 8 uncached tokens, below 2 x 32 on an idle one");
+    assert_eq!(
+        pick.address(),
+        addr(500),
+        "the holder: 16 for its request + 2 x 8 uncached tokens, below 2 x 32 on an idle one"
+    );
 }
 
 #[test]
 fn picks_follow_the_load_order_as_requests_start_and_end() {
-    let r = pool(300, RouterConfig { seed: Some(1), ..Default::default() });
+    let r = pool(
+        300,
+        RouterConfig {
+            seed: Some(1),
+            ..Default::default()
+        },
+    );
     let t = tokens(0, 1, 0);
     // Every pick starts a request on its endpoint: 300 picks cover the pool once before any repeats.
     let picks: Vec<Pick> = (0..300).map(|_| r.pick(&t, None).unwrap()).collect();
@@ -220,8 +240,9 @@ fn picks_follow_the_load_order_as_requests_start_and_end() {
     seen.dedup();
     assert_eq!(seen.len(), 300);
     // Requests ending on 7 and 9 make them the least loaded.
-    let (mut ended, kept): (Vec<Pick>, Vec<Pick>) =
-        picks.into_iter().partition(|p| p.address() == addr(7) || p.address() == addr(9));
+    let (mut ended, kept): (Vec<Pick>, Vec<Pick>) = picks
+        .into_iter()
+        .partition(|p| p.address() == addr(7) || p.address() == addr(9));
     ended.clear();
     let next: Vec<Pick> = (0..2).map(|_| r.pick(&t, None).unwrap()).collect();
     let mut got: Vec<&str> = next.iter().map(|p| p.address()).collect();
@@ -232,7 +253,13 @@ fn picks_follow_the_load_order_as_requests_start_and_end() {
 
 #[test]
 fn a_shortlist_leaves_out_unhealthy_ejected_and_removed_endpoints() {
-    let r = pool(200, RouterConfig { seed: Some(2), ..Default::default() });
+    let r = pool(
+        200,
+        RouterConfig {
+            seed: Some(2),
+            ..Default::default()
+        },
+    );
     let t = tokens(0, 1, 0);
     let _busy: Vec<InFlight> = (3..200).map(|i| r.begin(&addr(i), None, 10).unwrap()).collect();
     // 0, 1 and 2 are idle: one unhealthy, one ejected, one removed.
@@ -242,7 +269,11 @@ fn a_shortlist_leaves_out_unhealthy_ejected_and_removed_endpoints() {
     r.set_endpoints(remaining).unwrap();
     for _ in 0..20 {
         let pick = r.pick(&t, None).unwrap();
-        assert!(![addr(0), addr(1), addr(2)].contains(&pick.address().to_string()), "{}", pick.address());
+        assert!(
+            ![addr(0), addr(1), addr(2)].contains(&pick.address().to_string()),
+            "{}",
+            pick.address()
+        );
     }
     // Healthy again: the least loaded.
     r.set_health(&addr(0), true);
@@ -261,16 +292,27 @@ fn a_subset_ranks_and_shedding_rank_every_endpoint() {
     let t = tokens(0, 1, 0);
     let table = r.read_table();
     let (clock, now) = (Instant::now(), r.now());
-    let plain = PickRequest { token_ids: &t, ..Default::default() };
+    let plain = PickRequest {
+        token_ids: &t,
+        ..Default::default()
+    };
     assert!(r.shortlist(&table, &plain, clock, now).is_some());
     let subset = [addr(5).leak() as &str];
-    let hinted = PickRequest { subset: Some(&subset), ..plain };
+    let hinted = PickRequest {
+        subset: Some(&subset),
+        ..plain
+    };
     assert!(r.shortlist(&table, &hinted, clock, now).is_none());
-    let sheddable = PickRequest { objective: Some("batch"), ..plain };
+    let sheddable = PickRequest {
+        objective: Some("batch"),
+        ..plain
+    };
     assert!(r.shortlist(&table, &sheddable, clock, now).is_none());
     drop(table);
     let ranks = Router::new("kv_events", RouterConfig::default()).unwrap();
-    ranks.set_endpoints((0..200).map(|i| (format!("{}#{}", addr(i / 2), i % 2), B)).collect()).unwrap();
+    ranks
+        .set_endpoints((0..200).map(|i| (format!("{}#{}", addr(i / 2), i % 2), B)).collect())
+        .unwrap();
     let table = ranks.read_table();
     assert!(ranks.shortlist(&table, &plain, clock, now).is_none());
 }

@@ -330,24 +330,26 @@ mod selection_tests {
             0..2u32,
             0..3u64,
         )
-            .prop_map(|(requests, tokens_k, prefill, cached, block_size, waiting, tie)| Candidate {
-                id: 0,
-                address_hash: 0,
-                load: Load {
-                    in_flight_requests: requests,
-                    in_flight_tokens: u64::from(tokens_k) * 100,
-                    prefill_tokens: prefill * 50,
-                    engine: EngineLoad {
-                        waiting: waiting * 3,
-                        ..Default::default()
+            .prop_map(
+                |(requests, tokens_k, prefill, cached, block_size, waiting, tie)| Candidate {
+                    id: 0,
+                    address_hash: 0,
+                    load: Load {
+                        in_flight_requests: requests,
+                        in_flight_tokens: u64::from(tokens_k) * 100,
+                        prefill_tokens: prefill * 50,
+                        engine: EngineLoad {
+                            waiting: waiting * 3,
+                            ..Default::default()
+                        },
                     },
+                    cached_blocks: cached,
+                    prompt_blocks: 4,
+                    prompt_tokens: 64,
+                    block_size,
+                    tie,
                 },
-                cached_blocks: cached,
-                prompt_blocks: 4,
-                prompt_tokens: 64,
-                block_size,
-                tie,
-            })
+            )
     }
 
     proptest! {
