@@ -184,9 +184,11 @@ struct Decision<'t> {
     candidates: Vec<Candidate>,
     /// Indices into both, best first: the primary and (at least) its fallbacks.
     ranking: Vec<usize>,
-    /// The prompt's block hashes per block size.
-    chains: Vec<(u32, Vec<BlockHash>)>,
+    chains: Chains,
 }
+
+/// The prompt's block hashes per block size: `(block size, chain)`.
+type Chains = Vec<(u32, Vec<BlockHash>)>;
 
 impl Router {
     pub fn new(policy_name: &str, config: RouterConfig) -> Result<Router, RoutingError> {
@@ -624,12 +626,7 @@ impl Router {
 
     /// Fills each candidate's cached and prompt blocks from the policy's index, hashing the prompt
     /// once per distinct block size; returns the chains.
-    fn match_prompt(
-        &self,
-        req: &PickRequest<'_>,
-        candidates: &mut [Candidate],
-        now: Tick,
-    ) -> Vec<(u32, Vec<BlockHash>)> {
+    fn match_prompt(&self, req: &PickRequest<'_>, candidates: &mut [Candidate], now: Tick) -> Chains {
         // Distinct block sizes (one, nearly always).
         let mut sizes: Vec<u32> = candidates.iter().map(|c| c.block_size).filter(|&b| b > 0).collect();
         sizes.sort_unstable();
@@ -655,14 +652,13 @@ impl Router {
     /// The prompt's chain for each of `sizes`, and every endpoint that `is_candidate(id, block size)`
     /// admits holding at least its first block, with the leading blocks it holds (per the policy's
     /// index; with booking, the most of that and what was booked), ascending by id.
-    #[allow(clippy::type_complexity)]
     fn match_holders(
         &self,
         req: &PickRequest<'_>,
         sizes: &[u32],
         now: Tick,
         is_candidate: impl Fn(EndpointId, u32) -> bool,
-    ) -> (Vec<(u32, Vec<BlockHash>)>, Vec<(EndpointId, u32)>) {
+    ) -> (Chains, Vec<(EndpointId, u32)>) {
         let mut chains = Vec::with_capacity(sizes.len());
         let mut holders: Vec<(EndpointId, u32)> = Vec::new();
         if self.source == PrefixSource::None {

@@ -42,7 +42,9 @@ fn tokens(p: u32, tail: u32, unique: u32) -> Vec<u32> {
 
 /// What a decision decides: its first `k` endpoints with their cached blocks, the primary's fallbacks,
 /// and the most blocks any candidate held.
-fn outcome(r: &Router, d: &Decision<'_>, k: usize) -> (Vec<(Arc<str>, u32)>, Vec<Arc<str>>, u32) {
+type Outcome = (Vec<(Arc<str>, u32)>, Vec<Arc<str>>, u32);
+
+fn outcome(r: &Router, d: &Decision<'_>, k: usize) -> Outcome {
     let top = d.ranking[..k.min(d.ranking.len())]
         .iter()
         .map(|&i| (d.states[i].address.clone(), d.candidates[i].cached_blocks))
