@@ -1,10 +1,10 @@
 //! Scale benchmark of the routing decision (issue 13): the `kv_events` pick's p50/p99 as the endpoint
 //! count grows, with a loaded prefix index, and the index's memory per cached block.
 //!
-//! `cargo run --release --example routing_scale -p extproc-core` (a few minutes on 2 shared cores;
+//! `cargo run --release --example routing_scale -p extproc-core` (under a minute on 2 shared cores;
 //! `-- 64 1000` measures only those counts). Two parts:
-//! 1. Whole picks (`Router::pick`: hash the prompt, match the index, build candidates, rank, book the
-//!    in-flight guard) at 16 to 10,000 endpoints, the index filled through KV events with prompts of
+//! 1. Whole picks (`Router::pick`: hash the prompt, match the index, build the candidates or, from 128
+//!    endpoints on, the shortlist, rank, book the in-flight guard) at 16 to 10,000 endpoints, the index filled through KV events with prompts of
 //!    128 blocks (a 64-block prefix out of 256 shared ones, then a unique tail): 96 per endpoint up to
 //!    64 endpoints, then 6,144 in all (at least 4 per endpoint), so the larger routers hold as many
 //!    prompts or more. Requests share a system prefix with the index and nothing more; ~3 requests
@@ -128,6 +128,7 @@ fn ranking(n: usize) {
                         prompt_blocks: 128,
                         prompt_tokens: 2048,
                         block_size: BLOCK as u32,
+                        tie: u64::from(rng.next()),
                     }
                 })
                 .collect()

@@ -9,6 +9,7 @@ use xxhash_rust::xxh3::xxh3_64;
 use super::endpoint_set::EndpointId;
 use super::events::EventState;
 use super::load::{EngineLoad, Load};
+use super::load_order::LoadOrder;
 use super::penalty::Penalty;
 
 /// An endpoint's name as the engine address and data-parallel rank it stands for: `"{address}#{rank}"` is
@@ -62,6 +63,10 @@ pub struct EndpointState {
     /// Its recent failures as streams reported them (`penalty.rs`).
     pub penalty: Penalty,
     events: Mutex<EventState>,
+    /// The router's load order, told of every change of the endpoint's load, health or block size.
+    order: Option<Arc<LoadOrder>>,
+    /// The router dropped the endpoint (`LoadOrder::remove`).
+    removed: AtomicBool,
 }
 
 impl EndpointState {
@@ -85,7 +90,30 @@ impl EndpointState {
             kv_usage_bits: AtomicU64::new(0f64.to_bits()),
             penalty: Penalty::default(),
             events: Mutex::new(EventState::new(max_engine_blocks)),
+            order: None,
+            removed: AtomicBool::new(false),
         }
+    }
+
+    /// The endpoint, keeping `order` up to date.
+    pub fn with_order(mut self, order: Arc<LoadOrder>) -> Self {
+        self.order = Some(order);
+        self
+    }
+
+    fn changed(&self) {
+        if let Some(order) = &self.order {
+            order.update(self);
+        }
+    }
+
+    pub fn is_removed(&self) -> bool {
+        self.removed.load(Ordering::Relaxed)
+    }
+
+    /// Only `LoadOrder::remove` calls this (under its lock).
+    pub(super) fn mark_removed(&self) {
+        self.removed.store(true, Ordering::Relaxed);
     }
 
     pub fn block_size(&self) -> u32 {
@@ -94,6 +122,7 @@ impl EndpointState {
 
     pub fn set_block_size(&self, b: u32) {
         self.block_size.store(b, Ordering::Relaxed);
+        self.changed();
     }
 
     pub fn healthy(&self) -> bool {
@@ -102,6 +131,7 @@ impl EndpointState {
 
     pub fn set_healthy(&self, h: bool) {
         self.healthy.store(h, Ordering::Relaxed);
+        self.changed();
     }
 
     pub fn set_engine_load(&self, l: &EngineLoad) {
@@ -112,6 +142,7 @@ impl EndpointState {
             .store(l.waiting_uncached_tokens, Ordering::Relaxed);
         self.kv_usage_bits
             .store(l.kv_usage.clamp(0.0, 1.0).to_bits(), Ordering::Relaxed);
+        self.changed();
     }
 
     pub fn load(&self) -> Load {
@@ -153,6 +184,7 @@ impl InFlight {
         endpoint.in_flight_requests.fetch_add(1, Ordering::Relaxed);
         endpoint.in_flight_tokens.fetch_add(tokens, Ordering::Relaxed);
         endpoint.in_flight_prefill.fetch_add(prefill, Ordering::Relaxed);
+        endpoint.changed();
         InFlight {
             endpoint,
             tokens,
@@ -173,18 +205,27 @@ impl InFlight {
 
     /// The engine sent its first token: the prompt is prefilled. Later calls do nothing.
     pub fn first_token(&mut self) {
+        if self.take_prefill() {
+            self.endpoint.changed();
+        }
+    }
+
+    /// Stops counting the prefill work; whether there was any.
+    fn take_prefill(&mut self) -> bool {
         let prefill = std::mem::take(&mut self.prefill);
         if prefill > 0 {
             self.endpoint.in_flight_prefill.fetch_sub(prefill, Ordering::Relaxed);
         }
+        prefill > 0
     }
 }
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        self.first_token();
+        self.take_prefill();
         self.endpoint.in_flight_requests.fetch_sub(1, Ordering::Relaxed);
         self.endpoint.in_flight_tokens.fetch_sub(self.tokens, Ordering::Relaxed);
+        self.endpoint.changed();
         if let Some(probe) = self.probe {
             self.endpoint.penalty.probe_ended(probe);
         }

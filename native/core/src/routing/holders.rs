@@ -159,6 +159,18 @@ impl Membership for Holders {
         out.extend(self.ids(spill).as_slice().iter().map(|&id| EndpointId::from(id)));
     }
 
+    fn warm(&self, spill: &HolderSpill) {
+        std::hint::black_box(self.ids(spill).as_slice().first());
+    }
+
+    /// Compared in place: a prompt's shared prefix is usually held whole by the same endpoints, block
+    /// after block.
+    fn holders_are(&self, ids: &[EndpointId], _now: Tick, spill: &HolderSpill) -> bool {
+        let held = self.ids(spill);
+        let held = held.as_slice();
+        held.len() == ids.len() && held.iter().zip(ids).all(|(&h, &id)| EndpointId::from(h) == id)
+    }
+
     fn holds(&self, id: EndpointId, _now: Tick, spill: &HolderSpill) -> bool {
         u16::try_from(id).is_ok_and(|id| self.ids(spill).as_slice().binary_search(&id).is_ok())
     }

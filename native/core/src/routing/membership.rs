@@ -19,6 +19,15 @@ pub trait Membership: Default + Send + Sync {
     fn live_into(&self, now: Tick, spill: &Self::Spill, out: &mut Vec<EndpointId>);
     /// Whether `id` holds the block at `now`.
     fn holds(&self, id: EndpointId, now: Tick, spill: &Self::Spill) -> bool;
+    /// Reads what a match reads first of the block's holders (a spilled set, `holders.rs`), so that a
+    /// batch of lookups waits for their cache misses together (`PrefixIndex::match_prefix_where`).
+    fn warm(&self, _spill: &Self::Spill) {}
+    /// Whether the endpoints holding the block at `now` are exactly `ids` (ascending).
+    fn holders_are(&self, ids: &[EndpointId], now: Tick, spill: &Self::Spill) -> bool {
+        let mut live = Vec::with_capacity(ids.len());
+        self.live_into(now, spill, &mut live);
+        live == ids
+    }
     /// No endpoint is recorded at all (expired leases still count: the clock sweeps them out).
     fn is_empty(&self) -> bool;
     /// Bytes `spill` holds.

@@ -8,6 +8,7 @@
 //! - `zmq_events`: vLLM's ZMQ KV-event payloads (msgpack) as the batches `events` applies.
 //! - `policy/`: filters → weighted scorers → picker, policies registered by name.
 //! - `penalty`: failures streams report, which eject an endpoint for a growing backoff.
+//! - `load_order`: the healthy endpoints by expected wait and by load, kept current, for large pools.
 //! - `router`: endpoints, health, loads, in-flight accounting, the pick.
 
 pub mod block_hash;
@@ -20,6 +21,7 @@ pub mod error;
 pub mod events;
 pub mod holders;
 pub mod load;
+pub mod load_order;
 pub mod membership;
 pub mod mix_hash;
 pub mod penalty;

@@ -165,6 +165,11 @@ impl Penalty {
         }
     }
 
+    /// Whether failures are on record (else the standing is `Closed`, whatever the time).
+    pub fn failing(&self) -> bool {
+        self.failing.load(Ordering::Acquire)
+    }
+
     /// Consecutive failures so far (0: closed).
     pub fn failures(&self) -> u32 {
         self.lock().failures

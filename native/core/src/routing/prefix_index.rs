@@ -11,7 +11,7 @@
 //! `memory_bytes` reports the exact table sizes and `examples/routing_scale.rs` measures allocations.
 //! The per-endpoint engine-hash maps of `engine_map.rs` come on top.
 
-use std::sync::RwLock;
+use std::sync::{RwLock, RwLockReadGuard};
 
 use super::block_hash::BlockHash;
 use super::endpoint_set::{EndpointId, EndpointSet};
@@ -50,6 +50,9 @@ impl MatchCounts {
         self.held.iter().copied()
     }
 }
+
+/// Blocks of a prompt looked up together (`match_prefix_where`).
+const BATCH: usize = 8;
 
 /// Past this many endpoints still matching, a block's holders are read whole and merged with them
 /// instead of each being looked up in the block.
@@ -101,19 +104,58 @@ impl<M: Membership> PrefixIndex<M> {
     /// Costs the first block's holders, then per block the fewer of those still matching (looked up)
     /// and the block's holders (merged), whatever the number of candidates.
     pub fn match_prefix(&self, hashes: &[BlockHash], candidates: &EndpointSet, now: Tick) -> MatchCounts {
+        self.match_prefix_where(hashes, |id| candidates.contains(id), now)
+    }
+
+    /// `match_prefix` over the endpoints `is_candidate` admits (asked once per holder of the first
+    /// block), for a caller that has no set of them at hand.
+    pub fn match_prefix_where(
+        &self,
+        hashes: &[BlockHash],
+        is_candidate: impl Fn(EndpointId) -> bool,
+        now: Tick,
+    ) -> MatchCounts {
         let mut held = Vec::new();
         // Candidates holding every block so far, ascending; `next`: those also holding this one.
         let mut alive: Vec<EndpointId> = Vec::new();
         let mut next: Vec<EndpointId> = Vec::new();
-        for (depth, &h) in hashes.iter().enumerate() {
-            next.clear();
-            {
-                let shard = self.read(shard_of(h));
-                if let Some(slot) = shard.get(h) {
-                    let spill = shard.spill();
+        let mut depth = 0;
+        'walk: while depth < hashes.len() {
+            // The first block alone (most prompts stop there), then a batch at a time: the read locks
+            // of the shards it touches, taken in shard order (no lock-order cycle with a waiting
+            // writer; writers hold one at a time), then its lookups back to back. They are independent
+            // memory accesses whose cache misses overlap, where one block at a time waits for each in
+            // turn: on a large index most of a long prompt's match is that wait.
+            let batch = &hashes[depth..hashes.len().min(depth + if depth == 0 { 1 } else { BATCH })];
+            let mut locked = [false; SHARDS];
+            for &h in batch {
+                locked[shard_of(h)] = true;
+            }
+            let shards: [Option<RwLockReadGuard<'_, Shard<M>>>; SHARDS] =
+                std::array::from_fn(|s| locked[s].then(|| self.read(s)));
+            let slots: Vec<_> = batch
+                .iter()
+                .map(|&h| {
+                    let shard = shards[shard_of(h)].as_ref().expect("locked above");
+                    let found = shard.get(h).map(|slot| (slot, shard.spill()));
+                    if let Some((slot, spill)) = found {
+                        slot.members.warm(spill);
+                    }
+                    found
+                })
+                .collect();
+            for found in slots {
+                next.clear();
+                if let Some((slot, spill)) = found {
+                    if alive.len() > LOOKUP_AT_MOST && slot.members.holders_are(&alive, now, spill) {
+                        // Held by exactly those still matching (a shared prefix, typically): all go on.
+                        slot.touch();
+                        depth += 1;
+                        continue;
+                    }
                     if depth == 0 {
                         slot.members.live_into(now, spill, &mut next);
-                        next.retain(|&id| candidates.contains(id));
+                        next.retain(|&id| is_candidate(id));
                     } else if alive.len() <= LOOKUP_AT_MOST {
                         next.extend(alive.iter().filter(|&&id| slot.members.holds(id, now, spill)));
                     } else {
@@ -124,22 +166,23 @@ impl<M: Membership> PrefixIndex<M> {
                         slot.touch();
                     }
                 }
-            }
-            if depth > 0 {
-                // Those matching so far that miss this block hold `depth` leading blocks.
-                let mut j = 0;
-                for &id in &alive {
-                    while j < next.len() && next[j] < id {
-                        j += 1;
-                    }
-                    if next.get(j) != Some(&id) {
-                        held.push((id, depth as u32));
+                if depth > 0 {
+                    // Those matching so far that miss this block hold `depth` leading blocks.
+                    let mut j = 0;
+                    for &id in &alive {
+                        while j < next.len() && next[j] < id {
+                            j += 1;
+                        }
+                        if next.get(j) != Some(&id) {
+                            held.push((id, depth as u32));
+                        }
                     }
                 }
-            }
-            std::mem::swap(&mut alive, &mut next);
-            if alive.is_empty() {
-                break;
+                std::mem::swap(&mut alive, &mut next);
+                if alive.is_empty() {
+                    break 'walk;
+                }
+                depth += 1;
             }
         }
         held.extend(alive.iter().map(|&id| (id, hashes.len() as u32)));

@@ -15,9 +15,10 @@ use super::endpoint_set::{EndpointId, EndpointSet, MAX_ENDPOINTS};
 use super::error::RoutingError;
 use super::events::{BatchResult, EventOutcome, EventState, OnGap};
 use super::load::{EngineLoad, Load};
+use super::load_order::LoadOrder;
 use super::membership::Tick;
 use super::penalty::{Failure, Standing};
-use super::policy::{registry, Candidate, PickContext, Policy, PrefixSource};
+use super::policy::{registry, Candidate, PickContext, Policy, PrefixSource, WaitOrder};
 use super::prefix_index::{EventIndex, RoutedIndex};
 use super::rng::Rng;
 use super::zmq_events;
@@ -123,6 +124,8 @@ struct Table {
     by_address: HashMap<Arc<str>, EndpointId>,
     /// Ids of removed endpoints whose blocks are still being cleared: not reusable yet.
     retired: EndpointSet,
+    /// Endpoints that are one data-parallel rank of an engine.
+    ranks: usize,
 }
 
 impl Table {
@@ -160,7 +163,32 @@ pub struct Router {
     ttl: Tick,
     /// Optimistic booking's lease (`book_routed_s`), in ticks; 0: off.
     book: Tick,
+    /// The policy's order of the endpoints holding none of the prompt, and the endpoints kept in it
+    /// (`None`: the policy ranks otherwise).
+    wait_order: Option<(WaitOrder, Arc<LoadOrder>)>,
+    /// Healthy endpoints from which a pick ranks a shortlist (`SHORTLIST_FROM`).
+    shortlist_from: usize,
 }
+
+/// From this many healthy endpoints on, a policy with a `wait_order` ranks a shortlist (`Router::
+/// shortlist`); below it, every endpoint (a scan of a few dozen costs less than the walks).
+const SHORTLIST_FROM: usize = 128;
+
+/// Ejected or spilled endpoints a shortlist's walks may pass over before the pick ranks every endpoint
+/// instead: a shortlist stays a few dozen endpoints (plus the prompt's holders) whatever the pool.
+const SHORTLIST_SKIPS: usize = 256;
+
+/// A ranking and what it ranked: every candidate endpoint, or a shortlist of them.
+struct Decision<'t> {
+    states: Vec<&'t Arc<EndpointState>>,
+    candidates: Vec<Candidate>,
+    /// Indices into both, best first: the primary and (at least) its fallbacks.
+    ranking: Vec<usize>,
+    chains: Chains,
+}
+
+/// The prompt's block hashes per block size: `(block size, chain)`.
+type Chains = Vec<(u32, Vec<BlockHash>)>;
 
 impl Router {
     pub fn new(policy_name: &str, config: RouterConfig) -> Result<Router, RoutingError> {
@@ -170,9 +198,14 @@ impl Router {
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_nanos() as u64)
         });
+        let wait_order = policy
+            .wait_order()
+            .map(|w| (w, Arc::new(LoadOrder::new(w.request_cost, seed ^ 0x5eed))));
         Ok(Router {
             policy_name: policy_name.to_string(),
             source: policy.prefix_source(),
+            wait_order,
+            shortlist_from: SHORTLIST_FROM,
             policy,
             events: EventIndex::new(config.max_blocks),
             routed: RoutedIndex::new(config.max_blocks),
@@ -217,6 +250,9 @@ impl Router {
             for &id in &gone {
                 if let Some(st) = t.slots[id].take() {
                     t.by_address.remove(&st.address);
+                    if let Some((_, order)) = &self.wait_order {
+                        order.remove(&st);
+                    }
                 }
                 t.retired.insert(id);
             }
@@ -239,15 +275,16 @@ impl Router {
                 if t.slots.len() <= id {
                     t.slots.resize(id + 1, None);
                 }
-                let st = Arc::new(EndpointState::new(
-                    address,
-                    id,
-                    block_size,
-                    self.config.max_engine_blocks,
-                ));
+                let mut st = EndpointState::new(address, id, block_size, self.config.max_engine_blocks);
+                if let Some((_, order)) = &self.wait_order {
+                    st = st.with_order(order.clone());
+                    order.update(&st);
+                }
+                let st = Arc::new(st);
                 t.by_address.insert(st.address.clone(), id);
                 t.slots[id] = Some(st);
             }
+            t.ranks = t.slots.iter().flatten().filter(|st| st.rank.is_some()).count();
             gone
         };
         // Clearing walks the indexes: done outside the table lock so picks go on meanwhile.
@@ -306,6 +343,46 @@ impl Router {
     /// priority is shed; any other queues at the engine.
     pub fn route(&self, req: &PickRequest<'_>) -> Result<Pick, NoRoute> {
         let table = self.read_table();
+        let clock = Instant::now();
+        let now = self.now();
+        let d = match self.shortlist(&table, req, clock, now) {
+            Some(d) => d,
+            None => self.rank_all(&table, req, clock, now)?,
+        };
+        let p = d.ranking[0];
+        let (st, c) = (d.states[p], &d.candidates[p]);
+        // Approximate mode leases what it routed; precise mode with booking books it until the
+        // engine's events confirm (the lease runs out; the events index holds it by then).
+        let lease = match self.source {
+            PrefixSource::Routed => self.ttl,
+            PrefixSource::Events => self.book,
+            PrefixSource::None => 0,
+        };
+        if lease > 0 {
+            if let Some((_, hashes)) = d.chains.iter().find(|(b, _)| *b == c.block_size) {
+                self.routed.record_routed(c.id, hashes, now, lease);
+            }
+        }
+        Ok(Pick {
+            primary: st.address.clone(),
+            fallbacks: self.fallbacks(&d.states, &d.ranking),
+            cached_blocks: c.cached_blocks,
+            block_size: c.block_size,
+            best_cached_blocks: d.candidates.iter().map(|c| c.cached_blocks).max().unwrap_or(0),
+            in_flight: InFlight::begin(st.clone(), req.token_ids.len() as u64, u64::from(c.uncached_tokens()))
+                .with_probe(st.penalty.picked(clock)),
+        })
+    }
+
+    /// Ranks every candidate: the healthy endpoints (inside the subset, when one was given), without
+    /// those their penalty keeps out while any other is left.
+    fn rank_all<'t>(
+        &self,
+        table: &'t Table,
+        req: &PickRequest<'_>,
+        clock: Instant,
+        now: Tick,
+    ) -> Result<Decision<'t>, NoRoute> {
         let mut states: Vec<&Arc<EndpointState>> = Vec::with_capacity(table.by_address.len());
         for st in table.slots.iter().flatten() {
             let admitted = |s: &[&str]| s.iter().any(|a| *a == &*st.engine || *a == &*st.address);
@@ -315,10 +392,10 @@ impl Router {
         }
         // An endpoint that just failed holds no requests and would look idle: skip the ejected ones
         // (and half-open ones whose probe is out) while any other candidate is left.
-        let clock = Instant::now();
         if states.iter().any(|st| st.penalty.standing(clock).admits()) {
             states.retain(|st| st.penalty.standing(clock).admits());
         }
+        let orders = self.wait_order.as_ref().map(|(_, order)| order.lock());
         let mut candidates: Vec<Candidate> = Vec::with_capacity(states.len());
         for st in &states {
             candidates.push(Candidate {
@@ -327,19 +404,22 @@ impl Router {
                 load: st.load(),
                 prompt_tokens: req.token_ids.len() as u32,
                 block_size: st.block_size(),
+                tie: orders.as_ref().map_or(0, |o| o.tie(st.id)),
                 ..Default::default()
             });
         }
+        drop(orders);
         if candidates.is_empty() {
             return Err(NoRoute::NoEndpoint);
         }
-        let depth = self.config.shed_queue_depth;
-        if depth > 0 && self.priority(req.objective) < 0 && candidates.iter().all(|c| c.load.queue() >= depth) {
+        if self.may_shed(req)
+            && candidates
+                .iter()
+                .all(|c| c.load.queue() >= self.config.shed_queue_depth)
+        {
             return Err(NoRoute::Overloaded);
         }
-        let block_sizes: Vec<u32> = states.iter().map(|s| s.block_size()).collect();
-        let now = self.now();
-        let chains = self.match_prompt(req, &block_sizes, &mut candidates, now);
+        let chains = self.match_prompt(req, &mut candidates, now);
 
         // The primary and its fallbacks are all a pick uses: with every endpoint its own engine they are
         // the first 1 + max_fallbacks of the ranking; ranks of one engine share fallbacks, so then the
@@ -349,40 +429,162 @@ impl Router {
         } else {
             1 + self.config.max_fallbacks
         };
-        let ranking = self.policy.rank_top(
+        let ranking = self.rank(&candidates, req, wanted);
+        Ok(Decision {
+            states,
+            candidates,
+            ranking,
+            chains,
+        })
+    }
+
+    /// Ranks a shortlist (`load_order.rs`): the endpoints holding the prompt's first block, the least
+    /// loaded endpoint (the spill gate's minimum), the first `1 + max_fallbacks` candidates holding
+    /// none of it in the policy's wait order among those the gate keeps, and as many spilled ones in
+    /// load order when the kept ones are too few. The policy orders each group as those orders do
+    /// (`WaitOrder`), so the shortlist's first `1 + max_fallbacks` are every candidate's: the same
+    /// decision as `rank_all` (router_tests: `a_shortlist_decides_as_ranking_every_endpoint`).
+    ///
+    /// `None` (rank every endpoint) where that would not hold or not pay: a policy without a wait
+    /// order, fewer than `shortlist_from` healthy endpoints, a subset hint (it may exclude most of
+    /// them), data-parallel ranks (their fallbacks walk the whole ranking), a sheddable request
+    /// (shedding reads every queue), no endpoint that its penalty lets in, or more than
+    /// `SHORTLIST_SKIPS` ejected or spilled endpoints in the way.
+    fn shortlist<'t>(
+        &self,
+        table: &'t Table,
+        req: &PickRequest<'_>,
+        clock: Instant,
+        now: Tick,
+    ) -> Option<Decision<'t>> {
+        let (wait, order) = self.wait_order.as_ref()?;
+        if req.subset.is_some() || table.ranks > 0 || self.may_shed(req) {
+            return None;
+        }
+        let orders = order.lock();
+        if orders.len() < self.shortlist_from {
+            return None;
+        }
+        let state = |id: EndpointId| table.slots.get(id).and_then(Option::as_ref);
+        // Listed endpoints are healthy; a candidate is one its penalty lets in (some is, or `None`):
+        // only the standing of one with failures on record depends on the time.
+        let admitted = |id| {
+            orders
+                .entry(id)
+                .is_some_and(|e| !e.failing || state(id).is_some_and(|st| st.penalty.standing(clock).admits()))
+        };
+        let mut skips = SHORTLIST_SKIPS;
+        let mut skip = || {
+            skips = skips.checked_sub(1)?;
+            Some(())
+        };
+        let mut least = None;
+        for (id, requests) in orders.by_load(0) {
+            if admitted(id) {
+                least = Some((id, requests));
+                break;
+            }
+            skip()?;
+        }
+        let (least, min) = least?;
+        let spilled_from = wait.gate.first_spilled(min);
+        let kept = |requests: u32| spilled_from.is_none_or(|s| requests < s);
+
+        let sizes: Vec<u32> = orders.block_sizes().filter(|&b| b > 0).collect();
+        let (chains, holders) = self.match_holders(req, &sizes, now, |id, bs| {
+            orders.entry(id).is_some_and(|e| e.block_size == bs) && admitted(id)
+        });
+        let holds = |id| {
+            holders
+                .binary_search_by_key(&id, |&(h, _)| h)
+                .ok()
+                .map(|i| holders[i].1)
+        };
+
+        let k = 1 + self.config.max_fallbacks;
+        let mut ids: Vec<EndpointId> = holders.iter().map(|&(id, _)| id).collect();
+        ids.push(least);
+        let mut found = 0;
+        for (id, requests) in orders.by_wait() {
+            if found == k {
+                break;
+            }
+            if holds(id).is_some() {
+                continue; // ranked by its own key; the holders are all in already
+            }
+            if !kept(requests) || !admitted(id) {
+                skip()?;
+                continue;
+            }
+            ids.push(id);
+            found += 1;
+        }
+        if let (true, Some(from)) = (found < k, spilled_from) {
+            let mut spilled = 0;
+            for (id, _) in orders.by_load(from) {
+                if spilled == k {
+                    break;
+                }
+                if holds(id).is_some() {
+                    continue;
+                }
+                if !admitted(id) {
+                    skip()?;
+                    continue;
+                }
+                ids.push(id);
+                spilled += 1;
+            }
+        }
+        ids.sort_unstable();
+        ids.dedup();
+
+        let mut states = Vec::with_capacity(ids.len());
+        let mut candidates = Vec::with_capacity(ids.len());
+        // Loads as the orders last saw them (the endpoints' own counters agree, but for updates
+        // under way).
+        for id in ids {
+            let (st, e) = (state(id)?, orders.entry(id)?);
+            let prompt_blocks = chains
+                .iter()
+                .find(|(b, _)| *b == e.block_size)
+                .map_or(0, |(_, h)| h.len());
+            candidates.push(Candidate {
+                id,
+                address_hash: e.address_hash,
+                load: e.load,
+                cached_blocks: holds(id).unwrap_or(0),
+                prompt_blocks: prompt_blocks as u32,
+                prompt_tokens: req.token_ids.len() as u32,
+                block_size: e.block_size,
+                tie: e.tie,
+            });
+            states.push(st);
+        }
+        drop(orders);
+        let ranking = self.rank(&candidates, req, k);
+        Some(Decision {
+            states,
+            candidates,
+            ranking,
+            chains,
+        })
+    }
+
+    fn rank(&self, candidates: &[Candidate], req: &PickRequest<'_>, wanted: usize) -> Vec<usize> {
+        self.policy.rank_top(
             &PickContext {
-                candidates: &candidates,
+                candidates,
                 session_key: req.session_key,
                 rng: &self.rng,
             },
             wanted,
-        );
-        let p = ranking[0];
-        // Approximate mode leases what it routed; precise mode with booking books it until the
-        // engine's events confirm (the lease runs out; the events index holds it by then).
-        let lease = match self.source {
-            PrefixSource::Routed => self.ttl,
-            PrefixSource::Events => self.book,
-            PrefixSource::None => 0,
-        };
-        if lease > 0 {
-            if let Some((_, hashes)) = chains.iter().find(|(b, _)| *b == block_sizes[p]) {
-                self.routed.record_routed(candidates[p].id, hashes, now, lease);
-            }
-        }
-        Ok(Pick {
-            primary: states[p].address.clone(),
-            fallbacks: self.fallbacks(&states, &ranking),
-            cached_blocks: candidates[p].cached_blocks,
-            block_size: block_sizes[p],
-            best_cached_blocks: candidates.iter().map(|c| c.cached_blocks).max().unwrap_or(0),
-            in_flight: InFlight::begin(
-                states[p].clone(),
-                req.token_ids.len() as u64,
-                u64::from(candidates[p].uncached_tokens()),
-            )
-            .with_probe(states[p].penalty.picked(clock)),
-        })
+        )
+    }
+
+    /// Whether the request is shed when every candidate's queue is full.
+    fn may_shed(&self, req: &PickRequest<'_>) -> bool {
+        self.config.shed_queue_depth > 0 && self.priority(req.objective) < 0
     }
 
     /// How an engine call on rank `rank` of the engine at `address` ended (`Err`: how it failed), for
@@ -395,6 +597,9 @@ impl Router {
         match outcome {
             Ok(()) => st.penalty.succeeded(),
             Err(failure) => st.penalty.failed(failure, Instant::now()),
+        }
+        if let Some((_, order)) = &self.wait_order {
+            order.update(st);
         }
         true
     }
@@ -421,51 +626,69 @@ impl Router {
 
     /// Fills each candidate's cached and prompt blocks from the policy's index, hashing the prompt
     /// once per distinct block size; returns the chains.
-    fn match_prompt(
+    fn match_prompt(&self, req: &PickRequest<'_>, candidates: &mut [Candidate], now: Tick) -> Chains {
+        // Distinct block sizes (one, nearly always).
+        let mut sizes: Vec<u32> = candidates.iter().map(|c| c.block_size).filter(|&b| b > 0).collect();
+        sizes.sort_unstable();
+        sizes.dedup();
+        // Candidates are in id order: each holder is found by bisection.
+        let find = |id: EndpointId| candidates.binary_search_by_key(&id, |c| c.id).ok();
+        let (chains, holders) = self.match_holders(req, &sizes, now, |id, bs| {
+            find(id).is_some_and(|i| candidates[i].block_size == bs)
+        });
+        for c in candidates.iter_mut() {
+            if let Some((_, hashes)) = chains.iter().find(|(b, _)| *b == c.block_size) {
+                c.prompt_blocks = hashes.len() as u32;
+            }
+        }
+        for (id, blocks) in holders {
+            if let Ok(i) = candidates.binary_search_by_key(&id, |c| c.id) {
+                candidates[i].cached_blocks = blocks;
+            }
+        }
+        chains
+    }
+
+    /// The prompt's chain for each of `sizes`, and every endpoint that `is_candidate(id, block size)`
+    /// admits holding at least its first block, with the leading blocks it holds (per the policy's
+    /// index; with booking, the most of that and what was booked), ascending by id.
+    fn match_holders(
         &self,
         req: &PickRequest<'_>,
-        block_sizes: &[u32],
-        candidates: &mut [Candidate],
+        sizes: &[u32],
         now: Tick,
-    ) -> Vec<(u32, Vec<BlockHash>)> {
+        is_candidate: impl Fn(EndpointId, u32) -> bool,
+    ) -> (Chains, Vec<(EndpointId, u32)>) {
+        let mut chains = Vec::with_capacity(sizes.len());
+        let mut holders: Vec<(EndpointId, u32)> = Vec::new();
         if self.source == PrefixSource::None {
-            return Vec::new();
+            return (chains, holders);
         }
         let root = block_hash::root(req.lora_name, req.cache_salt);
-        // Distinct block sizes (one, nearly always), in the order first seen.
-        let mut sizes: Vec<u32> = Vec::new();
-        for &b in block_sizes {
-            if b > 0 && !sizes.contains(&b) {
-                sizes.push(b);
-            }
-        }
-        sizes.sort_unstable();
-        let mut chains = Vec::with_capacity(sizes.len());
-        for bs in sizes {
+        for &bs in sizes {
             let hashes = block_hash::prompt_hashes(req.token_ids, bs as usize, root);
-            let mut set = EndpointSet::with_capacity(candidates.last().map_or(0, |c| c.id + 1));
-            for (c, &b) in candidates.iter_mut().zip(block_sizes) {
-                if b == bs {
-                    set.insert(c.id);
-                    c.prompt_blocks = hashes.len() as u32;
-                }
-            }
+            let of_size = |id| is_candidate(id, bs);
             let counts = match self.source {
-                PrefixSource::Events => self.events.match_prefix(&hashes, &set, now),
-                _ => self.routed.match_prefix(&hashes, &set, now),
+                PrefixSource::Events => self.events.match_prefix_where(&hashes, of_size, now),
+                _ => self.routed.match_prefix_where(&hashes, of_size, now),
             };
+            holders.extend(counts.iter());
             // Booked blocks (precise mode): what was just routed there, not yet in its events.
-            let booked = (self.source == PrefixSource::Events && self.book > 0)
-                .then(|| self.routed.match_prefix(&hashes, &set, now));
-            // Only holders are listed; candidates are in id order, so each is found by bisection.
-            for (id, blocks) in counts.iter().chain(booked.iter().flat_map(|b| b.iter())) {
-                if let Ok(i) = candidates.binary_search_by_key(&id, |c| c.id) {
-                    candidates[i].cached_blocks = candidates[i].cached_blocks.max(blocks);
-                }
+            if self.source == PrefixSource::Events && self.book > 0 {
+                holders.extend(self.routed.match_prefix_where(&hashes, of_size, now).iter());
             }
             chains.push((bs, hashes));
         }
-        chains
+        // One entry per endpoint, its most blocks (sorted by id, then blocks: the last of each id).
+        holders.sort_unstable();
+        holders.dedup_by(|later, kept| {
+            let same = later.0 == kept.0;
+            if same {
+                kept.1 = later.1;
+            }
+            same
+        });
+        (chains, holders)
     }
 
     /// Counts a request in flight on the engine at `address` until the returned guard drops (for a
@@ -622,3 +845,7 @@ fn batch_rank(batch: &KvEventBatch) -> Option<u32> {
 #[cfg(test)]
 #[path = "router_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "router_shortlist_tests.rs"]
+mod shortlist_tests;

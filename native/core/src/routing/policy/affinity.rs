@@ -6,7 +6,8 @@
 //!    requests not yet at their first token, or the engine's queued uncached tokens, whichever is
 //!    larger) + `uncached_weight` (2) x this prompt's tokens past the endpoint's cached prefix +
 //!    `request_cost` per request already on it (each running sequence slows every step a little).
-//!    Ties: more cached blocks (keep the affinity), less load, then at random.
+//!    Ties: more cached blocks (keep the affinity), less load, then each endpoint's tie number (drawn
+//!    anew at every change of its load, `load_order.rs`), then id.
 //!
 //! Why the uncached tokens count twice: a miss costs the request its own prefill, and it costs the
 //! engine the same work again for everything that arrives behind it (and fills KV that evicts other
@@ -35,8 +36,9 @@ use std::cmp::{Ordering, Reverse};
 
 use super::filter::SpillGate;
 use super::picker::load_key;
-use super::{Candidate, PickContext, PrefixSource};
+use super::{Candidate, PickContext, PrefixSource, WaitOrder};
 use crate::routing::config::RouterConfig;
+use crate::routing::load_order::base_wait;
 
 pub struct Affinity {
     pub source: PrefixSource,
@@ -65,11 +67,22 @@ impl Affinity {
         }
     }
 
+    /// The ranking of candidates holding nothing of the prompt: every such candidate's uncached tokens
+    /// are the whole prompt, so its expected wait is `base_wait` plus the same term for all, and its
+    /// key is (kept, that wait, 0 cached, load) then tie and id (`rank_top`); the holder band needs
+    /// cached blocks.
+    pub fn wait_order(&self) -> WaitOrder {
+        WaitOrder {
+            request_cost: self.request_cost,
+            gate: self.gate,
+        }
+    }
+
     /// Expected prefill work ahead of the first token on `c`, in tokens.
+    /// One term depends on the request: its uncached tokens, the whole prompt for every endpoint
+    /// holding none of it; the rest is the endpoint's `base_wait`, the router's load order.
     pub fn expected_wait(&self, c: &Candidate) -> u64 {
-        c.load.prefill_backlog()
-            + (f64::from(c.uncached_tokens()) * self.uncached_weight) as u64
-            + u64::from(self.request_cost) * u64::from(c.load.requests())
+        base_wait(&c.load, self.request_cost) + (f64::from(c.uncached_tokens()) * self.uncached_weight) as u64
     }
 
     /// Whether `c` is in the holder band: it holds the longest cached prefix among `candidates`, and
@@ -85,12 +98,13 @@ impl Affinity {
 
     /// The first `k` of the ranking: each candidate's key computed once, then the best `k` kept while
     /// scanning (a few fallbacks: one comparison per candidate) or selected and sorted (large `k`), not
-    /// every candidate sorted. Random tie breaks as the full sort drew them: one per candidate for the
-    /// kept order, then one per candidate for the spilled order, computed only for keys that tie.
+    /// every candidate sorted. Equal keys by the candidates' tie numbers, then ids: the order depends
+    /// on the candidates alone, not on their places in the list, nor on which others are listed
+    /// (beyond the spill gate's least loaded and the holder band's longest prefix), so the router may
+    /// rank a shortlist.
     pub fn rank_top(&self, ctx: &PickContext<'_>, k: usize) -> Vec<usize> {
         let c = ctx.candidates;
         let n = c.len();
-        let draws = ctx.rng.reserve(2 * n);
         let min = SpillGate::min_requests(c);
         // The holder band's longest kept prefix (a pass only when the band is on).
         let longest = if self.holder_slack > 0 {
@@ -116,9 +130,9 @@ impl Affinity {
             };
             (RankKey(spilled, wait, Reverse(cached), load_key(&c[i])), i)
         };
-        let tie = |k: &RankKey, i: usize| draws.get(if k.0 { n + i } else { i });
         let cmp = |a: &(RankKey, usize), b: &(RankKey, usize)| -> Ordering {
-            a.0.cmp(&b.0).then_with(|| tie(&a.0, a.1).cmp(&tie(&b.0, b.1)))
+            a.0.cmp(&b.0)
+                .then_with(|| (c[a.1].tie, c[a.1].id).cmp(&(c[b.1].tie, c[b.1].id)))
         };
         let k = k.min(n);
         if k == 0 {
@@ -285,23 +299,23 @@ mod selection_tests {
 
     use super::*;
     use crate::routing::load::{EngineLoad, Load};
-    use crate::routing::policy::picker::by_load;
     use crate::routing::rng::Rng;
 
     /// The ranking as it was: every candidate sorted, its key recomputed per comparison.
     fn full_sort(a: &Affinity, ctx: &PickContext<'_>) -> Vec<usize> {
         let c = ctx.candidates;
-        let (mut order, spilled) = a.gate.split(c);
-        let tie: Vec<u64> = (0..c.len()).map(|_| ctx.rng.next_u64()).collect();
+        let (mut order, mut spilled) = a.gate.split(c);
         order.sort_unstable_by_key(|&i| {
             (
                 a.expected_wait(&c[i]),
                 std::cmp::Reverse(c[i].cached_blocks),
                 load_key(&c[i]),
-                tie[i],
+                c[i].tie,
+                c[i].id,
             )
         });
-        order.extend(by_load(ctx, spilled));
+        spilled.sort_unstable_by_key(|&i| (load_key(&c[i]), c[i].tie, c[i].id));
+        order.extend(spilled);
         order
     }
 
@@ -314,24 +328,28 @@ mod selection_tests {
             0..5u32,
             prop_oneof![Just(0u32), Just(16)],
             0..2u32,
+            0..3u64,
         )
-            .prop_map(|(requests, tokens_k, prefill, cached, block_size, waiting)| Candidate {
-                id: 0,
-                address_hash: 0,
-                load: Load {
-                    in_flight_requests: requests,
-                    in_flight_tokens: u64::from(tokens_k) * 100,
-                    prefill_tokens: prefill * 50,
-                    engine: EngineLoad {
-                        waiting: waiting * 3,
-                        ..Default::default()
+            .prop_map(
+                |(requests, tokens_k, prefill, cached, block_size, waiting, tie)| Candidate {
+                    id: 0,
+                    address_hash: 0,
+                    load: Load {
+                        in_flight_requests: requests,
+                        in_flight_tokens: u64::from(tokens_k) * 100,
+                        prefill_tokens: prefill * 50,
+                        engine: EngineLoad {
+                            waiting: waiting * 3,
+                            ..Default::default()
+                        },
                     },
+                    cached_blocks: cached,
+                    prompt_blocks: 4,
+                    prompt_tokens: 64,
+                    block_size,
+                    tie,
                 },
-                cached_blocks: cached,
-                prompt_blocks: 4,
-                prompt_tokens: 64,
-                block_size,
-            })
+            )
     }
 
     proptest! {
@@ -355,13 +373,11 @@ mod selection_tests {
                 uncached_weight: weight,
                 holder_slack: 0,
             };
-            let (old_rng, new_rng) = (Rng::new(seed), Rng::new(seed));
-            let old_ctx = PickContext { candidates: &candidates, session_key: None, rng: &old_rng };
-            let new_ctx = PickContext { candidates: &candidates, session_key: None, rng: &new_rng };
-            let mut want = full_sort(&a, &old_ctx);
+            let rng = Rng::new(seed);
+            let ctx = PickContext { candidates: &candidates, session_key: None, rng: &rng };
+            let mut want = full_sort(&a, &ctx);
             want.truncate(k);
-            prop_assert_eq!(a.rank_top(&new_ctx, k), want);
-            prop_assert_eq!(old_rng.next_u64(), new_rng.next_u64(), "the same draws consumed");
+            prop_assert_eq!(a.rank_top(&ctx, k), want);
         }
     }
 }

@@ -30,8 +30,31 @@ impl SpillGate {
 
     /// Whether `c` passes the gate when the least loaded candidate has `min` requests.
     pub fn keeps(&self, c: &Candidate, min: u32) -> bool {
-        let r = c.load.requests();
+        self.keeps_requests(c.load.requests(), min)
+    }
+
+    /// Whether an endpoint with `r` requests passes the gate when the least loaded has `min`.
+    pub fn keeps_requests(&self, r: u32, min: u32) -> bool {
         !self.enabled || r <= min.saturating_add(self.abs) || f64::from(r) <= f64::from(min) * self.ratio
+    }
+
+    /// The fewest requests of a spilled endpoint when the least loaded has `min` (`None`: none is): the
+    /// gate keeps exactly those with fewer, both of its bounds growing with `r`.
+    pub fn first_spilled(&self, min: u32) -> Option<u32> {
+        if !self.enabled {
+            return None;
+        }
+        let mut r = min
+            .saturating_add(self.abs)
+            .max((f64::from(min) * self.ratio).min(f64::from(u32::MAX)) as u32);
+        // `keeps_requests` decides; the estimate is off by at most one either way (rounding).
+        while r > min && !self.keeps_requests(r, min) {
+            r -= 1;
+        }
+        while self.keeps_requests(r, min) {
+            r = r.checked_add(1)?;
+        }
+        Some(r)
     }
 }
 
@@ -61,5 +84,33 @@ mod tests {
         let idle = [cand(0, 0, 0), cand(1, 4, 0), cand(2, 5, 0)];
         assert_eq!(gate.split(&idle), (vec![0, 1], vec![2]));
         assert_eq!(SpillGate { enabled: false, ..gate }.split(&idle).1, Vec::<usize>::new());
+    }
+
+    #[test]
+    fn the_first_spilled_load_is_where_the_gate_stops_keeping() {
+        for ratio in [1.0, 1.1, 1.5, 2.0, 3.7] {
+            for abs in [0, 1, 4, 8] {
+                let gate = SpillGate {
+                    enabled: true,
+                    abs,
+                    ratio,
+                };
+                for min in (0..200).chain([u32::MAX - 3, u32::MAX]) {
+                    match gate.first_spilled(min) {
+                        Some(r) => assert!(
+                            !gate.keeps_requests(r, min) && gate.keeps_requests(r - 1, min),
+                            "{min} {abs} {ratio}: {r}"
+                        ),
+                        None => assert!(gate.keeps_requests(u32::MAX, min)),
+                    }
+                }
+            }
+        }
+        let off = SpillGate {
+            enabled: false,
+            abs: 0,
+            ratio: 1.0,
+        };
+        assert_eq!(off.first_spilled(3), None);
     }
 }

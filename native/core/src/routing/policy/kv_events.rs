@@ -2,7 +2,7 @@
 //! an endpoint counts as holding a block from its engine's Stored event until its Removed event.
 
 use super::affinity::Affinity;
-use super::{PickContext, Policy, PrefixSource};
+use super::{PickContext, Policy, PrefixSource, WaitOrder};
 use crate::routing::config::RouterConfig;
 
 pub struct KvEvents(Affinity);
@@ -22,5 +22,8 @@ impl Policy for KvEvents {
     }
     fn rank_top(&self, ctx: &PickContext<'_>, k: usize) -> Vec<usize> {
         self.0.rank_top(ctx, k)
+    }
+    fn wait_order(&self) -> Option<WaitOrder> {
+        Some(self.0.wait_order())
     }
 }

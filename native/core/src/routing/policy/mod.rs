@@ -53,6 +53,9 @@ pub struct Candidate {
     pub prompt_tokens: u32,
     /// The endpoint's KV block size (0 when unknown).
     pub block_size: u32,
+    /// The endpoint's tie break (`load_order.rs`): the affinity ranking orders equal keys by it, then
+    /// by id.
+    pub tie: u64,
 }
 
 impl Candidate {
@@ -61,6 +64,17 @@ impl Candidate {
         self.prompt_tokens
             .saturating_sub(self.cached_blocks.saturating_mul(self.block_size))
     }
+}
+
+/// What a policy's ranking of the candidates holding none of the prompt depends on: those `gate`
+/// keeps (given the least loaded candidate's requests) come first, in the order of
+/// `base_wait(load, request_cost)`, requests, in-flight tokens, tie, id; those it spills come after
+/// every kept candidate (holders too), in the order of requests, in-flight tokens, tie, id, mixed with
+/// the spilled holders by that same order.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct WaitOrder {
+    pub request_cost: u32,
+    pub gate: filter::SpillGate,
 }
 
 pub struct PickContext<'a> {
@@ -74,6 +88,13 @@ pub struct PickContext<'a> {
 pub trait Policy: Send + Sync {
     fn prefix_source(&self) -> PrefixSource {
         PrefixSource::None
+    }
+
+    /// `Some` for a policy that ranks the candidates holding none of the prompt in the router's load
+    /// order (`load_order.rs`): see `WaitOrder`. The router may then rank a shortlist: the prompt's
+    /// holders, the least loaded endpoint and the first few endpoints of each order.
+    fn wait_order(&self) -> Option<WaitOrder> {
+        None
     }
 
     /// A permutation of `0..ctx.candidates.len()`, best first.

@@ -3,7 +3,7 @@
 //! no KV events.
 
 use super::affinity::Affinity;
-use super::{PickContext, Policy, PrefixSource};
+use super::{PickContext, Policy, PrefixSource, WaitOrder};
 use crate::routing::config::RouterConfig;
 
 pub struct PrefixCache(Affinity);
@@ -23,5 +23,8 @@ impl Policy for PrefixCache {
     }
     fn rank_top(&self, ctx: &PickContext<'_>, k: usize) -> Vec<usize> {
         self.0.rank_top(ctx, k)
+    }
+    fn wait_order(&self) -> Option<WaitOrder> {
+        Some(self.0.wait_order())
     }
 }

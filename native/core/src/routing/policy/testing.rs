@@ -19,6 +19,7 @@ pub fn cand(id: usize, requests: u32, cached: u32) -> Candidate {
         prompt_blocks: 10,
         prompt_tokens: 160,
         block_size: 16,
+        tie: 0,
     }
 }
 
