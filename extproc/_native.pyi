@@ -1,5 +1,6 @@
 """Type stub for the Rust extension `extproc._native` (checked against it by tests/test_native_stub.py)."""
 
+from collections.abc import Callable
 from os import PathLike
 from typing import Any
 
@@ -159,6 +160,38 @@ class ExtProcServer:
     def take_summaries(self) -> list[dict[str, Any]]:
         """Requests finished since the last call, oldest first: the stream summary, aborted, duration_s,
         timings_ns (phase -> ns since the epoch) and, with tracing on, trace (hex ids, sampled)."""
+
+class KvSubscription:
+    """One engine's SubscribeKvEvents stream, read on a native thread into the router of `model`: every
+    batch is applied as `Gateway.apply_kv_events` would, without Python. Cancelled by `cancel()` or when
+    collected."""
+
+    def __init__(
+        self,
+        gateway: Gateway,
+        model: str,
+        address: str,
+        on_end: Callable[[str], None],
+        *,
+        method: str = "/vllm.grpc.engine.VllmEngine/SubscribeKvEvents",
+        tls_ca: str | PathLike[str] | None = None,
+        tls_cert: str | PathLike[str] | None = None,
+        tls_key: str | PathLike[str] | None = None,
+        tls_server_name: str | None = None,
+    ) -> None:
+        """Subscribes from sequence 0 (load records first). `on_end(reason)` is called once, from a native
+        thread, when the subscription ends by itself: "gap", "malformed" or "unknown_endpoint" (the
+        router needs a resync), "stream ended", or a gRPC status code name ("UNAVAILABLE",
+        "UNIMPLEMENTED", ...). `tls_*`: the engine over TLS. ValueError for an unknown model, a bad address
+        or method, or TLS settings without `tls_ca`; OSError for an unreadable TLS file."""
+    @property
+    def batches(self) -> int:
+        """Batches received so far."""
+    @property
+    def running(self) -> bool:
+        """Still reading: neither ended nor cancelled."""
+    def cancel(self) -> None:
+        """Stops reading and drops the stream; `on_end` is not called. Idempotent."""
 
 class Tokenizer:
     """The native tokenizer, chat templates and detokenizer of one model (tests and benchmarks)."""

@@ -1,8 +1,10 @@
 """KV-event subscriptions: one asyncio task per engine streaming `SubscribeKvEvents`.
 
-Batches are never decoded in Python: the stream is opened without a response deserializer, so each
-`KvEventBatch` arrives as the bytes on the wire and goes straight to `on_batch(address, data)` (the
-native router decodes and applies it, and answers with an outcome kind). A subscription always starts
+The pool's subscriber (`NativeKvEventSubscriber`) has the stream read natively (`_native.KvSubscription`):
+each `KvEventBatch` goes from the wire to the router without Python, which hears back once per
+subscription, when it ends. `KvEventSubscriber` reads the stream in Python instead and hands each batch,
+as the bytes on the wire, to `on_batch(address, data)` (a caller that looks at every outcome, such as the
+bench's index probe). A subscription always starts
 from sequence 0 (the engine's current state, or a relay's snapshot) after `on_reset(address)` has made
 the router forget what it knew of that engine; it is torn down and started again, after a backoff,
 when the router reports a gap or a batch it cannot read, when the stream fails, or when it ends (an
@@ -22,6 +24,9 @@ from typing import Generic, TypeVar
 import grpc
 import structlog
 from smg_grpc_proto.generated import common_pb2
+
+from extproc import _native
+from extproc.grpc_tls import ClientTls
 
 log = structlog.get_logger("extproc.kv_events")
 
@@ -179,6 +184,107 @@ class KvEventSubscriber(BackgroundSubscriber):
             call.cancel()
 
 
+class NativeKvEventSubscriber(BackgroundSubscriber):
+    """Keeps one engine's KV-event stream flowing into the router of `model` until `close()`: each
+    subscription is a `_native.KvSubscription`, which applies every batch itself and reports only why it
+    ended (a resync outcome, the stream's end, or its gRPC status code name)."""
+
+    TASK_NAME = "kv-events"
+
+    def __init__(
+        self,
+        address: str,
+        gateway: _native.Gateway,
+        model: str,
+        on_reset: OnReset,
+        *,
+        backoff: Backoff | None = None,
+        tls: ClientTls | None = None,
+        method: str = SUBSCRIBE_METHOD,
+    ) -> None:
+        super().__init__(address, backoff)
+        self._gateway = gateway
+        self._model = model
+        self._on_reset = on_reset
+        self._tls = tls
+        self._method = method
+        # The subscription reading now, if any.
+        self._stream: _native.KvSubscription | None = None
+        # What happened so far (for metrics and tests).
+        self.subscriptions = 0
+        self._ended_batches = 0
+        self._publishes: bool | None = None
+
+    @property
+    def batches(self) -> int:
+        """Batches received, over every subscription."""
+        stream = self._stream
+        return self._ended_batches + (stream.batches if stream is not None else 0)
+
+    @property
+    def publishes(self) -> bool | None:
+        """False once the engine answered UNIMPLEMENTED (it publishes no events); True once it sent one."""
+        stream = self._stream
+        if stream is not None and stream.batches > 0:
+            return True
+        return self._publishes
+
+    def _retry_delay(self, attempt: int) -> float:
+        # An engine without the RPC may be replaced by one with it: look again, rarely.
+        return self._backoff.max_s if self.publishes is False else self._backoff.delay(attempt)
+
+    async def _subscription(self) -> str:
+        """One subscription from sequence 0; returns why it ended."""
+        try:
+            self._on_reset(self.address)
+        except Exception:
+            log.exception("kv event reset handler failed", engine=self.address)
+            return "handler error"
+        self.subscriptions += 1
+        loop = asyncio.get_running_loop()
+        ended: asyncio.Future[str] = loop.create_future()
+
+        def on_end(reason: str) -> None:  # on a native thread
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nobody waits
+                loop.call_soon_threadsafe(_resolve, ended, reason)
+
+        tls = self._tls
+        try:
+            stream = _native.KvSubscription(
+                self._gateway,
+                self._model,
+                self.address,
+                on_end,
+                method=self._method,
+                tls_ca=tls.ca if tls else None,
+                tls_cert=tls.cert if tls else None,
+                tls_key=tls.key if tls else None,
+                tls_server_name=tls.server_name if tls else None,
+            )
+        except (ValueError, OSError):
+            log.exception("kv event subscription cannot start", engine=self.address)
+            return "handler error"
+        self._stream = stream
+        try:
+            reason = await ended
+        finally:
+            stream.cancel()
+            self._stream = None
+            self._ended_batches += stream.batches
+            if stream.batches > 0:
+                self._publishes = True
+        if reason == grpc.StatusCode.UNIMPLEMENTED.name:
+            if self._publishes is not False:
+                log.warning("engine publishes no kv events", engine=self.address)
+            self._publishes = False
+        return reason
+
+
+def _resolve(future: asyncio.Future[str], reason: str) -> None:
+    if not future.done():
+        future.set_result(reason)
+
+
 S = TypeVar("S", bound=BackgroundSubscriber)
 
 
@@ -229,5 +335,39 @@ class KvEventSubscriptions(Subscriptions[KvEventSubscriber]):
             address,
             lambda: KvEventSubscriber(
                 address, self._on_batch, self._on_reset, backoff=self._backoff, channel=channel, method=method
+            ),
+        )
+
+
+class NativeKvEventSubscriptions(Subscriptions[NativeKvEventSubscriber]):
+    """The natively read subscriptions of a set of engines, each into the router of `model`."""
+
+    def __init__(
+        self,
+        gateway: _native.Gateway,
+        model: str,
+        on_reset: OnReset,
+        *,
+        backoff: Backoff | None = None,
+        tls: ClientTls | None = None,
+    ) -> None:
+        super().__init__()
+        self._gateway = gateway
+        self._model = model
+        self._on_reset = on_reset
+        self._backoff = backoff
+        self._tls = tls
+
+    def add(self, address: str, *, method: str = SUBSCRIBE_METHOD) -> NativeKvEventSubscriber:
+        return self._add(
+            address,
+            lambda: NativeKvEventSubscriber(
+                address,
+                self._gateway,
+                self._model,
+                self._on_reset,
+                backoff=self._backoff,
+                tls=self._tls,
+                method=method,
             ),
         )

@@ -6,7 +6,8 @@ Python owns this control plane; the native gateway reads the state it is given.
 Per engine, each health round: find its protocol (configured, or probed with HealthCheck under each
 service name) → HealthCheck → on the first healthy answer, register it (context length, KV block size,
 protocol, data-parallel size) with the gateway and subscribe to its KV events on the engine's channel:
-SubscribeKvEvents over its gRPC address ("grpc"), vLLM's ZMQ publisher ("zmq://..."), or none ("off").
+SubscribeKvEvents over its gRPC address ("grpc", read natively on a connection of its own, with the
+same TLS settings), vLLM's ZMQ publisher ("zmq://..."), or none ("off").
 Exactly one channel per engine: both would feed the router's one sequence cursor per endpoint.
 Separately, every `load_interval_s`, each healthy engine's GetLoads goes to the router (ZMQ messages
 carry no load).
@@ -46,7 +47,7 @@ from extproc.engine_client import (
     subscribe_method,
 )
 from extproc.grpc_tls import ClientTls
-from extproc.kv_events import KvEventSubscriber, KvEventSubscriptions
+from extproc.kv_events import NativeKvEventSubscriber, NativeKvEventSubscriptions
 
 if TYPE_CHECKING:  # imported at run time only when an engine uses ZMQ: it brings pyzmq
     from extproc.discovery.model_discovery import DiscoveredEngine
@@ -109,7 +110,7 @@ class EnginePool:
     engines: list[Engine] = field(default_factory=list)
     kv_events: bool = True
     load_interval_s: float = LOAD_INTERVAL_S
-    _subscriptions: KvEventSubscriptions | None = None
+    _subscriptions: NativeKvEventSubscriptions | None = None
     _zmq_subscriptions: ZmqKvEventSubscriptions | None = None
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
     # Probes of engines that just appeared or became ready again (not waiting for the health loop).
@@ -131,7 +132,7 @@ class EnginePool:
     ) -> EnginePool:
         """`engines`: URLs (protocol detected, KV events over gRPC) or EngineConfigs (protocol "auto", "vllm"
         or "sglang"; kv_events "grpc", "off" or a ZMQ URL, None meaning "grpc"). `tls`: every engine's
-        channel over TLS (the KV-event subscription shares it)."""
+        channel over TLS (the KV-event subscription's too)."""
         pool = cls(
             gateway=gateway, model=model, kv_events=kv_events, load_interval_s=load_interval_s, tls=tls
         )
@@ -229,10 +230,10 @@ class EnginePool:
     def _open_subscriptions(self) -> None:
         # Also on a discovered engine's first probe, which may come before `start`.
         if self.kv_events and self._subscriptions is None:
-            self._subscriptions = KvEventSubscriptions(self._on_batch, self._on_reset)
-
-    def _on_batch(self, address: str, data: bytes) -> str:
-        return self.gateway.apply_kv_events(self.model, address, data)
+            # Read natively: each batch goes from the wire to the router without Python.
+            self._subscriptions = NativeKvEventSubscriptions(
+                self.gateway, self.model, self._on_reset, tls=self.tls
+            )
 
     def _on_zmq_message(self, address: str, sequence: int, payload: bytes) -> str:
         return self.gateway.apply_zmq_kv_events(self.model, address, sequence, payload)
@@ -240,7 +241,7 @@ class EnginePool:
     def _on_reset(self, address: str) -> None:
         self.gateway.reset_kv_events(self.model, address)
 
-    def kv_event_subscriber(self, address: str) -> KvEventSubscriber | ZmqKvEventSubscriber | None:
+    def kv_event_subscriber(self, address: str) -> NativeKvEventSubscriber | ZmqKvEventSubscriber | None:
         """The engine's KV-event subscription, on whichever channel it uses; None when it has none."""
         for subscriptions in (self._subscriptions, self._zmq_subscriptions):
             sub = subscriptions.get(address) if subscriptions is not None else None
@@ -266,7 +267,7 @@ class EnginePool:
                     kv_events=engine.kv_events,
                 )
                 engine.zmq_refused = True
-        self._subscriptions.add(engine.address, engine.channel, method=subscribe_method(engine.protocol))
+        self._subscriptions.add(engine.address, method=subscribe_method(engine.protocol))
 
     async def _unsubscribe(self, engine: Engine) -> None:
         for subscriptions in (self._subscriptions, self._zmq_subscriptions):

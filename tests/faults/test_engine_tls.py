@@ -85,6 +85,14 @@ def test_requests_reach_engines_over_mutual_tls(stack: Stack) -> None:
     for stream in (False, True):
         outcome = chat(stack, stream=stream, text=f"over tls {stream}")
         assert outcome.ok, outcome
+    # The KV events too: their native subscription presents the same client certificate.
+    pool = stack.gateway.pool
+
+    def batches() -> int:
+        subscribers = [pool.kv_event_subscriber(e.address) for e in pool.engines]
+        return sum(s.batches for s in subscribers if s is not None)
+
+    assert wait_for(lambda: batches() > 0, 10), "no KV-event batch arrived over TLS"
     # Batched completions: the native server calls the engines itself, over its TLS channels.
     conn = post_json(
         stack.base_url,

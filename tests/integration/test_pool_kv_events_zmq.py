@@ -22,7 +22,7 @@ import structlog
 from extproc import _native, server
 from extproc.config import EngineConfig, ModelConfig, Settings
 from extproc.envoy_bootstrap import EnvoyOptions, envoy_binary, render_bootstrap
-from extproc.kv_events import KvEventSubscriber
+from extproc.kv_events import NativeKvEventSubscriber
 from extproc.kv_events_zmq import ZmqKvEventSubscriber
 from extproc.models import default_model_dir
 from extproc.pool import EnginePool
@@ -129,7 +129,7 @@ async def test_routing_follows_each_engines_chosen_kv_event_source(gateway: Gate
     await until(lambda: pool.kv_event_subscriber(c.address) is not None)
     zmq = pool.kv_event_subscriber(a.address)
     assert isinstance(zmq, ZmqKvEventSubscriber)
-    assert isinstance(pool.kv_event_subscriber(c.address), KvEventSubscriber)
+    assert isinstance(pool.kv_event_subscriber(c.address), NativeKvEventSubscriber)
     assert pool.kv_event_subscriber(b.address) is None
     await until(lambda: c.core.hub.subscribers == 1)
     assert (a.core.hub.subscribers, b.core.hub.subscribers) == (0, 0), "no SubscribeKvEvents for A or B"
@@ -168,7 +168,7 @@ async def test_an_engine_detected_as_sglang_falls_back_to_grpc() -> None:
         with structlog.testing.capture_logs() as logs:
             await pool.start(wait_s=5)
             await pool.check_all()  # a later health round warns no more
-        assert isinstance(pool.kv_event_subscriber(engine.address), KvEventSubscriber)
+        assert isinstance(pool.kv_event_subscriber(engine.address), NativeKvEventSubscriber)
         await until(lambda: engine.core.hub.subscribers == 1)
         warnings = [e for e in logs if "ZMQ publisher but the engine speaks SGLang" in e["event"]]
         assert len(warnings) == 1 and warnings[0]["kv_events"] == "zmq://127.0.0.1:1"

@@ -11,6 +11,7 @@ pub mod error;
 pub mod gateway;
 pub mod grpc_frame;
 pub mod health;
+pub mod kv_subscription;
 pub mod metrics;
 pub mod model;
 pub mod openai;

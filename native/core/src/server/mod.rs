@@ -3,7 +3,7 @@
 //! `RequestStream`. Python starts and stops it and keeps the control plane; it never sees a request.
 
 mod abort;
-mod engine_codec;
+pub(crate) mod engine_codec;
 mod fanout;
 mod health;
 mod listen;

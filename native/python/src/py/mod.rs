@@ -2,6 +2,7 @@
 //! values and releases the GIL while the work runs.
 
 mod contracts;
+mod kv_subscription;
 mod load;
 mod server;
 mod tokenizer;
@@ -451,5 +452,6 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     contracts::register(m)?;
     tokenizer::register(m)?;
     server::register(m)?;
+    kv_subscription::register(m)?;
     Ok(())
 }
