@@ -147,7 +147,7 @@ def environment(args: argparse.Namespace) -> dict[str, Any]:
         "commit": commit + ("+dirty" if dirty else ""),
         "envoy": _run_text([envoy_binary(), "--version"]).split("version:")[-1].strip()[:80],
         "envoy_concurrency": args.envoy_concurrency,
-        "stream_flush_ms": args.stream_flush_ms,
+        "stream_flush_ms": getattr(args, "stream_flush_ms", 0),  # load.bench_routing has none
         "smg": gateways.SMG_VERSION if "smg" in args.targets else None,
     }
 
@@ -271,8 +271,12 @@ async def _measure(
     http = [
         (gw, OpenAITarget(gw.base_url, model, ignore_eos=True)) for gw in running if gw.name != gateways.RELAY
     ]
-    # The relay is called as the floor is (gRPC, token ids), through Envoy.
-    relays = [(gw, FloorTarget([gw.base_url], vocab)) for gw in running if gw.name == gateways.RELAY]
+    # The relay is called as the floor is (gRPC, token ids), through Envoy, over as many connections as
+    # the most clients a phase runs (the HTTP gateways get a connection per client).
+    connections = max(w.throughput_concurrency or plan.throughput_concurrency for w in plan.workloads)
+    relays = [
+        (gw, FloorTarget([gw.base_url] * connections, vocab)) for gw in running if gw.name == gateways.RELAY
+    ]
     listed = [BenchTarget(gw.name, t, gw.processes) for gw, t in [*http, *relays]]
     targets = targets_with_floor(listed, floor)
 
