@@ -13,35 +13,68 @@ from extproc.simulator import SimOptions
 from tests.conftest import FreePorts
 from tests.integration.harness import Stack, local_stack, post_json, wait_for
 
+# 50 ms per token: a 200-token generation takes 10 s, long enough to walk away from. Each fault on both
+# response paths (extproc, or the extproc_envoy module inside Envoy).
+SLOW = SimOptions(itl_ms=50.0)
+
 
 @pytest.fixture(params=["ext_proc", "module"])
 def slow_stack(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Stack]:
-    # 50 ms per token: a 200-token generation takes 10 s, long enough to walk away from. Each fault on
-    # both response paths (extproc, or the extproc_envoy module inside Envoy).
-    with local_stack(FreePorts(), tmp_path, sim=SimOptions(itl_ms=50.0), response_path=request.param) as s:
+    """A stack of its own, for a test that stops its engines."""
+    with local_stack(FreePorts(), tmp_path, sim=SLOW, response_path=request.param) as s:
         yield s
 
 
-def test_client_disconnect_mid_stream_aborts_the_engine_request(slow_stack: Stack) -> None:
-    body = {"model": slow_stack.model, "messages": [{"role": "user", "content": "x"}], "stream": True}
+@pytest.fixture(scope="module", params=["ext_proc", "module"])
+def module_slow_stack(
+    tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Iterator[Stack]:
+    tmp = Path(tmp_path_factory.mktemp(f"slow-{request.param}"))
+    with local_stack(FreePorts(), tmp, sim=SLOW, response_path=request.param) as s:
+        yield s
+
+
+@pytest.fixture
+def shared_slow_stack(module_slow_stack: Stack) -> Iterator[Stack]:
+    """The module's stack, for a test whose faults end with it: they are cleared after the test, once
+    nothing runs on the engines and the gateway routes to both again, so the next test meets it as new."""
+    stack = module_slow_stack
+    engines = stack.engines.engines
+    yield stack
+    for engine in engines:
+        engine.faults.clear()
+    assert wait_for(lambda: sum(e.stats.active for e in engines) == 0), "a request still runs on an engine"
+    assert wait_for(lambda: len(stack.gateway.gateway.endpoints(stack.model)) == len(engines)), (
+        "an engine stayed out of the gateway's rotation after its faults were cleared"
+    )
+
+
+def test_client_disconnect_mid_stream_aborts_the_engine_request(shared_slow_stack: Stack) -> None:
+    stack = shared_slow_stack
+    engines = stack.engines.engines
+    aborts, completed = (sum(e.stats.abort_calls for e in engines), sum(e.stats.completed for e in engines))
+    body = {"model": stack.model, "messages": [{"role": "user", "content": "x"}], "stream": True}
     body |= {"max_tokens": 200, "ignore_eos": True}
-    conn = post_json(slow_stack.base_url, "/v1/chat/completions", body)
+    conn = post_json(stack.base_url, "/v1/chat/completions", body)
     response = conn.getresponse()
     assert response.status == 200
     assert response.read(6) == b"data: "  # the stream is flowing
     conn.close()  # the client goes away
 
-    engines = slow_stack.engines.engines
-    assert wait_for(lambda: sum(e.stats.abort_calls for e in engines) == 1), "no Abort reached the engine"
+    assert wait_for(lambda: sum(e.stats.abort_calls for e in engines) == aborts + 1), (
+        "no Abort reached the engine"
+    )
     assert wait_for(lambda: sum(e.stats.active for e in engines) == 0), "the engine kept generating"
-    assert sum(e.stats.completed for e in engines) == 0
+    assert sum(e.stats.completed for e in engines) == completed
 
 
 def test_all_engines_down_gives_503(slow_stack: Stack) -> None:
     slow_stack.loop.run(slow_stack.engines.stop())
     # The pool notices within one health interval; until then Envoy's connect failure is also a 503.
     body = {"model": slow_stack.model, "messages": [{"role": "user", "content": "x"}]}
-    for _ in range(2):
+    for attempt in range(2):
+        if attempt:
+            time.sleep(2.5)  # past a health interval: the pool knows the engines are gone
         conn = post_json(slow_stack.base_url, "/v1/chat/completions", body)
         r = conn.getresponse()
         payload = json.loads(r.read())
@@ -49,7 +82,6 @@ def test_all_engines_down_gives_503(slow_stack: Stack) -> None:
         assert r.getheader("content-type") == "application/json"
         assert payload["error"]["code"] == 503
         conn.close()
-        time.sleep(2.5)
 
 
 @pytest.mark.parametrize("stream", [True, False])
@@ -77,11 +109,14 @@ def test_engine_dying_mid_generation_ends_the_request_with_an_error(slow_stack: 
     ("code", "status"), [("INVALID_ARGUMENT", 400), ("RESOURCE_EXHAUSTED", 429), ("INTERNAL", 500)]
 )
 @pytest.mark.parametrize("stream", [False, True])
-def test_engine_errors_map_to_http_statuses(slow_stack: Stack, code: str, status: int, stream: bool) -> None:
-    for engine in slow_stack.engines.engines:
+def test_engine_errors_map_to_http_statuses(
+    shared_slow_stack: Stack, code: str, status: int, stream: bool
+) -> None:
+    stack = shared_slow_stack
+    for engine in stack.engines.engines:
         engine.faults.set(fail_code=code, fail_message="refused by the engine")
-    body = {"model": slow_stack.model, "messages": [{"role": "user", "content": "x"}], "stream": stream}
-    r = post_json(slow_stack.base_url, "/v1/chat/completions", body).getresponse()
+    body = {"model": stack.model, "messages": [{"role": "user", "content": "x"}], "stream": stream}
+    r = post_json(stack.base_url, "/v1/chat/completions", body).getresponse()
     payload = json.loads(r.read())
     assert r.status == status, payload
     assert r.getheader("content-type") == "application/json"
@@ -89,12 +124,13 @@ def test_engine_errors_map_to_http_statuses(slow_stack: Stack, code: str, status
     assert not [h for h, _ in r.getheaders() if h.lower().startswith("grpc-")]
 
 
-def test_engine_cut_mid_stream_gives_an_error_event(slow_stack: Stack) -> None:
-    for engine in slow_stack.engines.engines:
+def test_engine_cut_mid_stream_gives_an_error_event(shared_slow_stack: Stack) -> None:
+    stack = shared_slow_stack
+    for engine in stack.engines.engines:
         engine.faults.set(die_after_tokens=3)
-    body = {"model": slow_stack.model, "messages": [{"role": "user", "content": "x"}], "stream": True}
+    body = {"model": stack.model, "messages": [{"role": "user", "content": "x"}], "stream": True}
     body |= {"max_tokens": 50, "ignore_eos": True}
-    r = post_json(slow_stack.base_url, "/v1/chat/completions", body).getresponse()
+    r = post_json(stack.base_url, "/v1/chat/completions", body).getresponse()
     events = [e for e in r.read().decode().split("\n\n") if e]
     assert r.status == 200
     assert events[-1] == "data: [DONE]"

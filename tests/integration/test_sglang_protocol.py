@@ -145,18 +145,23 @@ def test_a_client_gone_mid_stream_gets_its_sglang_request_aborted(tmp_path: Path
         assert engine.stats.completed == 0
 
 
+@pytest.fixture(scope="module")
+def small(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """4 blocks of 16 tokens: a longer prompt is refused by the engine itself (INVALID_ARGUMENT)."""
+    tmp = Path(tmp_path_factory.mktemp("sglang-small"))
+    with local_stack(FreePorts(), tmp, protocol="sglang", engines=1, sim=SimOptions(num_blocks=4)) as s:
+        yield s
+
+
 @pytest.mark.parametrize("stream", [False, True])
-def test_an_sglang_engine_refusal_keeps_its_status(tmp_path: Path, stream: bool) -> None:
-    # 4 blocks of 16 tokens: a longer prompt is refused by the engine itself (INVALID_ARGUMENT).
-    with local_stack(
-        FreePorts(), tmp_path, protocol="sglang", engines=1, sim=SimOptions(num_blocks=4)
-    ) as small:
-        client = small.openai()
-        with pytest.raises(openai.BadRequestError) as e:
-            answer = client.completions.create(
-                model=small.model, prompt="word " * 100, max_tokens=4, stream=stream
-            )
-            if stream:
-                list(answer)
-        assert "KV cache" in e.value.message
-        assert small.generate_requests() == 1
+def test_an_sglang_engine_refusal_keeps_its_status(small: Stack, stream: bool) -> None:
+    client = small.openai()
+    before = small.generate_requests()
+    with pytest.raises(openai.BadRequestError) as e:
+        answer = client.completions.create(
+            model=small.model, prompt="word " * 100, max_tokens=4, stream=stream
+        )
+        if stream:
+            list(answer)
+    assert "KV cache" in e.value.message
+    assert small.generate_requests() == before + 1

@@ -1,4 +1,4 @@
-"""The benchmark's PNG plots: a tiny real run (simulator, our stack, the floor; a 2-level concurrency sweep)
+"""The benchmark's PNG plots: a tiny real run (simulator, our stack, the floor; the default concurrency sweep)
 draws the latency CDFs and the throughput-vs-concurrency figure; a saved results JSON redraws them; without
 matplotlib the run still completes and says why there are no plots."""
 
@@ -18,16 +18,6 @@ from load.bench import plots
 ROOT = Path(__file__).resolve().parents[2]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 FIGURES = ("latency-cdf", "ttft-cdf", "throughput")
-
-
-@pytest.fixture(scope="module")
-def bench_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
-    out = tmp_path_factory.mktemp("bench")
-    argv = [sys.executable, "-m", "load.bench", "--quick", "--scale", "0.05", "--targets", "floor,ours"]
-    argv += ["--workloads", "chat,chat-stream", "--sweep", "1,4", "--sweep-s", "0.5", "--out", str(out)]
-    proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=180, check=False)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return out, proc.stdout
 
 
 def png_size(path: Path) -> tuple[int, int]:
@@ -52,8 +42,8 @@ def stem_of(out: Path) -> str:
     return next(p.stem for p in out.glob("bench-*.json"))
 
 
-def test_bench_writes_every_figure_as_a_real_png(bench_run: tuple[Path, str]) -> None:
-    out, stdout = bench_run
+def test_bench_writes_every_figure_as_a_real_png(quick_bench: tuple[Path, str]) -> None:
+    out, stdout = quick_bench
     stem = stem_of(out)
     written = [out / f"{stem}-{name}.png" for name in FIGURES]
     assert "plots: " + ", ".join(str(p) for p in written) in stdout
@@ -67,24 +57,25 @@ def test_bench_writes_every_figure_as_a_real_png(bench_run: tuple[Path, str]) ->
         assert pixels_near(path, plots.TARGET_STYLE["smg"][1]) == 0  # SMG did not run
 
 
-def test_sweep_is_recorded_and_printed(bench_run: tuple[Path, str]) -> None:
-    out, stdout = bench_run
+def test_sweep_is_recorded_and_printed(quick_bench: tuple[Path, str]) -> None:
+    out, stdout = quick_bench
     report = json.loads((out / "latest.json").read_text())
     sweep = report["sweep"]
-    assert sweep["workload"] == "chat" and sweep["levels"] == [1, 4]
+    levels = [1, 2, 4, 8, 16]  # the default sweep
+    assert sweep["workload"] == "chat" and sweep["levels"] == levels
     measured = {(r["target"], r["concurrency"]) for r in sweep["results"]}
-    assert measured == {(t, c) for t in ("floor", "ours") for c in (1, 4)}
+    assert measured == {(t, c) for t in ("floor", "ours") for c in levels}
     for r in sweep["results"]:
         assert r["summary"]["errors"] == 0 and r["summary"]["requests_per_s"] > 0
     # The sweep is not one of the main phases: the comparison table's inputs are unchanged.
     assert {r["phase"] for r in report["results"]} == {"latency", "throughput"}
     assert "concurrency sweep, chat" in stdout
     table = stdout.split("concurrency sweep, chat", 1)[1].splitlines()
-    assert [line.split("|")[0].strip() for line in table[4:6]] == ["1", "4"]
+    assert [line.split("|")[0].strip() for line in table[4 : 4 + len(levels)]] == [str(n) for n in levels]
 
 
-def test_phases_keep_latency_quantiles_for_the_cdfs(bench_run: tuple[Path, str]) -> None:
-    out, _ = bench_run
+def test_phases_keep_latency_quantiles_for_the_cdfs(quick_bench: tuple[Path, str]) -> None:
+    out, _ = quick_bench
     report = json.loads((out / "latest.json").read_text())
     for r in report["results"] + report["sweep"]["results"]:
         cdf = r["cdf_ms"]
@@ -97,8 +88,8 @@ def test_phases_keep_latency_quantiles_for_the_cdfs(bench_run: tuple[Path, str])
         assert bool(cdf["ttft"]) == streamed
 
 
-def test_a_saved_results_file_redraws(bench_run: tuple[Path, str], tmp_path: Path) -> None:
-    out, _ = bench_run
+def test_a_saved_results_file_redraws(quick_bench: tuple[Path, str], tmp_path: Path) -> None:
+    out, _ = quick_bench
     argv = [sys.executable, "-m", "load.bench.plots", str(out / "latest.json"), "--out", str(tmp_path)]
     proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == 0, proc.stderr
@@ -106,8 +97,8 @@ def test_a_saved_results_file_redraws(bench_run: tuple[Path, str], tmp_path: Pat
     assert all(png_size(p)[0] >= 800 for p in tmp_path.iterdir())
 
 
-def test_no_sweep_no_streams_draws_what_was_measured(bench_run: tuple[Path, str], tmp_path: Path) -> None:
-    out, _ = bench_run
+def test_no_sweep_no_streams_draws_what_was_measured(quick_bench: tuple[Path, str], tmp_path: Path) -> None:
+    out, _ = quick_bench
     report: dict[str, Any] = json.loads((out / "latest.json").read_text())
     del report["sweep"]
     report["results"] = [r for r in report["results"] if r["workload"] == "chat"]
@@ -117,8 +108,8 @@ def test_no_sweep_no_streams_draws_what_was_measured(bench_run: tuple[Path, str]
     assert pixels_near(tmp_path / "run-throughput.png", plots.TARGET_STYLE["ours"][1]) > 500
 
 
-def test_a_results_file_without_quantiles_has_no_cdf(bench_run: tuple[Path, str], tmp_path: Path) -> None:
-    out, _ = bench_run
+def test_a_results_file_without_quantiles_has_no_cdf(quick_bench: tuple[Path, str], tmp_path: Path) -> None:
+    out, _ = quick_bench
     report = json.loads((out / "latest.json").read_text())
     for r in report["results"]:
         del r["cdf_ms"]  # as written before the bench kept quantiles

@@ -13,14 +13,11 @@ from load.bench.plan import FULL, QUICK, scaled
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_bench_runs_floor_and_ours_and_reports(tmp_path: Path) -> None:
-    argv = [sys.executable, "-m", "load.bench", "--quick", "--scale", "0.05", "--targets", "floor,ours"]
-    argv += ["--workloads", "chat,chat-stream", "--out", str(tmp_path)]
-    proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "gateway CPU ms/req" in proc.stdout and "chat-stream" in proc.stdout
+def test_bench_runs_floor_and_ours_and_reports(quick_bench: tuple[Path, str]) -> None:
+    out, stdout = quick_bench  # the run exited 0
+    assert "gateway CPU ms/req" in stdout and "chat-stream" in stdout
 
-    report = json.loads((tmp_path / "latest.json").read_text())
+    report = json.loads((out / "latest.json").read_text())
     results = {(r["target"], r["workload"], r["phase"]): r for r in report["results"]}
     assert len(results) == 2 * 2 * 2  # targets x workloads x phases
     for (target, workload, _), r in results.items():
@@ -37,7 +34,7 @@ def test_bench_runs_floor_and_ours_and_reports(tmp_path: Path) -> None:
     assert set(results[("ours", "chat", "throughput")]["gateway_cpu_ms_per_request"]) == {"extproc", "envoy"}
     assert ours["added_p50_ms"] == ours["p50_ms"] - report["comparison"]["chat"]["floor"]["p50_ms"]
     assert "ratio" not in report["comparison"]["chat"]  # no SMG, no ratio
-    assert any(p.name.startswith("bench-") and p.suffix == ".json" for p in tmp_path.iterdir())
+    assert any(p.name.startswith("bench-") and p.suffix == ".json" for p in out.iterdir())
 
 
 def test_quick_plan_is_a_smaller_full_plan() -> None:
