@@ -87,10 +87,12 @@ class ApiServer:
         tls = self._ssl()
         port = parts.port or (443 if tls else 80)
         try:
-            reader, writer = await asyncio.wait_for(
-                asyncio.open_connection(host, port, ssl=tls, server_hostname=host if tls else None),
-                CONNECT_TIMEOUT_S,
-            )
+            # asyncio.timeout, not wait_for: 3.11's wait_for can swallow a cancellation (the watch
+            # then outlives its task).
+            async with asyncio.timeout(CONNECT_TIMEOUT_S):
+                reader, writer = await asyncio.open_connection(
+                    host, port, ssl=tls, server_hostname=host if tls else None
+                )
         except (OSError, TimeoutError, ssl.SSLError) as e:
             raise ApiUnavailable(f"cannot connect to {self.url}: {e}") from None
         lines = [
@@ -106,7 +108,8 @@ class ApiServer:
         writer.write(("\r\n".join(lines) + "\r\n\r\n").encode())
         response = Response(reader, writer)
         try:
-            await asyncio.wait_for(response.read_head(), HEAD_TIMEOUT_S)
+            async with asyncio.timeout(HEAD_TIMEOUT_S):
+                await response.read_head()
         except (OSError, TimeoutError, ValueError, asyncio.IncompleteReadError) as e:
             response.close()
             raise ApiUnavailable(f"no answer from {self.url}: {e or type(e).__name__}") from None
@@ -173,7 +176,8 @@ class Response:
     async def error(self) -> HttpStatus:
         """A non-200 answer as an exception, with the API's message when it sent a Status."""
         try:
-            body = await asyncio.wait_for(self.json(), HEAD_TIMEOUT_S)
+            async with asyncio.timeout(HEAD_TIMEOUT_S):
+                body = await self.json()
             message = str(body.get("message") or body) if isinstance(body, dict) else str(body)
         except (OSError, TimeoutError, ValueError, asyncio.IncompleteReadError):
             message = "(no readable body)"

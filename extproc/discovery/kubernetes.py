@@ -142,7 +142,10 @@ class EndpointSliceWatch:
     async def _list(self) -> None:
         response = await self._get("")
         try:
-            listing = await asyncio.wait_for(response.json(), WATCH_SLACK_S)
+            # asyncio.timeout, not wait_for: 3.11's wait_for can swallow a cancellation that lands as the
+            # read completes, and `run` then watches on after its task was cancelled.
+            async with asyncio.timeout(WATCH_SLACK_S):
+                listing = await response.json()
         finally:
             response.close()
         if not isinstance(listing, Mapping) or not isinstance(listing.get("items"), list):
@@ -162,7 +165,8 @@ class EndpointSliceWatch:
             lines = response.lines()
             while True:
                 try:
-                    line = await asyncio.wait_for(anext(lines), self._watch_timeout_s + WATCH_SLACK_S)
+                    async with asyncio.timeout(self._watch_timeout_s + WATCH_SLACK_S):
+                        line = await anext(lines)
                 except StopAsyncIteration:
                     return  # the server ended the watch: resume from the last version
                 self._event(json.loads(line))
