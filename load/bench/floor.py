@@ -51,7 +51,9 @@ class Prepared:
 class FloorTarget:
     def __init__(self, addresses: list[str], vocab: Vocab) -> None:
         self.vocab = vocab
-        self._channels = [grpc.aio.insecure_channel(a) for a in addresses]
+        # A connection per channel, even to one address (gRPC shares them across channels by default).
+        options = [("grpc.use_local_subchannel_pool", 1)]
+        self._channels = [grpc.aio.insecure_channel(a, options=options) for a in addresses]
         # Requests are prebuilt bytes: no serializer on the way out.
         decode = pb.GenerateResponse.FromString
         self._calls = [
