@@ -58,8 +58,11 @@ log = structlog.get_logger("extproc.pool")
 HEALTH_INTERVAL_S = 2.0
 HEALTH_TIMEOUT_S = 1.0
 # gRPC's reconnect backoff grows to 120 s by default: an engine that restarts after a few seconds down would
-# stay unreachable (and unhealthy here) long after it is back. Capped, the channel retries every second.
-CHANNEL_OPTIONS = (("grpc.initial_reconnect_backoff_ms", 200), ("grpc.max_reconnect_backoff_ms", 1000))
+# stay unreachable (and unhealthy here) long after it is back. Capped well under HEALTH_TIMEOUT_S: a check
+# that waits for the connection while the engine comes back must see it within its timeout, or its late
+# failure takes the live engine out for a whole interval (the KV-event stream no longer shares this
+# channel to make it reconnect sooner).
+CHANNEL_OPTIONS = (("grpc.initial_reconnect_backoff_ms", 100), ("grpc.max_reconnect_backoff_ms", 250))
 LOAD_INTERVAL_S = 0.5
 
 
