@@ -312,7 +312,12 @@ def test_sigterm_drains_open_streams_then_stops_in_order(
         # (counted as aborted, or as cancelled when Envoy's reset of the engine call came first).
         stops = log_lines(log, r"^sim \| engine \d+ stopped: ")
         assert counted(stops, "completed") == 1, stops
-        assert counted(stops, "Abort calls") == 1, stops
+        if response_path == "ext_proc":
+            assert counted(stops, "Abort calls") == 1, stops
+        else:
+            # The module's cut ends the client stream and Envoy resets the engine call at once; extproc's
+            # Abort follows the outcome trailer and may find the call already gone (or the engine stopping).
+            assert counted(stops, "Abort calls") <= 1, stops
         assert counted(stops, "aborted") + counted(stops, "cancelled") == 1, stops
         # Stopped in order: extproc (after its grace), then Envoy, then the engines.
         lines = text.splitlines()
