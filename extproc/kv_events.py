@@ -108,7 +108,30 @@ class BackgroundSubscriber:
         return self._backoff.delay(attempt)
 
 
-class KvEventSubscriber(BackgroundSubscriber):
+class GrpcKvEventSubscriber(BackgroundSubscriber):
+    """What the Python and the native readers of `SubscribeKvEvents` share: the router forgets the engine
+    before each subscription from sequence 0, and an engine without the RPC is looked at again rarely."""
+
+    _on_reset: OnReset
+    subscriptions: int
+    publishes: bool | None
+
+    def _reset(self) -> bool:
+        """Before a subscription: the router forgets what it knew; False when its handler failed."""
+        try:
+            self._on_reset(self.address)
+        except Exception:
+            log.exception("kv event reset handler failed", engine=self.address)
+            return False
+        self.subscriptions += 1
+        return True
+
+    def _retry_delay(self, attempt: int) -> float:
+        # An engine without the RPC may be replaced by one with it: look again, rarely.
+        return self._backoff.max_s if self.publishes is False else self._backoff.delay(attempt)
+
+
+class KvEventSubscriber(GrpcKvEventSubscriber):
     """Keeps one engine's KV-event stream flowing into `on_batch` until `close()`."""
 
     TASK_NAME = "kv-events"
@@ -146,18 +169,10 @@ class KvEventSubscriber(BackgroundSubscriber):
         if self._own_channel:
             await self._channel.close()
 
-    def _retry_delay(self, attempt: int) -> float:
-        # An engine without the RPC may be replaced by one with it: look again, rarely.
-        return self._backoff.max_s if self.publishes is False else self._backoff.delay(attempt)
-
     async def _subscription(self) -> str:
         """One subscription from sequence 0; returns why it ended."""
-        try:
-            self._on_reset(self.address)
-        except Exception:
-            log.exception("kv event reset handler failed", engine=self.address)
+        if not self._reset():
             return "handler error"
-        self.subscriptions += 1
         request = common_pb2.SubscribeKvEventsRequest(
             start_sequence_number=0, load_records_before_first_batch=True
         )
@@ -184,7 +199,7 @@ class KvEventSubscriber(BackgroundSubscriber):
             call.cancel()
 
 
-class NativeKvEventSubscriber(BackgroundSubscriber):
+class NativeKvEventSubscriber(GrpcKvEventSubscriber):
     """Keeps one engine's KV-event stream flowing into the router of `model` until `close()`: each
     subscription is a `_native.KvSubscription`, which applies every batch itself and reports only why it
     ended (a resync outcome, the stream's end, or its gRPC status code name)."""
@@ -229,18 +244,10 @@ class NativeKvEventSubscriber(BackgroundSubscriber):
             return True
         return self._publishes
 
-    def _retry_delay(self, attempt: int) -> float:
-        # An engine without the RPC may be replaced by one with it: look again, rarely.
-        return self._backoff.max_s if self.publishes is False else self._backoff.delay(attempt)
-
     async def _subscription(self) -> str:
         """One subscription from sequence 0; returns why it ended."""
-        try:
-            self._on_reset(self.address)
-        except Exception:
-            log.exception("kv event reset handler failed", engine=self.address)
+        if not self._reset():
             return "handler error"
-        self.subscriptions += 1
         loop = asyncio.get_running_loop()
         ended: asyncio.Future[str] = loop.create_future()
 
