@@ -273,6 +273,7 @@ def start_relay(engines: list[str], log_dir: Path, *, envoy_concurrency: int) ->
     its CPU per request is what Envoy costs to pass each engine message on, the floor under any answer
     path hosted in Envoy. Its `base_url` is the gRPC address the floor's client calls."""
     from extproc.envoy_bootstrap import envoy_binary
+    from extproc.supervisor import tcp_accepts
 
     port, admin_port = free_port(), free_port()
     config = log_dir / "envoy-relay.json"
@@ -281,21 +282,11 @@ def start_relay(engines: list[str], log_dir: Path, *, envoy_concurrency: int) ->
     argv += ["--concurrency", str(envoy_concurrency)]
     envoy = spawn("envoy", argv, log_dir, log_name="envoy-relay")
     try:
-        wait_for(envoy, lambda: _listening(port), "listener", 30)
+        wait_for(envoy, tcp_accepts("127.0.0.1", port), "listener", 30)
     except BaseException:
         envoy.stop()
         raise
     return Gateway(RELAY, f"127.0.0.1:{port}", [envoy])
-
-
-def _listening(port: int) -> bool:
-    import socket
-
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-            return True
-    except OSError:
-        return False
 
 
 def smg_binary(venv: Path) -> Path:
