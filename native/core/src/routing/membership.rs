@@ -3,6 +3,7 @@
 //! TTL).
 
 use super::endpoint_set::EndpointId;
+use super::holders::SetPrint;
 
 /// Coarse time for leases: deciseconds since the router started (wraps after 13 years).
 pub type Tick = u32;
@@ -22,8 +23,9 @@ pub trait Membership: Default + Send + Sync {
     /// Reads what a match reads first of the block's holders (a spilled set, `holders.rs`), so that a
     /// batch of lookups waits for their cache misses together (`PrefixIndex::match_prefix_where`).
     fn warm(&self, _spill: &Self::Spill) {}
-    /// Whether the endpoints holding the block at `now` are exactly `ids` (ascending).
-    fn holders_are(&self, ids: &[EndpointId], now: Tick, spill: &Self::Spill) -> bool {
+    /// Whether the endpoints holding the block at `now` are exactly `ids` (ascending; `print` is
+    /// `SetPrint::of(ids)`, for a membership that keeps prints).
+    fn holders_are(&self, ids: &[EndpointId], _print: SetPrint, now: Tick, spill: &Self::Spill) -> bool {
         let mut live = Vec::with_capacity(ids.len());
         self.live_into(now, spill, &mut live);
         live == ids

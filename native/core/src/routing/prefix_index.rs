@@ -7,7 +7,8 @@
 //!
 //! Memory per cached block (precise, 64-bit): a 16-byte slot (hash, up to three holders inline, flag)
 //! plus a 4-byte slot index and its control byte in the block table at hashbrown's 7/8 load (about
-//! 6-11 bytes by growth phase), so 22-27 bytes, and 2 bytes per holder past the third (`holders.rs`);
+//! 6-11 bytes by growth phase), so 22-27 bytes; a block held by more than three endpoints adds its
+//! spilled set (a 24-byte vector header, a 16-byte print, 2 bytes per holder: `holders.rs`);
 //! `memory_bytes` reports the exact table sizes and `examples/routing_scale.rs` measures allocations.
 //! The per-endpoint engine-hash maps of `engine_map.rs` come on top.
 
@@ -15,7 +16,7 @@ use std::sync::{RwLock, RwLockReadGuard};
 
 use super::block_hash::BlockHash;
 use super::endpoint_set::{EndpointId, EndpointSet};
-use super::holders::Holders;
+use super::holders::{Holders, SetPrint};
 use super::membership::{Leases, Membership, Tick};
 use super::shard::Shard;
 
@@ -119,6 +120,8 @@ impl<M: Membership> PrefixIndex<M> {
         // Candidates holding every block so far, ascending; `next`: those also holding this one.
         let mut alive: Vec<EndpointId> = Vec::new();
         let mut next: Vec<EndpointId> = Vec::new();
+        // `alive`'s print, computed when `alive` changes while it is long enough to compare whole.
+        let mut alive_print = None;
         let mut depth = 0;
         'walk: while depth < hashes.len() {
             // The first block alone (most prompts stop there), then a batch at a time: the read locks
@@ -147,7 +150,9 @@ impl<M: Membership> PrefixIndex<M> {
             for found in slots {
                 next.clear();
                 if let Some((slot, spill)) = found {
-                    if alive.len() > LOOKUP_AT_MOST && slot.members.holders_are(&alive, now, spill) {
+                    let print = (alive.len() > LOOKUP_AT_MOST)
+                        .then(|| *alive_print.get_or_insert_with(|| SetPrint::of(alive.iter().copied())));
+                    if print.is_some_and(|print| slot.members.holders_are(&alive, print, now, spill)) {
                         // Held by exactly those still matching (a shared prefix, typically): all go on.
                         slot.touch();
                         depth += 1;
@@ -179,6 +184,7 @@ impl<M: Membership> PrefixIndex<M> {
                     }
                 }
                 std::mem::swap(&mut alive, &mut next);
+                alive_print = None;
                 if alive.is_empty() {
                     break 'walk;
                 }

@@ -93,7 +93,39 @@ fn apply(index: &EventIndex, naive: &mut Naive, op: &Op) {
     }
 }
 
+/// Forty endpoints over few short prompts: many hold each block, so a match compares whole holder
+/// sets (past `LOOKUP_AT_MOST` matching), by print for the spilled ones.
+fn crowded_op() -> impl Strategy<Value = Op> {
+    let id = (0..40usize).prop_map(|i| i * 1_637);
+    let prompt = proptest::collection::vec(0..2u8, 1..5);
+    prop_oneof![
+        8 => (id.clone(), prompt.clone()).prop_map(|(i, p)| Op::Insert(i, p)),
+        3 => (id.clone(), prompt, 0..4usize).prop_map(|(i, p, k)| Op::Remove(i, p, k)),
+        1 => id.prop_map(Op::Clear),
+    ]
+}
+
 proptest! {
+    #[test]
+    fn crowded_blocks_match_the_naive_model(
+        ops in proptest::collection::vec(crowded_op(), 50..400),
+        queries in proptest::collection::vec(proptest::collection::vec(0..2u8, 1..6), 1..8),
+    ) {
+        let index = EventIndex::new(1 << 16);
+        let mut naive = Naive::default();
+        for op in &ops {
+            apply(&index, &mut naive, op);
+        }
+        let ids: Vec<EndpointId> = (0..40).map(|i| i * 1_637).collect();
+        for q in &queries {
+            let hashes = chain(q);
+            let got = index.match_prefix(&hashes, &EndpointSet::of(ids.iter().copied()), 0);
+            for &id in &ids {
+                prop_assert_eq!(got.get(id), naive.count(id, &hashes), "endpoint {} query {:?}", id, q);
+            }
+        }
+    }
+
     #[test]
     fn matches_the_naive_model_while_nothing_is_evicted(
         ops in proptest::collection::vec(op(), 0..60),
