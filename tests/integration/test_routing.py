@@ -76,8 +76,8 @@ def test_a_prefix_group_stays_on_its_holder_while_it_prefills_other_work(
 ) -> None:
     # The holder of a shared prefix is busy prefilling a long uncached tail for another request. A
     # follow-up sharing the prefix would wait for that (~800 tokens) there, or prefill the whole prefix
-    # again (~700) on the idle engine. By default (uncached_weight 2) the prefix's saved work counts
-    # twice, so the group stays where its cache is; counted once, the follow-up spreads it to the other
+    # again (~700) on the idle engine. By default (uncached_weight 3) the prefix's saved work counts
+    # three times, so the group stays where its cache is; counted once, the follow-up spreads it to the other
     # engine, which is what issue 13's suite measured losing to SMG cache_aware.
     with local_stack(FreePorts(), tmp_path, sim=SLOW_PREFILL, routing_config=routing_config) as s:
         client = s.openai()

@@ -32,8 +32,8 @@ pub struct RouterConfig {
     /// prefill tokens (see `policy/affinity.rs`).
     pub request_cost_tokens: u32,
     /// Affinity policies: the weight of a request's own uncached prompt tokens in its expected wait
-    /// (see `policy/affinity.rs`): 2 by default (the request's own prefill, and the same work again as
-    /// what it adds to the engine for everything after it); 1 counts them once.
+    /// (see `policy/affinity.rs`): 3 by default (the request's own prefill, and the work it adds to the
+    /// engine for everything after it and to the cache it evicts from); 1 counts them once.
     pub uncached_weight: f64,
     /// Affinity policies: the holder band, in prefill tokens. An endpoint holding the longest cached
     /// prefix of the request, when that prefix is at least half the prompt (a session's history, a long
@@ -68,7 +68,7 @@ impl Default for RouterConfig {
             spill_abs: 8,
             spill_ratio: 1.5,
             request_cost_tokens: 16,
-            uncached_weight: 2.0,
+            uncached_weight: 3.0,
             holder_slack_tokens: 0,
             shed_queue_depth: 0,
             objectives: BTreeMap::new(),

@@ -65,7 +65,7 @@ fn random_router(g: &mut Lcg, seed: u64) -> (Router, Vec<InFlight>) {
         spill_abs: g.below(4) as u32,
         spill_ratio: g.pick(&[1.0, 1.5, 2.0]),
         request_cost_tokens: g.pick(&[0, 1, 16, 40]),
-        uncached_weight: g.pick(&[1.0, 2.0]),
+        uncached_weight: g.pick(&[1.0, 2.0, 3.0]),
         holder_slack_tokens: g.pick(&[0, 0, 8, 64]),
         book_routed_s: g.pick(&[0.0, 0.0, 5.0]),
         ..Default::default()

@@ -4,26 +4,27 @@
 //! 1. Spill gate (`filter.rs`) removes overloaded endpoints.
 //! 2. The rest are ranked by expected wait, in prefill tokens: the endpoint's prefill backlog (our own
 //!    requests not yet at their first token, or the engine's queued uncached tokens, whichever is
-//!    larger) + `uncached_weight` (2) x this prompt's tokens past the endpoint's cached prefix +
+//!    larger) + `uncached_weight` (3) x this prompt's tokens past the endpoint's cached prefix +
 //!    `request_cost` per request already on it (each running sequence slows every step a little).
 //!    Ties: more cached blocks (keep the affinity), less load, then each endpoint's tie number (drawn
 //!    anew at every change of its load, `load_order.rs`), then id.
 //!
-//! Why the uncached tokens count twice: a miss costs the request its own prefill, and it costs the
-//! engine the same work again for everything that arrives behind it (and fills KV that evicts other
-//! prefixes); the backlog is already committed and counts once. Counted once, a prefix group whose
-//! holder is busy is spread to an idle engine to save a few tokens of wait, prefilling the prefix
-//! again there: the workload suite (issue 13, docs/routing-benchmark.md) measured that losing hit
-//! rate to SMG cache_aware on RAG (-3.3 points) and Zipf-skewed prefixes (-1.8 closed loop, -7.3 at
-//! 90% load); with the weight at 2 the same runs were +4.2, +0.1 and +1.7 points, with mean TTFT at or
-//! below SMG's on all six shapes. (A later run of the new default still missed on some points, e.g.
-//! sessions at a light load: see the doc; single runs on the shared machine are noisy.) Where nothing
-//! is cached anywhere the term is equal for every endpoint and changes nothing.
+//! Why the uncached tokens count three times: a miss costs the request its own prefill; it costs the
+//! engine that work again for everything queued behind it; and it fills KV that evicts other
+//! prefixes, which later requests pay for as misses. The backlog is already committed and counts
+//! once. Tuned on the workload suite (issue 13, docs/routing-benchmark.md): counted once (issue 6's
+//! formula), a prefix group whose holder is busy was spread to an idle engine, prefilling the prefix
+//! again there, and lost hit rate to SMG cache_aware on RAG and Zipf-skewed prefixes (up to 7.3
+//! points); twice closed most of it; three times against twice on the same engines and arrivals (36
+//! points: six shapes, three seeds, closed loop and 90% load) raised the hit rate by 0.7 points on
+//! average (up to 11.8 on RAG under eviction pressure; 9 points higher, 3 lower) and cut mean TTFT
+//! to 0.96x and p90 to 0.93x (geometric means); four times was no better than three on RAG and Zipf.
+//! Where nothing is cached anywhere the term is equal for every endpoint and changes nothing.
 //! 3. Holder band (`holder_slack_tokens`, off by default): the endpoints holding the request's longest
 //!    cached prefix, when it covers at least half the prompt, have the slack taken off their expected
 //!    wait, so they stay first unless their wait exceeds the best by more than the slack. Why it is a
 //!    knob and not the default: a follow-up turn re-sends a history only its holder has, and moving it
-//!    re-prefills that history elsewhere and strands the copy; but with the weight at 2 the holder
+//!    re-prefills that history elsewhere and strands the copy; but with the weight at 2 or more the holder
 //!    already keeps ~99-100% of follow-ups in the suite's sessions shape (its `turns kept` column), so
 //!    the band has little to win there, and on a hot shared prefix it adds queueing where the spill
 //!    gate is the only brake (docs/routing-benchmark.md has the measurement).
@@ -255,9 +256,20 @@ mod tests {
         let c = [cand(0, 7, 6), cand(1, 0, 0)];
         assert_eq!(rank(&weighted(8, 16, 1.0), &c)[0], 1);
         assert_eq!(rank(&weighted(8, 16, 2.0), &c)[0], 0);
+        // The default, 3: A prefilling 224 tokens for one request (240 with its request cost) waits
+        // 240 + 3 x 64 = 432 against B's 3 x 160 = 480 and keeps the prefix, where twice would spread
+        // it (240 + 128 = 368 > 320).
+        let mut busy = cand(0, 1, 6);
+        busy.load.prefill_tokens = 224;
+        let c = [busy, cand(1, 0, 0)];
+        assert_eq!(rank(&weighted(8, 16, 2.0), &c)[0], 1);
+        assert_eq!(rank(&weighted(8, 16, 3.0), &c)[0], 0);
+        let default = Affinity::from_config(PrefixSource::Events, &RouterConfig::default());
+        assert_eq!(default.uncached_weight, 3.0);
+        assert_eq!(rank(&default, &c)[0], 0);
         // With nothing cached anywhere the weight changes nothing: least load still wins.
         let cold = [cand(0, 3, 0), cand(1, 1, 0)];
-        assert_eq!(rank(&weighted(8, 16, 2.0), &cold)[0], 1);
+        assert_eq!(rank(&weighted(8, 16, 3.0), &cold)[0], 1);
     }
 
     #[test]
