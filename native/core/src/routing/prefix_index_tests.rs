@@ -93,10 +93,42 @@ fn apply(index: &EventIndex, naive: &mut Naive, op: &Op) {
     }
 }
 
-/// Forty endpoints over few short prompts: many hold each block, so a match compares whole holder
-/// sets (past `LOOKUP_AT_MOST` matching), by print for the spilled ones.
+/// An index and the naive model after the same `ops`, nothing evicted.
+fn filled(ops: &[Op]) -> (EventIndex, Naive) {
+    let index = EventIndex::new(1 << 16);
+    let mut naive = Naive::default();
+    for op in ops {
+        apply(&index, &mut naive, op);
+    }
+    (index, naive)
+}
+
+/// Every query's match over `ids` gives each endpoint the naive model's count.
+fn matches_agree(
+    index: &EventIndex,
+    naive: &Naive,
+    queries: &[Vec<u8>],
+    ids: &[EndpointId],
+) -> Result<(), TestCaseError> {
+    for q in queries {
+        let hashes = chain(q);
+        let got = index.match_prefix(&hashes, &EndpointSet::of(ids.iter().copied()), 0);
+        for &id in ids {
+            prop_assert_eq!(got.get(id), naive.count(id, &hashes), "endpoint {} query {:?}", id, q);
+        }
+    }
+    Ok(())
+}
+
+/// The crowded property test's endpoints: forty, spread over the id range.
+fn crowd() -> Vec<EndpointId> {
+    (0..40).map(|i| i * 1_637).collect()
+}
+
+/// The crowd over few short prompts: many hold each block, so a match compares whole holder sets
+/// (past `LOOKUP_AT_MOST` matching), by print for the spilled ones.
 fn crowded_op() -> impl Strategy<Value = Op> {
-    let id = (0..40usize).prop_map(|i| i * 1_637);
+    let id = proptest::sample::select(crowd());
     let prompt = proptest::collection::vec(0..2u8, 1..5);
     prop_oneof![
         8 => (id.clone(), prompt.clone()).prop_map(|(i, p)| Op::Insert(i, p)),
@@ -111,19 +143,8 @@ proptest! {
         ops in proptest::collection::vec(crowded_op(), 50..400),
         queries in proptest::collection::vec(proptest::collection::vec(0..2u8, 1..6), 1..8),
     ) {
-        let index = EventIndex::new(1 << 16);
-        let mut naive = Naive::default();
-        for op in &ops {
-            apply(&index, &mut naive, op);
-        }
-        let ids: Vec<EndpointId> = (0..40).map(|i| i * 1_637).collect();
-        for q in &queries {
-            let hashes = chain(q);
-            let got = index.match_prefix(&hashes, &EndpointSet::of(ids.iter().copied()), 0);
-            for &id in &ids {
-                prop_assert_eq!(got.get(id), naive.count(id, &hashes), "endpoint {} query {:?}", id, q);
-            }
-        }
+        let (index, naive) = filled(&ops);
+        matches_agree(&index, &naive, &queries, &crowd())?;
     }
 
     #[test]
@@ -131,19 +152,9 @@ proptest! {
         ops in proptest::collection::vec(op(), 0..60),
         queries in proptest::collection::vec(proptest::collection::vec(0..4u8, 0..8), 1..8),
     ) {
-        let index = EventIndex::new(1 << 16);
-        let mut naive = Naive::default();
-        for op in &ops {
-            apply(&index, &mut naive, op);
-        }
+        let (index, naive) = filled(&ops);
         prop_assert_eq!(index.len(), naive.held.len());
-        for q in &queries {
-            let hashes = chain(q);
-            let got = index.match_prefix(&hashes, &EndpointSet::of(IDS), 0);
-            for id in IDS {
-                prop_assert_eq!(got.get(id), naive.count(id, &hashes), "endpoint {} query {:?}", id, q);
-            }
-        }
+        matches_agree(&index, &naive, &queries, &IDS)?;
     }
 
     #[test]
