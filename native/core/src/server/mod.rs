@@ -689,7 +689,9 @@ mod tests {
         };
         let _server = ExtProcServer::start(gateway, telemetry, &config).unwrap();
         let address = _server.address().to_string();
-        let words: String = (0..1_000_000).map(|i| format!("w{} ", i * 7919 % 1_000_003)).collect();
+        let words: String = (0..1_000_000u64)
+            .map(|i| format!("w{} ", i * 7919 % 1_000_003))
+            .collect();
         let body = serde_json::json!({"model": "m", "prompt": words})
             .to_string()
             .into_bytes();

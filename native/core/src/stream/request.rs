@@ -191,7 +191,7 @@ mod tests {
     use crate::pb::ext_proc::{processing_response::Response, ProcessingRequest};
     use crate::routing::RouterConfig;
     use crate::stream::{RequestStream, INLINE_BODY_BYTES};
-    use crate::test_assets::llama3_model_dir;
+    use crate::test_assets::llama3_model_dir_with;
 
     const CONTEXT: u32 = 4096;
 
@@ -203,9 +203,8 @@ mod tests {
             max_buffered_output_tokens: DEFAULT_MAX_BUFFERED_OUTPUT_TOKENS,
             ..Limits::default()
         }));
-        let dir = llama3_model_dir("limits");
         let template = "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}";
-        std::fs::write(dir.join("chat_template.jinja"), template).unwrap();
+        let dir = llama3_model_dir_with("limits", &[("chat_template.jinja", template)]);
         gateway
             .add_model("m", &dir, Some(CONTEXT), "round_robin", RouterConfig::default())
             .unwrap();
