@@ -250,6 +250,7 @@ def run_one(
     finally:
         engines.stop()
     records = [r for _, r in turns]
+    _write_records(log_dir / "records.jsonl", turns)
     summary = summarize(records, warmup_s, duration_s)
     flight = watch["mean_in_flight"]
     mean_flight = sum(flight) / len(flight) if flight else 0.0
@@ -287,6 +288,25 @@ def _start(gw: Gateway, ctx: Context, engines: list[str], log_dir: Path) -> list
     return replicas.start_ours(
         gw.topology, gw.spec.policy, engines, ctx.model, log_dir, ctx.envoy_concurrency
     )
+
+
+def _write_records(path: Path, turns: Sequence[tuple[Any, Record]]) -> None:
+    """Every request of the run, one JSON line each in arrival order (times in seconds from the run's
+    start), to look at how a run unfolded: when queues formed, which session lost its history."""
+    rows = sorted(turns, key=lambda pair: pair[1].start)
+    with path.open("w") as out:
+        for spec, r in rows:
+            row = {
+                "start": r.start,
+                "ttft": r.ttft,
+                "latency": r.latency,
+                "error": r.error,
+                "prompt_tokens": r.prompt_tokens,
+                "cached_tokens": r.cached_tokens,
+                "session": getattr(spec, "user", ""),
+                "messages": len(spec.messages),
+            }
+            out.write(json.dumps(json_safe(row)) + "\n")
 
 
 async def _drive(

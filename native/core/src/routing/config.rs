@@ -19,6 +19,11 @@ pub struct RouterConfig {
     /// Precise mode (`kv_events`): how long a just-routed prompt's blocks count as held by the chosen
     /// endpoint before its KV events confirm them (optimistic booking); 0 turns booking off.
     pub book_routed_s: f64,
+    /// Precise mode: the same booking for a cold prompt only, one whose first block no engine's events
+    /// show anywhere (a new shared prefix, or every prompt of a cold start), for this many seconds; 0 is
+    /// off. Its engine prefills it while a burst of the same prefix arrives; without the booking each of
+    /// those looks cold too and is spread, prefilling the prefix again elsewhere (`policy/affinity.rs`).
+    pub book_cold_s: f64,
     /// Fallback endpoints listed after the primary.
     pub max_fallbacks: usize,
     /// Seed of the policies' random draws; from the clock when unset.
@@ -62,6 +67,7 @@ impl Default for RouterConfig {
             max_engine_blocks: 1 << 20,
             routed_ttl_s: 120.0,
             book_routed_s: 0.0,
+            book_cold_s: 0.0,
             max_fallbacks: 3,
             seed: None,
             spill_enabled: true,
@@ -110,6 +116,9 @@ impl RouterConfig {
         }
         if !(self.book_routed_s >= 0.0 && self.book_routed_s.is_finite()) {
             return bad("book_routed_s must be zero or positive");
+        }
+        if !(self.book_cold_s >= 0.0 && self.book_cold_s.is_finite()) {
+            return bad("book_cold_s must be zero or positive");
         }
         if !(self.spill_ratio >= 1.0 && self.spill_ratio.is_finite()) {
             return bad("spill_ratio must be at least 1");

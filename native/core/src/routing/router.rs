@@ -163,6 +163,8 @@ pub struct Router {
     ttl: Tick,
     /// Optimistic booking's lease (`book_routed_s`), in ticks; 0: off.
     book: Tick,
+    /// Cold booking's lease (`book_cold_s`), in ticks; 0: off.
+    book_cold: Tick,
     /// The policy's order of the endpoints holding none of the prompt, and the endpoints kept in it
     /// (`None`: the policy ranks otherwise).
     wait_order: Option<(WaitOrder, Arc<LoadOrder>)>,
@@ -211,6 +213,7 @@ impl Router {
             routed: RoutedIndex::new(config.max_blocks),
             ttl: ((config.routed_ttl_s * 10.0).ceil() as Tick).max(1),
             book: (config.book_routed_s * 10.0).ceil() as Tick,
+            book_cold: (config.book_cold_s * 10.0).ceil() as Tick,
             config,
             table: RwLock::new(Table::default()),
             rng: Rng::new(seed),
@@ -352,14 +355,16 @@ impl Router {
         let p = d.ranking[0];
         let (st, c) = (d.states[p], &d.candidates[p]);
         // Approximate mode leases what it routed; precise mode with booking books it until the
-        // engine's events confirm (the lease runs out; the events index holds it by then).
-        let lease = match self.source {
-            PrefixSource::Routed => self.ttl,
-            PrefixSource::Events => self.book,
-            PrefixSource::None => 0,
-        };
-        if lease > 0 {
-            if let Some((_, hashes)) = d.chains.iter().find(|(b, _)| *b == c.block_size) {
+        // engine's events confirm (the lease runs out; the events index holds it by then), and with
+        // cold booking only a prompt no engine's events show.
+        if let Some((_, hashes)) = d.chains.iter().find(|(b, _)| *b == c.block_size) {
+            let lease = match self.source {
+                PrefixSource::Routed => self.ttl,
+                PrefixSource::Events if self.book > 0 => self.book,
+                PrefixSource::Events if self.book_cold > 0 && self.is_cold(hashes, now) => self.book_cold,
+                _ => 0,
+            };
+            if lease > 0 {
                 self.routed.record_routed(c.id, hashes, now, lease);
             }
         }
@@ -649,6 +654,17 @@ impl Router {
         chains
     }
 
+    /// Whether no endpoint's events show the first block of `hashes` (cold booking's test).
+    fn is_cold(&self, hashes: &[BlockHash], now: Tick) -> bool {
+        hashes.first().is_none_or(|first| {
+            self.events
+                .match_prefix_where(std::slice::from_ref(first), |_| true, now)
+                .iter()
+                .next()
+                .is_none()
+        })
+    }
+
     /// The prompt's chain for each of `sizes`, and every endpoint that `is_candidate(id, block size)`
     /// admits holding at least its first block, with the leading blocks it holds (per the policy's
     /// index; with booking, the most of that and what was booked), ascending by id.
@@ -674,7 +690,7 @@ impl Router {
             };
             holders.extend(counts.iter());
             // Booked blocks (precise mode): what was just routed there, not yet in its events.
-            if self.source == PrefixSource::Events && self.book > 0 {
+            if self.source == PrefixSource::Events && (self.book > 0 || self.book_cold > 0) {
                 holders.extend(self.routed.match_prefix_where(&hashes, of_size, now).iter());
             }
             chains.push((bs, hashes));

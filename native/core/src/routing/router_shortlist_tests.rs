@@ -68,6 +68,7 @@ fn random_router(g: &mut Lcg, seed: u64) -> (Router, Vec<InFlight>) {
         uncached_weight: g.pick(&[1.0, 2.0, 3.0]),
         holder_slack_tokens: g.pick(&[0, 0, 8, 64]),
         book_routed_s: g.pick(&[0.0, 0.0, 5.0]),
+        book_cold_s: g.pick(&[0.0, 0.0, 2.0]),
         ..Default::default()
     };
     let mut r = Router::new(policy, cfg).unwrap();

@@ -1,6 +1,7 @@
 //! The router end to end: endpoints, health, subset, events → kv_events picks, approximate affinity,
 //! spill gate, in-flight accounting, fallbacks, concurrency.
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use prost::Message;
@@ -948,6 +949,70 @@ fn booking_counts_a_just_routed_prefix_before_its_events() {
     let (first, second, cached) = second_pick(5.0);
     assert_eq!(first, second);
     assert_eq!(cached, 30);
+}
+
+#[test]
+fn cold_booking_keeps_a_burst_of_a_new_prefix_on_one_engine() {
+    // Four idle endpoints, a burst of four requests sharing a 30-block prompt that no engine's events
+    // show yet (the first is still prefilling when the rest arrive).
+    let shared = prompt(5, 30);
+    let burst = |book_cold_s: f64| {
+        let r = router_with(
+            "kv_events",
+            4,
+            RouterConfig {
+                seed: Some(1),
+                book_cold_s,
+                ..Default::default()
+            },
+        );
+        let picks: Vec<Pick> = (0..4)
+            .map(|i| {
+                let mut request = shared.clone();
+                request.extend([900 + i; 4]);
+                r.pick(&request, None).unwrap()
+            })
+            .collect();
+        picks
+            .iter()
+            .map(|p| p.primary.to_string())
+            .collect::<BTreeSet<_>>()
+            .len()
+    };
+    // Without the booking each looks cold and goes to the least loaded: the prefix is prefilled four
+    // times. Booked, the first engine's 30 blocks outweigh a request or three ahead there.
+    assert_eq!(burst(0.0), 4);
+    assert_eq!(burst(2.0), 1);
+}
+
+#[test]
+fn cold_booking_leaves_a_prompt_the_events_show_to_the_events() {
+    // Endpoint 2's events hold the prompt's first 10 blocks. A request for it is not cold: it is not
+    // booked, so a second request with a longer shared part still sees only what the events say.
+    let r = router_with(
+        "kv_events",
+        2,
+        RouterConfig {
+            seed: Some(1),
+            book_cold_s: 5.0,
+            ..Default::default()
+        },
+    );
+    let shared = prompt(5, 30);
+    assert_eq!(
+        r.apply_kv_events(&addr(1), &stored_batch(1, &shared[..10 * B as usize], 1))
+            .outcome
+            .kind(),
+        "applied"
+    );
+    let mut first = r.pick(&shared, None).unwrap();
+    assert_eq!((&*first.primary, first.cached_blocks), (addr(1).as_str(), 10));
+    first.in_flight.first_token();
+    drop(first);
+    let second = r.pick(&shared, None).unwrap();
+    assert_eq!(second.cached_blocks, 10, "nothing booked beyond what the events show");
+    assert!(RouterConfig::from_json(r#"{"book_cold_s": -1}"#).is_err());
+    assert_eq!(RouterConfig::default().book_cold_s, 0.0);
 }
 
 #[test]
