@@ -40,7 +40,7 @@ from load.bench import gateways as bench_gateways
 from load.bench.procs import StartError
 from load.bench_routing import followups, gateways, replicas, shapes, suite_report
 from load.bench_routing.engines import EngineConfig, EngineWatch, start_engines
-from load.bench_routing.run import Context, RunSpec, _start_gateway, summarize
+from load.bench_routing.run import Context, RunSpec, _ms, _start_gateway, summarize
 from load.bench_routing.target import SplitTarget
 from load.bench_routing.trace import RoutedSpec
 from load.loadgen.records import Record, json_safe
@@ -262,6 +262,8 @@ def run_one(
         "error_samples": summary["error_samples"],
         "hit_rate": summary["hit_rate"],
         "ttft_ms": summary["ttft_ms"],
+        # The warm-up, apart: fresh engines with empty caches meet the full arrival rate (a cold start).
+        "warmup_ttft_ms": _ms([r.ttft for r in records if r.start < warmup_s and r.ttft is not None]),
         "requests_per_s": summary["requests_per_s"],
         "output_tokens_per_s": summary["output_tokens_per_s"],
         "served": watch["served"],

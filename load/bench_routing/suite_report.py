@@ -104,7 +104,9 @@ def _f(v: float | None, fmt: str = "{:.0f}") -> str:
 
 HEADER = (
     "| seed | load | gateway | hit % | TTFT mean ms | p90 | p99 | req/s | served max/mean "
-    "| in-flight max/mean | turns kept % | mean/SMG | p90/SMG | hit-SMG pts |\n" + "|---" * 14 + "|"
+    "| in-flight max/mean | turns kept % | mean/SMG | p90/SMG | hit-SMG pts | warm-up mean ms (/SMG) |\n"
+    + "|---" * 15
+    + "|"
 )
 
 
@@ -121,7 +123,7 @@ def _rows(cell: dict[str, Any], doc: dict[str, Any]) -> Iterator[str]:
         load = "closed" if point["mode"] == "closed" else f"{point['load']:.0%} ({point['rate']:.1f}/s)"
         for r in point["runs"]:
             if "failed" in r:
-                yield f"| {cell['seed']} | {load} | {r['gateway']} | failed to start |" + " |" * 10
+                yield f"| {cell['seed']} | {load} | {r['gateway']} | failed to start |" + " |" * 11
                 continue
             t = r["ttft_ms"]
             ratios = ["-", "-", "-"]
@@ -145,8 +147,19 @@ def _rows(cell: dict[str, Any], doc: dict[str, Any]) -> Iterator[str]:
                 _f(r["in_flight_max_over_mean"], "{:.2f}"),
                 _kept(r),
                 *ratios,
+                _warmup(r, smg),
             ]
             yield "| " + " | ".join(cells) + " |"
+
+
+def _warmup(run: dict[str, Any], smg: dict[str, Any] | None) -> str:
+    """Mean TTFT of the warm-up (a cold start: fresh engines at the full rate), with its ratio to SMG's."""
+    mean = (run.get("warmup_ttft_ms") or {}).get("mean")
+    if mean is None:
+        return "-"
+    if smg is None or run["gateway"] == "smg":
+        return _f(mean)
+    return f"{_f(mean)} ({_f(_ratio(mean, (smg.get('warmup_ttft_ms') or {}).get('mean')), '{:.2f}')}x)"
 
 
 def markdown(doc: dict[str, Any]) -> str:

@@ -165,6 +165,8 @@ def _run(gateway: str, mean: float, p90: float, hit: float) -> dict[str, object]
         "ttft_ms": {"mean": mean, "p90": p90, "p99": p90},
         "hit_rate": hit,
         "requests_per_s": 1.0,
+        "served_max_over_mean": 1.0,
+        "in_flight_max_over_mean": 1.0,
     }
 
 
@@ -189,3 +191,15 @@ def test_report_leads_with_the_worst_shape_and_checks_targets() -> None:
     assert summary["targets"]["mean_every_point"] is False
     assert summary["misses"]["mean"] == ["zipf s0 closed"]
     assert summary["geomean_mean_ratio"] == pytest.approx((0.8 * 1.3 * 0.95) ** (1 / 3))
+
+
+def test_rows_report_the_warm_up_apart_with_its_ratio_to_smg() -> None:
+    smg, ours = _run("smg", 100, 200, 0.9), _run("kv_events", 90, 190, 0.9)
+    smg["warmup_ttft_ms"] = {"mean": 200.0}
+    ours["warmup_ttft_ms"] = {"mean": 300.0}
+    cell = {"seed": 0, "points": [{"mode": "open", "load": 1.1, "rate": 44.0, "runs": [smg, ours]}]}
+    rows = list(suite_report._rows(cell, {"default_policy": "kv_events"}))
+    assert rows[0].endswith("| 200 |") and rows[1].endswith("| 300 (1.50x) |")
+    # A run recorded before the warm-up was reported has no such figure.
+    del ours["warmup_ttft_ms"]
+    assert list(suite_report._rows(cell, {"default_policy": "kv_events"}))[1].endswith("| - |")
