@@ -99,3 +99,36 @@ def test_a_prefix_group_stays_on_its_holder_while_it_prefills_other_work(
         landed = [a - b for a, b in zip(counts(s), before, strict=True)]
         busy.join()
         assert landed[holder] == (1 if joins_the_holder else 0), landed
+
+
+@pytest.mark.parametrize(
+    "routing_config,joins_the_first",
+    [('{"book_cold_s": 2}', True), (None, False)],
+    ids=["cold_booking", "default"],
+)
+def test_a_burst_of_a_new_prefix_waits_for_the_engine_prefilling_it(
+    tmp_path: Path, routing_config: str | None, joins_the_first: bool
+) -> None:
+    # A prefix no engine holds yet (a cold start, a new shared prompt) arrives twice in quick succession:
+    # the second request is routed while the first engine is still prefilling it (~1.4 s here), before any
+    # Stored event. With cold booking the router counts the prefix on that engine and the second joins it;
+    # without (the default: docs/routing-benchmark.md has why), the prefix looks cold everywhere and the
+    # second goes to the idle engine, prefilling it again.
+    with local_stack(FreePorts(), tmp_path, sim=SLOW_PREFILL, routing_config=routing_config) as s:
+        client = s.openai()
+        before = counts(s)
+        first = threading.Thread(target=ask, args=(client, s, "Question zero?"))
+        first.start()
+        deadline = time.monotonic() + 5
+        while counts(s) == before and time.monotonic() < deadline:
+            time.sleep(0.02)
+        holder = next(i for i, (a, b) in enumerate(zip(counts(s), before, strict=True)) if a > b)
+
+        before = counts(s)
+        second = ask(client, s, "Question one?")
+        landed = [a - b for a, b in zip(counts(s), before, strict=True)]
+        first.join()
+        assert landed[holder] == (1 if joins_the_first else 0), landed
+        # Joined, it waited for the first prefill and then read the prefix from the cache.
+        cached = second.usage.prompt_tokens_details.cached_tokens or 0
+        assert (cached >= 600) == joins_the_first, cached
