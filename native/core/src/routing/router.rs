@@ -357,15 +357,17 @@ impl Router {
         // Approximate mode leases what it routed; precise mode with booking books it until the
         // engine's events confirm (the lease runs out; the events index holds it by then), and with
         // cold booking only a prompt no engine's events show.
-        if let Some((_, hashes)) = d.chains.iter().find(|(b, _)| *b == c.block_size) {
-            let lease = match self.source {
-                PrefixSource::Routed => self.ttl,
-                PrefixSource::Events if self.book > 0 => self.book,
-                PrefixSource::Events if self.book_cold > 0 && self.is_cold(hashes, now) => self.book_cold,
-                _ => 0,
-            };
-            if lease > 0 {
-                self.routed.record_routed(c.id, hashes, now, lease);
+        let (lease, cold_only) = match self.source {
+            PrefixSource::Routed => (self.ttl, false),
+            PrefixSource::Events if self.book > 0 => (self.book, false),
+            PrefixSource::Events => (self.book_cold, true),
+            PrefixSource::None => (0, false),
+        };
+        if lease > 0 {
+            if let Some((_, hashes)) = d.chains.iter().find(|(b, _)| *b == c.block_size) {
+                if !cold_only || self.is_cold(hashes, now) {
+                    self.routed.record_routed(c.id, hashes, now, lease);
+                }
             }
         }
         Ok(Pick {
