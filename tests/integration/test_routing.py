@@ -32,11 +32,28 @@ def counts(stack: Stack) -> list[int]:
     return [e.stats.generate_requests for e in stack.engines.engines]
 
 
+def landed(stack: Stack, before: list[int]) -> list[int]:
+    """Requests each engine received since `before` (a `counts` taken earlier)."""
+    return [a - b for a, b in zip(counts(stack), before, strict=True)]
+
+
+def engine_that_took(stack: Stack, before: list[int]) -> int:
+    """The first engine that received a request since `before`."""
+    return next(i for i, n in enumerate(landed(stack, before)) if n > 0)
+
+
+def wait_for_a_request(stack: Stack, before: list[int], timeout_s: float = 5.0) -> None:
+    """Until some engine has received a request since `before` (one sent from another thread)."""
+    deadline = time.monotonic() + timeout_s
+    while counts(stack) == before and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
 def test_shared_prefix_follows_the_engine_that_holds_it(stack: Stack) -> None:
     client = stack.openai()
     before = counts(stack)
     first = ask(client, stack, "Question zero?")
-    holder = next(i for i, (a, b) in enumerate(zip(counts(stack), before, strict=True)) if a > b)
+    holder = engine_that_took(stack, before)
     assert first.usage.prompt_tokens > 600
     time.sleep(0.5)  # the engine's Stored events reach the router on its KV-event stream
 
@@ -44,8 +61,8 @@ def test_shared_prefix_follows_the_engine_that_holds_it(stack: Stack) -> None:
     for i in range(1, 7):
         before = counts(stack)
         replies.append(ask(client, stack, f"Question {i}?"))
-        landed = [a - b for a, b in zip(counts(stack), before, strict=True)]
-        assert landed[holder] == 1, f"request {i} went to engine {landed.index(1)}, not the prefix holder"
+        arrived = landed(stack, before)
+        assert arrived[holder] == 1, f"request {i} went to engine {arrived.index(1)}, not the prefix holder"
     cached = [r.usage.prompt_tokens_details.cached_tokens for r in replies]
     # The shared system prompt is served from the holder's prefix cache: whole blocks of it.
     assert all(c >= 600 for c in cached), cached
@@ -83,22 +100,20 @@ def test_a_prefix_group_stays_on_its_holder_while_it_prefills_other_work(
         client = s.openai()
         before = counts(s)
         ask(client, s, "Question zero?")
-        holder = next(i for i, (a, b) in enumerate(zip(counts(s), before, strict=True)) if a > b)
+        holder = engine_that_took(s, before)
         time.sleep(0.5)  # the holder's Stored events reach the router
 
         busy = threading.Thread(target=ask, args=(client, s, "Summarize this. " + LONG_TAIL))
         before = counts(s)
         busy.start()
-        deadline = time.monotonic() + 5
-        while counts(s) == before and time.monotonic() < deadline:
-            time.sleep(0.02)
+        wait_for_a_request(s, before)
         assert counts(s)[holder] == before[holder] + 1, "the long tail went to the prefix holder"
 
         before = counts(s)
         ask(client, s, "Question one?")
-        landed = [a - b for a, b in zip(counts(s), before, strict=True)]
+        arrived = landed(s, before)
         busy.join()
-        assert landed[holder] == (1 if joins_the_holder else 0), landed
+        assert arrived[holder] == (1 if joins_the_holder else 0), arrived
 
 
 @pytest.mark.parametrize(
@@ -119,16 +134,14 @@ def test_a_burst_of_a_new_prefix_waits_for_the_engine_prefilling_it(
         before = counts(s)
         first = threading.Thread(target=ask, args=(client, s, "Question zero?"))
         first.start()
-        deadline = time.monotonic() + 5
-        while counts(s) == before and time.monotonic() < deadline:
-            time.sleep(0.02)
-        holder = next(i for i, (a, b) in enumerate(zip(counts(s), before, strict=True)) if a > b)
+        wait_for_a_request(s, before)
+        holder = engine_that_took(s, before)
 
         before = counts(s)
         second = ask(client, s, "Question one?")
-        landed = [a - b for a, b in zip(counts(s), before, strict=True)]
+        arrived = landed(s, before)
         first.join()
-        assert landed[holder] == (1 if joins_the_first else 0), landed
+        assert arrived[holder] == (1 if joins_the_first else 0), arrived
         # Joined, it waited for the first prefill and then read the prefix from the cache.
         cached = second.usage.prompt_tokens_details.cached_tokens or 0
         assert (cached >= 600) == joins_the_first, cached
