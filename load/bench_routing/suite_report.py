@@ -5,6 +5,10 @@ policy to SMG's at any of its loads, main grid).
 Targets (issue 13), for the default policy against SMG cache_aware at every shape and load: hit rate at
 least SMG's less 0.5 points, mean TTFT at most 1.0x, p90 at most 1.05x; the geometric mean of the
 mean-TTFT ratios over the suite at most 0.85x.
+
+A point measured on fewer than `MIN_MEASURED` requests per gateway is named with its count wherever it is
+listed: at 1-3 requests/s a quick 14 s run measures a dozen requests of RAG or no_sharing, and two of them
+landing elsewhere move the hit rate by 10 points (docs/routing-benchmark.md, runs P, Q and S).
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ REPLICA_HIT_SLACK_PTS = 1.0
 MEAN_MAX = 1.0
 P90_MAX = 1.05
 GEOMEAN_MAX = 0.85
+# Fewer measured requests than this per gateway: a point too thin to judge.
+MIN_MEASURED = 50
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:
@@ -57,7 +63,14 @@ def comparisons(doc: dict[str, Any]) -> Iterator[dict[str, Any]]:
                     "p99": _ratio(run["ttft_ms"]["p99"], smg["ttft_ms"]["p99"]),
                     "throughput": _ratio(run["requests_per_s"], smg["requests_per_s"]),
                     "hit_pts": 100 * (run["hit_rate"] - smg["hit_rate"]),
+                    "measured": _measured(run, smg),
                 }
+
+
+def _measured(*runs: dict[str, Any]) -> int | None:
+    """The fewest requests any of `runs` measured (None when a run does not say)."""
+    counts = [r["ttft_ms"].get("count") for r in runs]
+    return None if None in counts else min(counts)
 
 
 def analyse(doc: dict[str, Any]) -> dict[str, Any]:
@@ -77,6 +90,7 @@ def analyse(doc: dict[str, Any]) -> dict[str, Any]:
             "p90": [_where(r) for r in mine if r["p90"] is not None and r["p90"] > P90_MAX],
             "hit": [_where(r) for r in mine if r["hit_pts"] < -HIT_SLACK_PTS],
         }
+        thin = [_where(r) for r in mine if r["measured"] is not None and r["measured"] < MIN_MEASURED]
         out[g["name"]] = {
             "shapes_worst_first": sorted(worst.items(), key=lambda kv: -kv[1]),
             "geomean_mean_ratio": geomean,
@@ -88,6 +102,7 @@ def analyse(doc: dict[str, Any]) -> dict[str, Any]:
                 "hit_every_point": not misses["hit"],
             },
             "misses": misses,
+            "thin": thin,
         }
     return out
 
@@ -95,7 +110,9 @@ def analyse(doc: dict[str, Any]) -> dict[str, Any]:
 def _where(r: dict[str, Any]) -> str:
     load = "closed" if r["mode"] == "closed" else f"{r['load']:.0%}"
     sweep = "" if r["sweep"] == "main" else f" e{r['engines']} b{r['num_blocks']}"
-    return f"{r['shape']} s{r['seed']} {load}{sweep}"
+    n = r.get("measured")
+    thin = f" ({n} requests)" if n is not None and n < MIN_MEASURED else ""
+    return f"{r['shape']} s{r['seed']} {load}{sweep}{thin}"
 
 
 def _f(v: float | None, fmt: str = "{:.0f}") -> str:
@@ -190,6 +207,11 @@ def markdown(doc: dict[str, Any]) -> str:
         for what, where in g["misses"].items():
             if where:
                 lines.append(f"  - {what} missed at: {'; '.join(where)}")
+        if g.get("thin"):
+            lines.append(
+                f"  - fewer than {MIN_MEASURED} requests measured (too few to judge; run longer): "
+                + "; ".join(g["thin"])
+            )
     lines.append("")
     order = [k for k, _ in (summary.get(default) or {}).get("shapes_worst_first", [])]
     main = [c for c in doc["cells"] if c["sweep"] == "main"]

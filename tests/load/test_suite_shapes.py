@@ -203,3 +203,24 @@ def test_rows_report_the_warm_up_apart_with_its_ratio_to_smg() -> None:
     # A run recorded before the warm-up was reported has no such figure.
     del ours["warmup_ttft_ms"]
     assert list(suite_report._rows(cell, {"default_policy": "kv_events"}))[1].endswith("| - |")
+
+
+def test_a_point_measured_on_too_few_requests_is_named_with_its_count() -> None:
+    def point(load: float, count: int) -> dict[str, object]:
+        smg, ours = _run("smg", 100, 200, 0.9), _run("kv_events", 110, 190, 0.8)
+        for run in (smg, ours):
+            run["ttft_ms"]["count"] = count  # type: ignore[index]
+        return {"mode": "open", "load": load, "rate": 1.0, "runs": [smg, ours]}
+
+    cell = {
+        "shape": "rag",
+        "seed": 0,
+        "sweep": "main",
+        "engines": 4,
+        "num_blocks": 1024,
+        "points": [point(0.5, 13), point(1.1, suite_report.MIN_MEASURED)],
+    }
+    doc = {"ours": [{"name": "kv_events"}], "cells": [cell]}
+    summary = suite_report.analyse(doc)["kv_events"]
+    assert summary["misses"]["hit"] == ["rag s0 50% (13 requests)", "rag s0 110%"]
+    assert summary["thin"] == ["rag s0 50% (13 requests)"]
