@@ -73,6 +73,12 @@ def _measured(*runs: dict[str, Any]) -> int | None:
     return None if None in counts else min(counts)
 
 
+def _thin(r: dict[str, Any]) -> bool:
+    """Whether the comparison `r` rests on fewer than `MIN_MEASURED` requests of a gateway."""
+    n = r.get("measured")
+    return n is not None and n < MIN_MEASURED
+
+
 def analyse(doc: dict[str, Any]) -> dict[str, Any]:
     """Per gateway of ours: the shapes worst first, the geometric mean, each target met or not."""
     rows = list(comparisons(doc))
@@ -90,7 +96,7 @@ def analyse(doc: dict[str, Any]) -> dict[str, Any]:
             "p90": [_where(r) for r in mine if r["p90"] is not None and r["p90"] > P90_MAX],
             "hit": [_where(r) for r in mine if r["hit_pts"] < -HIT_SLACK_PTS],
         }
-        thin = [_where(r) for r in mine if r["measured"] is not None and r["measured"] < MIN_MEASURED]
+        thin = [_where(r) for r in mine if _thin(r)]
         out[g["name"]] = {
             "shapes_worst_first": sorted(worst.items(), key=lambda kv: -kv[1]),
             "geomean_mean_ratio": geomean,
@@ -110,9 +116,8 @@ def analyse(doc: dict[str, Any]) -> dict[str, Any]:
 def _where(r: dict[str, Any]) -> str:
     load = "closed" if r["mode"] == "closed" else f"{r['load']:.0%}"
     sweep = "" if r["sweep"] == "main" else f" e{r['engines']} b{r['num_blocks']}"
-    n = r.get("measured")
-    thin = f" ({n} requests)" if n is not None and n < MIN_MEASURED else ""
-    return f"{r['shape']} s{r['seed']} {load}{sweep}{thin}"
+    count = f" ({r['measured']} requests)" if _thin(r) else ""
+    return f"{r['shape']} s{r['seed']} {load}{sweep}{count}"
 
 
 def _f(v: float | None, fmt: str = "{:.0f}") -> str:
