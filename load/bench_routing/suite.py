@@ -9,7 +9,9 @@ Per (shape, seed, engine config):
 2. Open loop at each `--loads` share of that capacity: Poisson arrivals, each the next turn of one of
    the shape's sessions in progress (`shapes.interleave`), the same arrivals and prompts for every
    gateway.
-Reported over the requests that started after the warm-up: hit rate, TTFT mean/p50/p90/p99, completions
+`--repeats N` runs every point N times (same arrivals, fresh engines each time), the gateways in turn
+within each repeat; the report quotes the median ratio over the repeats and the worst one. Reported over
+the requests that started after the warm-up: hit rate, TTFT mean/p50/p90/p99, completions
 per second, max/mean engine load (requests served, and mean requests in flight). The report
 (`suite_report.py`, JSON + markdown) leads with the shape where our default policy's mean TTFT over
 SMG's is worst.
@@ -125,6 +127,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--loads", default=None, help="open-loop shares of capacity (default .5,.7,.9,1.1)")
     p.add_argument("--no-closed", action="store_true", help="skip the closed-loop runs (capacity: --rate)")
     p.add_argument("--rate", type=float, default=None, help="fixed capacity in requests/s (skips probing)")
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="runs of every point (same arrivals, fresh engines each); the report quotes their median",
+    )
     p.add_argument("--duration", type=float, default=None)
     p.add_argument("--warmup", type=float, default=None)
     p.add_argument("--engines", type=int, default=EngineConfig.engines, help="engines in the main grid")
@@ -157,6 +165,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args.sweep_shapes = _names(args.sweep_shapes, shapes.SHAPES, p, "--sweep-shapes") or args.shapes
     if args.warmup >= args.duration:
         p.error("--warmup must be shorter than --duration")
+    if args.repeats < 1:
+        p.error("--repeats must be at least 1")
     if args.no_closed and args.rate is None:
         p.error("--no-closed needs --rate (the capacity open-loop loads are shares of)")
     args.variants = [_variant(v, p) for v in args.variant]
@@ -380,15 +390,18 @@ def run_cell(
     }
     capacity = args.rate
     if not args.no_closed:
-        runs = []
-        for gw in order:
-            print(f"  {cell.shape} seed {cell.seed} {cell.sweep}: closed loop, {gw.name}", file=sys.stderr)
-            runs.append(_guarded(gw, ctx, cell, shape, None, args, "closed"))
-        out["points"].append({"mode": "closed", "load": None, "rate": None, "runs": runs})
-        source = next((r for r in runs if r.get("requests_per_s")), None)
-        if capacity is None and source is not None:
-            capacity = source["requests_per_s"]
-            out["capacity_from"] = source["gateway"]
+        for repeat in range(args.repeats):
+            runs = []
+            for gw in order:
+                where = f"{cell.sweep}: closed loop{_nth(repeat, args)}"
+                print(f"  {cell.shape} seed {cell.seed} {where}, {gw.name}", file=sys.stderr)
+                runs.append(_guarded(gw, ctx, cell, shape, None, args, "closed" + _suffix(repeat)))
+            point = {"mode": "closed", "load": None, "rate": None, "repeat": repeat, "runs": runs}
+            out["points"].append(point)
+            source = next((r for r in runs if r.get("requests_per_s")), None)
+            if capacity is None and source is not None:
+                capacity = source["requests_per_s"]
+                out["capacity_from"] = source["gateway"]
     out["capacity"] = capacity
     if not capacity:
         return out
@@ -396,12 +409,27 @@ def run_cell(
         rate = load * capacity
         arrivals = [t for t in poisson_arrivals(rate, int(rate * args.duration * 1.5) + 10, cell.seed)]
         arrivals = [t for t in arrivals if t < args.duration]
-        runs = []
-        for gw in order:
-            print(f"  {cell.shape} seed {cell.seed}: open loop {load:.0%}, {gw.name}", file=sys.stderr)
-            runs.append(_guarded(gw, ctx, cell, shape, arrivals, args, f"open{int(load * 100)}"))
-        out["points"].append({"mode": "open", "load": load, "rate": rate, "runs": runs})
+        for repeat in range(args.repeats):
+            runs = []
+            for gw in order:
+                print(
+                    f"  {cell.shape} seed {cell.seed}: open loop {load:.0%}{_nth(repeat, args)}, {gw.name}",
+                    file=sys.stderr,
+                )
+                label = f"open{int(load * 100)}{_suffix(repeat)}"
+                runs.append(_guarded(gw, ctx, cell, shape, arrivals, args, label))
+            out["points"].append({"mode": "open", "load": load, "rate": rate, "repeat": repeat, "runs": runs})
     return out
+
+
+def _nth(repeat: int, args: argparse.Namespace) -> str:
+    """A point's progress line names its repeat when there are several."""
+    return f" (run {repeat + 1} of {args.repeats})" if args.repeats > 1 else ""
+
+
+def _suffix(repeat: int) -> str:
+    """A repeat's log folder suffix: none for the first, so single runs keep their folder names."""
+    return f"-r{repeat}" if repeat else ""
 
 
 def _guarded(
@@ -491,6 +519,7 @@ def _write(
             "warmup_s": args.warmup,
             "loads": list(args.loads),
             "seeds": list(args.seeds),
+            "repeats": args.repeats,
             "clients_per_engine": CLIENTS_PER_ENGINE,
             "engine": asdict(replace(EngineConfig(), time_scale=args.time_scale)),
             "argv": sys.argv[1:],

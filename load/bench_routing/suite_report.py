@@ -9,12 +9,21 @@ mean-TTFT ratios over the suite at most 0.85x.
 A point measured on fewer than `MIN_MEASURED` requests per gateway is named with its count wherever it is
 listed: at 1-3 requests/s a quick 14 s run measures a dozen requests of RAG or no_sharing, and two of them
 landing elsewhere move the hit rate by 10 points (docs/routing-benchmark.md, runs P, Q and S).
+
+Repeats of a point (`suite.py --repeats`, or the same point in several result files: `python -m
+load.bench_routing.suite_report FILE...`) are judged by their median ratios, and the worst repeat is
+quoted beside it: past capacity one repeat of the same arrivals has measured 0.49x and another 1.29x.
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 import math
-from collections.abc import Iterator
+import statistics
+import sys
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 HIT_SLACK_PTS = 0.5
@@ -39,6 +48,7 @@ def _runs(point: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 def comparisons(doc: dict[str, Any]) -> Iterator[dict[str, Any]]:
     """Per cell, point and gateway of ours: its figures over SMG's on the same engines and arrivals."""
+    settings = doc.get("settings") or {}
     for cell in doc["cells"]:
         for point in cell["points"]:
             runs = _runs(point)
@@ -57,6 +67,10 @@ def comparisons(doc: dict[str, Any]) -> Iterator[dict[str, Any]]:
                     "num_blocks": cell["num_blocks"],
                     "mode": point["mode"],
                     "load": point["load"],
+                    "repeat": point.get("repeat", 0),
+                    "time_scale": (settings.get("engine") or {}).get("time_scale"),
+                    "duration_s": settings.get("duration_s"),
+                    "routing_config": g.get("routing_config"),
                     "gateway": g["name"],
                     "mean": _ratio(run["ttft_ms"]["mean"], smg["ttft_ms"]["mean"]),
                     "p90": _ratio(run["ttft_ms"]["p90"], smg["ttft_ms"]["p90"]),
@@ -65,6 +79,46 @@ def comparisons(doc: dict[str, Any]) -> Iterator[dict[str, Any]]:
                     "hit_pts": 100 * (run["hit_rate"] - smg["hit_rate"]),
                     "measured": _measured(run, smg),
                 }
+
+
+# What makes two comparisons repeats of one point: the same shape, seed, engines, load, gateway and
+# settings (a run's place in a sweep or its repeat number aside).
+POINT_KEY = (
+    "shape",
+    "seed",
+    "engines",
+    "num_blocks",
+    "mode",
+    "load",
+    "gateway",
+    "routing_config",
+    "time_scale",
+    "duration_s",
+)
+
+
+def merge_repeats(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per point: the median of each ratio over its repeats, the worst mean ratio and hit
+    difference beside them, `runs` the repeats counted; in the order the points first appear."""
+    groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault(tuple(r[k] for k in POINT_KEY), []).append(r)
+    out = []
+    for same in groups.values():
+        row = dict(same[0])
+        for k in ("mean", "p90", "p99", "throughput", "hit_pts"):
+            values = [r[k] for r in same if r[k] is not None]
+            row[k] = statistics.median(values) if values else None
+        means = [r["mean"] for r in same if r["mean"] is not None]
+        row["mean_worst"] = max(means) if means else None
+        row["mean_best"] = min(means) if means else None
+        row["hit_pts_worst"] = min(r["hit_pts"] for r in same)
+        counts = [r["measured"] for r in same if r["measured"] is not None]
+        row["measured"] = min(counts) if counts else None
+        row["runs"] = len(same)
+        row["sweep"] = "main" if any(r["sweep"] == "main" for r in same) else same[0]["sweep"]
+        out.append(row)
+    return out
 
 
 def _measured(*runs: dict[str, Any]) -> int | None:
@@ -80,10 +134,15 @@ def _thin(r: dict[str, Any]) -> bool:
 
 
 def analyse(doc: dict[str, Any]) -> dict[str, Any]:
-    """Per gateway of ours: the shapes worst first, the geometric mean, each target met or not."""
-    rows = list(comparisons(doc))
+    """Per gateway of ours: the shapes worst first, the geometric mean, each target met or not; a
+    point's repeats by their medians."""
+    return analyse_rows(merge_repeats(comparisons(doc)), doc["ours"])
+
+
+def analyse_rows(rows: list[dict[str, Any]], ours: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """`analyse` over merged comparisons (`merge_repeats`), for the gateways `ours`."""
     out: dict[str, Any] = {}
-    for g in doc["ours"]:
+    for g in ours:
         mine = [r for r in rows if r["gateway"] == g["name"] and r["mean"] is not None]
         main = [r for r in mine if r["sweep"] == "main"]
         worst: dict[str, float] = {}
@@ -117,7 +176,10 @@ def _where(r: dict[str, Any]) -> str:
     load = "closed" if r["mode"] == "closed" else f"{r['load']:.0%}"
     sweep = "" if r["sweep"] == "main" else f" e{r['engines']} b{r['num_blocks']}"
     count = f" ({r['measured']} requests)" if _thin(r) else ""
-    return f"{r['shape']} s{r['seed']} {load}{sweep}{count}"
+    runs = ""
+    if r.get("runs", 1) > 1:
+        runs = f" (median of {r['runs']}: {r['mean_best']:.2f}-{r['mean_worst']:.2f}x)"
+    return f"{r['shape']} s{r['seed']} {load}{sweep}{count}{runs}"
 
 
 def _f(v: float | None, fmt: str = "{:.0f}") -> str:
@@ -143,6 +205,8 @@ def _rows(cell: dict[str, Any], doc: dict[str, Any]) -> Iterator[str]:
         runs = _runs(point)
         smg = runs.get("smg")
         load = "closed" if point["mode"] == "closed" else f"{point['load']:.0%} ({point['rate']:.1f}/s)"
+        if (doc.get("settings") or {}).get("repeats", 1) > 1:
+            load += f" run {point.get('repeat', 0) + 1}"
         for r in point["runs"]:
             if "failed" in r:
                 yield f"| {cell['seed']} | {load} | {r['gateway']} | failed to start |" + " |" * 11
@@ -334,3 +398,75 @@ def replicas_markdown(doc: dict[str, Any]) -> list[str]:
         lines.append("| " + " | ".join(cells) + " |")
     lines.append("")
     return lines
+
+
+COMBINED_HEADER = (
+    "| shape | seed | engines x blocks | load | gateway | runs | mean/SMG median (range) | p90/SMG "
+    "| hit-SMG pts median (worst) | req/s /SMG | measured requests |\n" + "|---" * 11 + "|"
+)
+
+
+def combined_markdown(docs: Sequence[dict[str, Any]], names: Sequence[str]) -> str:
+    """Every point of `docs` (result files of `suite.py`), repeats merged across files, worst mean
+    ratio first; the targets per gateway of ours, judged on the medians."""
+    rows = merge_repeats(r for doc in docs for r in comparisons(doc))
+    ours = list({g["name"]: g for doc in docs for g in doc["ours"]}.values())
+    summary = analyse_rows(rows, ours)
+    lines = [f"# Routing workload suite: {len(docs)} result files combined", "", *_sources(docs, names), ""]
+    for name, g in summary.items():
+        t = g["targets"]
+        lines.append(
+            f"- **{name}**: {g['points']} points, geometric mean of the median mean-TTFT ratios "
+            f"{_f(g['geomean_mean_ratio'], '{:.2f}')}x ({_yes(t['geomean'])}); mean <= {MEAN_MAX}x: "
+            f"{_yes(t['mean_every_point'])}; p90 <= {P90_MAX}x: {_yes(t['p90_every_point'])}; hits >= "
+            f"SMG - {HIT_SLACK_PTS} pt: {_yes(t['hit_every_point'])}"
+        )
+    lines += ["", COMBINED_HEADER]
+    for r in sorted(rows, key=lambda r: -(r["mean"] if r["mean"] is not None else math.inf)):
+        load = "closed" if r["mode"] == "closed" else f"{r['load']:.0%}"
+        spread = f" ({r['mean_best']:.2f}-{r['mean_worst']:.2f})" if r["runs"] > 1 else ""
+        worst_hit = f" ({r['hit_pts_worst']:+.1f})" if r["runs"] > 1 else ""
+        cells = [
+            r["shape"],
+            str(r["seed"]),
+            f"{r['engines']} x {r['num_blocks']}",
+            load,
+            r["gateway"],
+            str(r["runs"]),
+            _f(r["mean"], "{:.2f}") + spread,
+            _f(r["p90"], "{:.2f}"),
+            _f(r["hit_pts"], "{:+.1f}") + worst_hit,
+            _f(r["throughput"], "{:.2f}"),
+            _f(r["measured"], "{}") + (" (thin)" if _thin(r) else ""),
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines.append("")
+    return "\n".join(lines)
+
+
+def _sources(docs: Sequence[dict[str, Any]], names: Sequence[str]) -> list[str]:
+    out = []
+    for doc, name in zip(docs, names, strict=True):
+        s = doc.get("settings") or {}
+        out.append(
+            f"- {name}: {s.get('duration_s', '-')} s runs, time scale "
+            f"{(s.get('engine') or {}).get('time_scale', '-')}, repeats {s.get('repeats', 1)}, "
+            f"args `{' '.join(s.get('argv') or [])}`"
+        )
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m load.bench_routing.suite_report",
+        description="One worst-first table over several suite result files (repeats merged by median).",
+    )
+    p.add_argument("files", nargs="+", type=Path, help="suite-*.json files")
+    args = p.parse_args(argv)
+    docs = [json.loads(f.read_text()) for f in args.files]
+    print(combined_markdown(docs, [f.name for f in args.files]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
