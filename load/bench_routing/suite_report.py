@@ -409,7 +409,8 @@ COMBINED_HEADER = (
 def combined_markdown(docs: Sequence[dict[str, Any]], names: Sequence[str]) -> str:
     """Every point of `docs` (result files of `suite.py`), repeats merged across files, worst mean
     ratio first; the targets per gateway of ours, judged on the medians."""
-    rows = merge_repeats(r for doc in docs for r in comparisons(doc))
+    # Each file has its own main grid: every point is named with its engines and blocks (`_where`).
+    rows = [r | {"sweep": "files"} for r in merge_repeats(r for doc in docs for r in comparisons(doc))]
     ours = list({g["name"]: g for doc in docs for g in doc["ours"]}.values())
     summary = analyse_rows(rows, ours)
     lines = [f"# Routing workload suite: {len(docs)} result files combined", "", *_sources(docs, names), ""]
@@ -421,6 +422,9 @@ def combined_markdown(docs: Sequence[dict[str, Any]], names: Sequence[str]) -> s
             f"{_yes(t['mean_every_point'])}; p90 <= {P90_MAX}x: {_yes(t['p90_every_point'])}; hits >= "
             f"SMG - {HIT_SLACK_PTS} pt: {_yes(t['hit_every_point'])}"
         )
+        for what, where in g["misses"].items():
+            if where:
+                lines.append(f"  - {what} missed at: {'; '.join(where)}")
     lines += ["", COMBINED_HEADER]
     for r in sorted(rows, key=lambda r: -(r["mean"] if r["mean"] is not None else math.inf)):
         load = "closed" if r["mode"] == "closed" else f"{r['load']:.0%}"

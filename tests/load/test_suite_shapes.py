@@ -275,6 +275,8 @@ def test_result_files_combine_into_one_worst_first_table_merging_only_like_setti
     assert "| 3.00 |" in table[0]
     assert "| 2 | 1.00 (0.80-1.20) |" in table[1]
     assert "2 points" in text and "c.json" in text
+    # Misses are judged on the medians and name each point with its engines and blocks.
+    assert "mean missed at: sessions s0 110% e8 b1024\n" in text
 
 
 def test_repeats_rerun_every_point_on_the_same_arrivals_into_their_own_logs(
