@@ -391,13 +391,11 @@ def run_cell(
     capacity = args.rate
     if not args.no_closed:
         for repeat in range(args.repeats):
-            runs = []
-            for gw in order:
-                where = f"{cell.sweep}: closed loop{_nth(repeat, args)}"
-                print(f"  {cell.shape} seed {cell.seed} {where}, {gw.name}", file=sys.stderr)
-                runs.append(_guarded(gw, ctx, cell, shape, None, args, "closed" + _suffix(repeat)))
-            point = {"mode": "closed", "load": None, "rate": None, "repeat": repeat, "runs": runs}
-            out["points"].append(point)
+            where = f" {cell.sweep}: closed loop"
+            runs = _repeat(order, ctx, cell, shape, None, args, where, "closed", repeat)
+            out["points"].append(
+                {"mode": "closed", "load": None, "rate": None, "repeat": repeat, "runs": runs}
+            )
             source = next((r for r in runs if r.get("requests_per_s")), None)
             if capacity is None and source is not None:
                 capacity = source["requests_per_s"]
@@ -410,26 +408,32 @@ def run_cell(
         arrivals = [t for t in poisson_arrivals(rate, int(rate * args.duration * 1.5) + 10, cell.seed)]
         arrivals = [t for t in arrivals if t < args.duration]
         for repeat in range(args.repeats):
-            runs = []
-            for gw in order:
-                print(
-                    f"  {cell.shape} seed {cell.seed}: open loop {load:.0%}{_nth(repeat, args)}, {gw.name}",
-                    file=sys.stderr,
-                )
-                label = f"open{int(load * 100)}{_suffix(repeat)}"
-                runs.append(_guarded(gw, ctx, cell, shape, arrivals, args, label))
+            where = f": open loop {load:.0%}"
+            runs = _repeat(order, ctx, cell, shape, arrivals, args, where, f"open{int(load * 100)}", repeat)
             out["points"].append({"mode": "open", "load": load, "rate": rate, "repeat": repeat, "runs": runs})
     return out
 
 
-def _nth(repeat: int, args: argparse.Namespace) -> str:
-    """A point's progress line names its repeat when there are several."""
-    return f" (run {repeat + 1} of {args.repeats})" if args.repeats > 1 else ""
-
-
-def _suffix(repeat: int) -> str:
-    """A repeat's log folder suffix: none for the first, so single runs keep their folder names."""
-    return f"-r{repeat}" if repeat else ""
+def _repeat(
+    order: Sequence[Gateway],
+    ctx: Context,
+    cell: Cell,
+    shape: shapes.Shape,
+    arrivals: Sequence[float] | None,
+    args: argparse.Namespace,
+    where: str,
+    label: str,
+    repeat: int,
+) -> list[dict[str, Any]]:
+    """One repeat of a point: each gateway in turn. The progress line names the repeat when there are
+    several; its log folders take a suffix after the first, so single runs keep their folder names."""
+    nth = f" (run {repeat + 1} of {args.repeats})" if args.repeats > 1 else ""
+    suffix = f"-r{repeat}" if repeat else ""
+    runs = []
+    for gw in order:
+        print(f"  {cell.shape} seed {cell.seed}{where}{nth}, {gw.name}", file=sys.stderr)
+        runs.append(_guarded(gw, ctx, cell, shape, arrivals, args, label + suffix))
+    return runs
 
 
 def _guarded(

@@ -106,12 +106,14 @@ def merge_repeats(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
     for same in groups.values():
         row = dict(same[0])
-        for k in ("mean", "p90", "p99", "throughput", "hit_pts"):
-            values = [r[k] for r in same if r[k] is not None]
-            row[k] = statistics.median(values) if values else None
-        means = [r["mean"] for r in same if r["mean"] is not None]
-        row["mean_worst"] = max(means) if means else None
-        row["mean_best"] = min(means) if means else None
+        values = {
+            k: [r[k] for r in same if r[k] is not None]
+            for k in ("mean", "p90", "p99", "throughput", "hit_pts")
+        }
+        for k, v in values.items():
+            row[k] = statistics.median(v) if v else None
+        row["mean_worst"] = max(values["mean"], default=None)
+        row["mean_best"] = min(values["mean"], default=None)
         row["hit_pts_worst"] = min(r["hit_pts"] for r in same)
         counts = [r["measured"] for r in same if r["measured"] is not None]
         row["measured"] = min(counts) if counts else None
