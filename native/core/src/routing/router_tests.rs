@@ -1020,3 +1020,59 @@ fn booking_is_refused_when_negative() {
     assert!(RouterConfig::from_json(r#"{"book_routed_s": -1}"#).is_err());
     assert_eq!(RouterConfig::default().book_routed_s, 0.0, "off unless asked for");
 }
+
+#[test]
+fn an_idle_engine_takes_a_shared_prefix_but_not_a_history() {
+    // Endpoint 0's events hold a 20-block shared preamble and one session's history (the preamble and
+    // 10 blocks of its own); it is prefilling 100 tokens for another request. Endpoint 1 is idle and
+    // holds nothing. Each request adds 2 blocks (8 tokens) of its own.
+    let preamble = prompt(5, 20);
+    let mut history = preamble.clone();
+    history.extend(prompt(6, 10));
+    let with_tail = |base: &[u32], tail: u32| -> Vec<u32> {
+        let mut t = base.to_vec();
+        t.extend([tail; 2 * B as usize]);
+        t
+    };
+    let picks = |idle_uncached_weight: Option<f64>| {
+        let r = router_with(
+            "kv_events",
+            2,
+            RouterConfig {
+                seed: Some(1),
+                idle_uncached_weight,
+                ..Default::default()
+            },
+        );
+        assert_eq!(
+            r.apply_kv_events(&addr(0), &stored_batch(1, &history, 1))
+                .outcome
+                .kind(),
+            "applied"
+        );
+        let _busy = r.begin(&addr(0), None, 100).unwrap();
+        let to = |t: Vec<u32>| r.pick(&t, None).unwrap().primary.to_string();
+        (
+            to(with_tail(&preamble, 901)),
+            to(with_tail(&preamble, 902)),
+            to(with_tail(&history, 903)),
+        )
+    };
+    // On the holder a new session waits 100 + 16 + 3 x 8 = 140; on the idle engine its 88 tokens count
+    // 3 x 88 = 264 by default, so it stays. With `idle_uncached_weight` 1 the first new session
+    // stays too (its preamble has ended no other request's cached prefix yet); the second's preamble
+    // is shared by then, and 88 < 140 replicates it to the idle engine. The follow-up's cached prefix
+    // ends in its own history: weighed as usual (3 x 128 = 384 on the idle engine), it stays.
+    let (a, b) = (addr(0), addr(1));
+    assert_eq!(picks(None), (a.clone(), a.clone(), a.clone()));
+    assert_eq!(picks(Some(1.0)), (a.clone(), b, a));
+    assert!(
+        RouterConfig::from_json(r#"{"idle_uncached_weight": 4}"#).is_err(),
+        "above uncached_weight"
+    );
+    assert!(
+        RouterConfig::from_json(r#"{"idle_uncached_weight": -0.5}"#).is_err(),
+        "negative"
+    );
+    assert_eq!(RouterConfig::default().idle_uncached_weight, None);
+}
