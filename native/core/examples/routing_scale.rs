@@ -142,7 +142,6 @@ fn ranking(n: usize) {
         let ctx = PickContext {
             candidates: &sets[i % sets.len()],
             session_key: None,
-            shared_prefix: false,
             rng: &dice,
         };
         let start = Instant::now();

@@ -40,12 +40,6 @@ pub struct RouterConfig {
     /// (see `policy/affinity.rs`): 3 by default (the request's own prefill, and the work it adds to the
     /// engine for everything after it and to the cache it evicts from); 1 counts them once.
     pub uncached_weight: f64,
-    /// Affinity policies: the weight of the uncached tokens on an idle endpoint (no request on it, no
-    /// prefill queued) for a request whose longest cached prefix is a shared one, one another request's
-    /// also ended at lately (`shared_prefixes.rs`); at most `uncached_weight`; unset: `uncached_weight`.
-    /// Nothing waits behind a miss there, so of the weight's three reasons only the eviction is left
-    /// (see `policy/affinity.rs`).
-    pub idle_uncached_weight: Option<f64>,
     /// Affinity policies: the holder band, in prefill tokens. An endpoint holding the longest cached
     /// prefix of the request, when that prefix is at least half the prompt (a session's history, a long
     /// shared prompt), stays first unless its expected wait exceeds the best by more than this (see
@@ -81,7 +75,6 @@ impl Default for RouterConfig {
             spill_ratio: 1.5,
             request_cost_tokens: 16,
             uncached_weight: 3.0,
-            idle_uncached_weight: None,
             holder_slack_tokens: 0,
             shed_queue_depth: 0,
             objectives: BTreeMap::new(),
@@ -120,13 +113,6 @@ impl RouterConfig {
         }
         if !(self.uncached_weight >= 1.0 && self.uncached_weight.is_finite()) {
             return bad("uncached_weight must be at least 1");
-        }
-        if let Some(idle) = self.idle_uncached_weight {
-            // Above it an idle endpoint holding nothing could rank after a busy one holding nothing,
-            // against the shortlist's order of those endpoints (by load, `load_order.rs`).
-            if !(idle >= 0.0 && idle <= self.uncached_weight) {
-                return bad("idle_uncached_weight must be at least 0 and at most uncached_weight");
-            }
         }
         if !(self.book_routed_s >= 0.0 && self.book_routed_s.is_finite()) {
             return bad("book_routed_s must be zero or positive");

@@ -8,7 +8,6 @@
 //! - `zmq_events`: vLLM's ZMQ KV-event payloads (msgpack) as the batches `events` applies.
 //! - `policy/`: filters → weighted scorers → picker, policies registered by name.
 //! - `penalty`: failures streams report, which eject an endpoint for a growing backoff.
-//! - `shared_prefixes`: which cached prefixes several requests end at (shared ones, not histories).
 //! - `load_order`: the healthy endpoints by expected wait and by load, kept current, for large pools.
 //! - `router`: endpoints, health, loads, in-flight accounting, the pick.
 
@@ -31,7 +30,6 @@ pub mod prefix_index;
 pub mod rng;
 pub mod router;
 mod shard;
-pub mod shared_prefixes;
 pub mod zmq_events;
 
 pub use config::RouterConfig;

@@ -21,7 +21,6 @@ use super::penalty::{Failure, Standing};
 use super::policy::{registry, Candidate, PickContext, Policy, PrefixSource, WaitOrder};
 use super::prefix_index::{EventIndex, RoutedIndex};
 use super::rng::Rng;
-use super::shared_prefixes::SharedPrefixes;
 use super::zmq_events;
 use crate::metrics;
 use crate::pb::kv_events::KvEventBatch;
@@ -171,14 +170,7 @@ pub struct Router {
     wait_order: Option<(WaitOrder, Arc<LoadOrder>)>,
     /// Healthy endpoints from which a pick ranks a shortlist (`SHORTLIST_FROM`).
     shortlist_from: usize,
-    /// Where requests' longest cached prefixes ended lately; `None` unless a policy reads it (an
-    /// `idle_uncached_weight` below `uncached_weight`).
-    shared: Option<SharedPrefixes>,
 }
-
-/// How long the end of a request's longest cached prefix marks that prefix as shared: 30 s. A shared
-/// prefix in use recurs within seconds; a history's end recurs only if its request is sent again.
-const SHARED_WINDOW: Tick = 300;
 
 /// From this many healthy endpoints on, a policy with a `wait_order` ranks a shortlist (`Router::
 /// shortlist`); below it, every endpoint (a scan of a few dozen costs less than the walks).
@@ -200,19 +192,6 @@ struct Decision<'t> {
 /// The prompt's block hashes per block size: `(block size, chain)`.
 type Chains = Vec<(u32, Vec<BlockHash>)>;
 
-/// The last block of the longest cached prefix among the candidates (most cached tokens, then the
-/// smaller block size), if any holds one.
-fn longest_prefix_end(candidates: &[Candidate], chains: &Chains) -> Option<BlockHash> {
-    let best = candidates.iter().filter(|c| c.cached_blocks > 0).max_by_key(|c| {
-        (
-            u64::from(c.cached_blocks) * u64::from(c.block_size),
-            std::cmp::Reverse(c.block_size),
-        )
-    })?;
-    let (_, chain) = chains.iter().find(|(b, _)| *b == best.block_size)?;
-    chain.get(best.cached_blocks as usize - 1).copied()
-}
-
 impl Router {
     pub fn new(policy_name: &str, config: RouterConfig) -> Result<Router, RoutingError> {
         let policy = registry::policy(policy_name, &config)?;
@@ -229,10 +208,6 @@ impl Router {
             source: policy.prefix_source(),
             wait_order,
             shortlist_from: SHORTLIST_FROM,
-            shared: config
-                .idle_uncached_weight
-                .is_some_and(|w| w < config.uncached_weight)
-                .then(|| SharedPrefixes::new(SHARED_WINDOW)),
             policy,
             events: EventIndex::new(config.max_blocks),
             routed: RoutedIndex::new(config.max_blocks),
@@ -377,9 +352,6 @@ impl Router {
             Some(d) => d,
             None => self.rank_all(&table, req, clock, now)?,
         };
-        if let (Some(shared), Some(end)) = (&self.shared, longest_prefix_end(&d.candidates, &d.chains)) {
-            shared.note(end, now);
-        }
         let p = d.ranking[0];
         let (st, c) = (d.states[p], &d.candidates[p]);
         // Approximate mode leases what it routed; precise mode with booking books it until the
@@ -464,7 +436,7 @@ impl Router {
         } else {
             1 + self.config.max_fallbacks
         };
-        let ranking = self.rank(&candidates, &chains, req, wanted, now);
+        let ranking = self.rank(&candidates, req, wanted);
         Ok(Decision {
             states,
             candidates,
@@ -597,7 +569,7 @@ impl Router {
             states.push(st);
         }
         drop(orders);
-        let ranking = self.rank(&candidates, &chains, req, k, now);
+        let ranking = self.rank(&candidates, req, k);
         Some(Decision {
             states,
             candidates,
@@ -606,23 +578,11 @@ impl Router {
         })
     }
 
-    fn rank(
-        &self,
-        candidates: &[Candidate],
-        chains: &Chains,
-        req: &PickRequest<'_>,
-        wanted: usize,
-        now: Tick,
-    ) -> Vec<usize> {
-        let shared_prefix = self
-            .shared
-            .as_ref()
-            .is_some_and(|shared| longest_prefix_end(candidates, chains).is_some_and(|end| shared.is_shared(end, now)));
+    fn rank(&self, candidates: &[Candidate], req: &PickRequest<'_>, wanted: usize) -> Vec<usize> {
         self.policy.rank_top(
             &PickContext {
                 candidates,
                 session_key: req.session_key,
-                shared_prefix,
                 rng: &self.rng,
             },
             wanted,

@@ -58,10 +58,6 @@ fn outcome(r: &Router, d: &Decision<'_>, k: usize) -> Outcome {
 /// unhealthy or ejected. Loads come from small sets, so that many keys tie.
 fn random_router(g: &mut Lcg, seed: u64) -> (Router, Vec<InFlight>) {
     let policy = g.pick(&["kv_events", "kv_events", "prefix_cache"]);
-    let uncached_weight = g.pick(&[1.0, 2.0, 3.0]);
-    let idle_uncached_weight = g
-        .pick(&[None, Some(1.0), Some(2.0)])
-        .map(|w: f64| w.min(uncached_weight));
     let cfg = RouterConfig {
         seed: Some(seed),
         max_fallbacks: g.below(5) as usize,
@@ -69,8 +65,7 @@ fn random_router(g: &mut Lcg, seed: u64) -> (Router, Vec<InFlight>) {
         spill_abs: g.below(4) as u32,
         spill_ratio: g.pick(&[1.0, 1.5, 2.0]),
         request_cost_tokens: g.pick(&[0, 1, 16, 40]),
-        uncached_weight,
-        idle_uncached_weight,
+        uncached_weight: g.pick(&[1.0, 2.0, 3.0]),
         holder_slack_tokens: g.pick(&[0, 0, 8, 64]),
         book_routed_s: g.pick(&[0.0, 0.0, 5.0]),
         book_cold_s: g.pick(&[0.0, 0.0, 2.0]),

@@ -48,8 +48,6 @@ pub struct Affinity {
     pub request_cost: u32,
     /// Weight of the request's own uncached prompt tokens (`uncached_weight`).
     pub uncached_weight: f64,
-    /// The same weight on an idle endpoint (`idle_uncached_weight`, at most `uncached_weight`).
-    pub idle_uncached_weight: f64,
     /// The holder band (`holder_slack_tokens`): 0 is off.
     pub holder_slack: u32,
 }
@@ -66,7 +64,6 @@ impl Affinity {
             },
             request_cost: cfg.request_cost_tokens,
             uncached_weight: cfg.uncached_weight,
-            idle_uncached_weight: cfg.idle_uncached_weight.unwrap_or(cfg.uncached_weight),
             holder_slack: cfg.holder_slack_tokens,
         }
     }
@@ -85,14 +82,8 @@ impl Affinity {
     /// Expected prefill work ahead of the first token on `c`, in tokens.
     /// One term depends on the request: its uncached tokens, the whole prompt for every endpoint
     /// holding none of it; the rest is the endpoint's `base_wait`, the router's load order.
-    pub fn expected_wait(&self, c: &Candidate, shared_prefix: bool) -> u64 {
-        let idle = c.load.requests() == 0 && c.load.prefill_backlog() == 0;
-        let weight = if idle && shared_prefix {
-            self.idle_uncached_weight
-        } else {
-            self.uncached_weight
-        };
-        base_wait(&c.load, self.request_cost) + (f64::from(c.uncached_tokens()) * weight) as u64
+    pub fn expected_wait(&self, c: &Candidate) -> u64 {
+        base_wait(&c.load, self.request_cost) + (f64::from(c.uncached_tokens()) * self.uncached_weight) as u64
     }
 
     /// Whether `c` is in the holder band: it holds the longest cached prefix among `candidates`, and
@@ -136,10 +127,7 @@ impl Affinity {
                 } else {
                     0
                 };
-                (
-                    self.expected_wait(&c[i], ctx.shared_prefix).saturating_sub(slack),
-                    c[i].cached_blocks,
-                )
+                (self.expected_wait(&c[i]).saturating_sub(slack), c[i].cached_blocks)
             };
             (RankKey(spilled, wait, Reverse(cached), load_key(&c[i])), i)
         };
@@ -203,7 +191,6 @@ mod tests {
             },
             request_cost,
             uncached_weight,
-            idle_uncached_weight: uncached_weight,
             holder_slack: 0,
         }
     }
@@ -212,7 +199,6 @@ mod tests {
         a.rank(&PickContext {
             candidates: c,
             session_key: None,
-            shared_prefix: false,
             rng: &Rng::new(0),
         })
     }
@@ -287,36 +273,6 @@ mod tests {
     }
 
     #[test]
-    fn an_idle_endpoint_weighs_a_shared_prefix_miss_by_its_idle_weight() {
-        // A holds 8 of 10 blocks (32 tokens left: 96 at weight 3) and prefills 100 tokens for one
-        // request (116 with its request cost): 212. B is idle and cold: 3 x 160 = 480, but 160 at
-        // an idle weight of 1, for a request whose cached prefix is a shared one.
-        let mut holder = cand(0, 1, 8);
-        holder.load.prefill_tokens = 100;
-        let c = [holder, cand(1, 0, 0)];
-        let mut a = weighted(8, 16, 3.0);
-        a.idle_uncached_weight = 1.0;
-        let rng = Rng::new(0);
-        let ctx = |shared_prefix| PickContext {
-            candidates: &c,
-            session_key: None,
-            shared_prefix,
-            rng: &rng,
-        };
-        assert_eq!(a.rank(&ctx(true))[0], 1, "shared: 160 < 212");
-        assert_eq!(a.rank(&ctx(false))[0], 0, "a history: 480 > 212");
-        // A busy endpoint keeps the usual weight whatever the prefix.
-        let c = [holder, cand(1, 1, 0)];
-        let ctx = PickContext {
-            candidates: &c,
-            session_key: None,
-            shared_prefix: true,
-            rng: &rng,
-        };
-        assert_eq!(a.rank(&ctx)[0], 0, "16 + 480 > 212");
-    }
-
-    #[test]
     fn the_holder_band_keeps_a_busy_history_holder_within_its_slack() {
         // A holds 6 of 10 blocks (96 of 160 tokens: more than half) but is prefilling 300 tokens for
         // others: wait 300 + 2 x 64 = 428; B is idle and cold: 2 x 160 = 320. Without the band B wins.
@@ -363,7 +319,7 @@ mod selection_tests {
         let (mut order, mut spilled) = a.gate.split(c);
         order.sort_unstable_by_key(|&i| {
             (
-                a.expected_wait(&c[i], ctx.shared_prefix),
+                a.expected_wait(&c[i]),
                 std::cmp::Reverse(c[i].cached_blocks),
                 load_key(&c[i]),
                 c[i].tie,
@@ -418,7 +374,6 @@ mod selection_tests {
             abs in 0..4u32,
             request_cost in 0..40u32,
             weight in prop_oneof![Just(1.0), Just(2.0), Just(0.5)],
-            idle_share in prop_oneof![Just(1.0), Just(0.5)],
         ) {
             for (i, c) in candidates.iter_mut().enumerate() {
                 c.id = i * 97;
@@ -428,11 +383,10 @@ mod selection_tests {
                 gate: SpillGate { enabled: gate, abs, ratio: 1.5 },
                 request_cost,
                 uncached_weight: weight,
-                idle_uncached_weight: weight * idle_share,
                 holder_slack: 0,
             };
             let rng = Rng::new(seed);
-            let ctx = PickContext { candidates: &candidates, session_key: None, shared_prefix: false, rng: &rng };
+            let ctx = PickContext { candidates: &candidates, session_key: None, rng: &rng };
             let mut want = full_sort(&a, &ctx);
             want.truncate(k);
             prop_assert_eq!(a.rank_top(&ctx, k), want);

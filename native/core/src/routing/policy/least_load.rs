@@ -27,7 +27,6 @@ mod tests {
             LeastLoad.rank(&PickContext {
                 candidates: &c,
                 session_key: None,
-                shared_prefix: false,
                 rng: &rng
             }),
             vec![1, 3, 0, 2]

@@ -82,9 +82,6 @@ pub struct PickContext<'a> {
     pub candidates: &'a [Candidate],
     /// The request's session key (the `x-session-id` header or the `user` field), if any.
     pub session_key: Option<&'a str>,
-    /// The request's longest cached prefix (over the candidates) ends where another request's did a
-    /// moment ago (`shared_prefixes.rs`): a prefix requests share, not one session's history.
-    pub shared_prefix: bool,
     pub rng: &'a Rng,
 }
 

@@ -58,7 +58,6 @@ mod tests {
         let ranking = PowerOfTwo.rank(&PickContext {
             candidates: &c,
             session_key: None,
-            shared_prefix: false,
             rng: &rng,
         });
         assert_eq!(ranking, vec![0, 1]);

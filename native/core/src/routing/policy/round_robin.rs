@@ -33,7 +33,6 @@ mod tests {
         let ranking = p.rank(&PickContext {
             candidates: &c,
             session_key: None,
-            shared_prefix: false,
             rng: &rng,
         });
         assert_eq!(ranking, vec![0, 1, 2], "fallbacks follow in order");

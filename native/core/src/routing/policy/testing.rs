@@ -28,7 +28,6 @@ pub fn first(policy: &dyn Policy, candidates: &[Candidate], key: Option<&str>, r
     let ranking = policy.rank(&PickContext {
         candidates,
         session_key: key,
-        shared_prefix: false,
         rng,
     });
     let mut sorted = ranking.clone();

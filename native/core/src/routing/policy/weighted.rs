@@ -85,7 +85,6 @@ mod tests {
         let ranking = p.rank(&PickContext {
             candidates: &c,
             session_key: None,
-            shared_prefix: false,
             rng: &rng,
         });
         assert_eq!(ranking.last(), Some(&0), "the overloaded holder is the last fallback");
