@@ -206,6 +206,38 @@ def test_rows_report_the_warm_up_apart_with_its_ratio_to_smg() -> None:
     assert list(suite_report._rows(cell, {"default_policy": "kv_events"}))[1].endswith("| - |")
 
 
+def test_the_summary_names_the_worst_cold_start_apart_from_the_targets() -> None:
+    # The steady state wins at both loads; the warm-up loses at 90% (3x SMG's) and wins at 50%.
+    def point(load: float, ours_warmup: float) -> dict[str, object]:
+        smg, ours = _run("smg", 100, 200, 0.9), _run("kv_events", 90, 190, 0.9)
+        smg["warmup_ttft_ms"] = {"mean": 200.0}
+        ours["warmup_ttft_ms"] = {"mean": ours_warmup}
+        return {"mode": "open", "load": load, "rate": 10.0, "runs": [smg, ours]}
+
+    cell = {
+        "shape": "system_prompts",
+        "seed": 0,
+        "sweep": "main",
+        "engines": 4,
+        "num_blocks": 1024,
+        "points": [point(0.5, 100.0), point(0.9, 600.0)],
+    }
+    doc = {"ours": [{"name": "kv_events"}], "cells": [cell]}
+    summary = suite_report.analyse(doc)["kv_events"]
+    assert summary["targets"]["mean_every_point"] is True, "the warm-up is not judged"
+    assert summary["cold_start"] == {
+        "worst": 3.0,
+        "worst_at": "system_prompts s0 90%",
+        "slower_than_smg": 1,
+        "points": 2,
+    }
+    lines = suite_report._target_lines("kv_events", summary, "")
+    assert lines[-1] == (
+        "  - cold start (the warm-up, not a target): worst 3.00x of SMG's mean TTFT at "
+        "system_prompts s0 90%; slower than SMG's at 1 of 2 points"
+    )
+
+
 def test_a_point_measured_on_too_few_requests_is_named_with_its_count() -> None:
     def point(load: float, count: int) -> dict[str, object]:
         smg, ours = _run("smg", 100, 200, 0.9), _run("kv_events", 110, 190, 0.8)
