@@ -171,17 +171,15 @@ def _run(gateway: str, mean: float, p90: float, hit: float) -> dict[str, object]
     }
 
 
+def _main_cell(shape: str, points: list[dict[str, object]]) -> dict[str, object]:
+    """A main-grid cell of seed 0 on 4 engines x 1,024 blocks."""
+    return {"shape": shape, "seed": 0, "sweep": "main", "engines": 4, "num_blocks": 1024, "points": points}
+
+
 def test_report_leads_with_the_worst_shape_and_checks_targets() -> None:
     def cell(shape: str, ours_mean: float) -> dict[str, object]:
         runs = [_run("smg", 100, 200, 0.9), _run("kv_events", ours_mean, 190, 0.9)]
-        return {
-            "shape": shape,
-            "seed": 0,
-            "sweep": "main",
-            "engines": 4,
-            "num_blocks": 1024,
-            "points": [{"mode": "closed", "load": None, "rate": None, "runs": runs}],
-        }
+        return _main_cell(shape, [{"mode": "closed", "load": None, "rate": None, "runs": runs}])
 
     doc = {
         "ours": [{"name": "kv_events"}],
@@ -214,14 +212,7 @@ def test_the_summary_names_the_worst_cold_start_apart_from_the_targets() -> None
         ours["warmup_ttft_ms"] = {"mean": ours_warmup}
         return {"mode": "open", "load": load, "rate": 10.0, "runs": [smg, ours]}
 
-    cell = {
-        "shape": "system_prompts",
-        "seed": 0,
-        "sweep": "main",
-        "engines": 4,
-        "num_blocks": 1024,
-        "points": [point(0.5, 100.0), point(0.9, 600.0)],
-    }
+    cell = _main_cell("system_prompts", [point(0.5, 100.0), point(0.9, 600.0)])
     doc = {"ours": [{"name": "kv_events"}], "cells": [cell]}
     summary = suite_report.analyse(doc)["kv_events"]
     assert summary["targets"]["mean_every_point"] is True, "the warm-up is not judged"
@@ -245,14 +236,7 @@ def test_a_point_measured_on_too_few_requests_is_named_with_its_count() -> None:
             run["ttft_ms"]["count"] = count  # type: ignore[index]
         return {"mode": "open", "load": load, "rate": 1.0, "runs": [smg, ours]}
 
-    cell = {
-        "shape": "rag",
-        "seed": 0,
-        "sweep": "main",
-        "engines": 4,
-        "num_blocks": 1024,
-        "points": [point(0.5, 13), point(1.1, suite_report.MIN_MEASURED)],
-    }
+    cell = _main_cell("rag", [point(0.5, 13), point(1.1, suite_report.MIN_MEASURED)])
     doc = {"ours": [{"name": "kv_events"}], "cells": [cell]}
     summary = suite_report.analyse(doc)["kv_events"]
     assert summary["misses"]["hit"] == ["rag s0 50% (13 requests)", "rag s0 110%"]
