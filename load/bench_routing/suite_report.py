@@ -180,7 +180,7 @@ def analyse_rows(rows: list[dict[str, Any]], ours: Sequence[dict[str, Any]]) -> 
             "thin": thin,
             "cold_start": {
                 "worst": None if worst_warmup is None else worst_warmup["warmup"],
-                "worst_at": None if worst_warmup is None else _where(worst_warmup | {"runs": 1}),
+                "worst_at": None if worst_warmup is None else _where(worst_warmup, mean_range=False),
                 "slower_than_smg": sum(r["warmup"] > 1.0 for r in warmups),
                 "points": len(warmups),
             },
@@ -188,12 +188,14 @@ def analyse_rows(rows: list[dict[str, Any]], ours: Sequence[dict[str, Any]]) -> 
     return out
 
 
-def _where(r: dict[str, Any]) -> str:
+def _where(r: dict[str, Any], mean_range: bool = True) -> str:
+    """The point `r` in a line: shape, seed, load, engines and blocks off the main grid, its request
+    count when thin, and (`mean_range`) the range of its repeats' mean-TTFT ratios."""
     load = "closed" if r["mode"] == "closed" else f"{r['load']:.0%}"
     sweep = "" if r["sweep"] == "main" else f" e{r['engines']} b{r['num_blocks']}"
     count = f" ({r['measured']} requests)" if _thin(r) else ""
     runs = ""
-    if r.get("runs", 1) > 1:
+    if mean_range and r.get("runs", 1) > 1:
         runs = f" (median of {r['runs']}: {r['mean_best']:.2f}-{r['mean_worst']:.2f}x)"
     return f"{r['shape']} s{r['seed']} {load}{sweep}{count}{runs}"
 
