@@ -8,7 +8,9 @@
 //!    128 blocks (a 64-block prefix out of 256 shared ones, then a unique tail): 96 per endpoint up to
 //!    64 endpoints, then 6,144 in all (at least 4 per endpoint), so the larger routers hold as many
 //!    prompts or more. Requests share a system prefix with the index and nothing more; ~3 requests
-//!    stay in flight per endpoint so loads vary.
+//!    stay in flight per endpoint so loads vary. Beside the run's percentiles, the range of its ten
+//!    consecutive slices' own p50 and p99: a shared host's speed drifts over seconds, and a wide range
+//!    says the run's p99 is partly that drift.
 //!    Memory: allocator bytes the filled index added (both indexes, every endpoint's engine-hash map)
 //!    over distinct indexed blocks and over memberships; and the precise index's own tables per block
 //!    (`IndexStats::index_bytes`).
@@ -29,6 +31,8 @@ mod common;
 use common::{percentile, stored, tokens, Lcg, BLOCK, LIVE, SYSTEM_BLOCKS, SYSTEM_PROMPTS, TAIL_BLOCKS};
 
 const PICKS: usize = 20_000;
+/// Consecutive slices of the picks whose own percentiles are reported beside the whole run's.
+const SLICES: usize = 10;
 
 /// Prompts indexed per endpoint at `n` endpoints: 96 up to 64 endpoints, then 6,144 in all.
 fn prompts_per_endpoint(n: usize) -> u64 {
@@ -88,12 +92,30 @@ fn whole_picks(n: usize) {
             held.pop_front();
         }
     }
+    // The machine's speed drifts over seconds (other tenants of a shared host): each tenth of the run's
+    // own p50 and p99, the fastest and slowest, show how much of the run's p99 is that drift.
+    let slices: Vec<(f64, f64)> = samples
+        .chunks(PICKS / SLICES)
+        .map(|chunk| {
+            let mut chunk = chunk.to_vec();
+            chunk.sort_by(f64::total_cmp);
+            (percentile(&chunk, 0.5), percentile(&chunk, 0.99))
+        })
+        .collect();
+    let range = |f: fn(&(f64, f64)) -> f64| {
+        let values = slices.iter().map(f);
+        (values.clone().fold(f64::INFINITY, f64::min), values.fold(0.0, f64::max))
+    };
+    let (p50_lo, p50_hi) = range(|s| s.0);
+    let (p99_lo, p99_hi) = range(|s| s.1);
     samples.sort_by(f64::total_cmp);
     println!(
-        "{n:>6} {per_endpoint:>4} {:>9.2} {:>9.2} {:>9.2} {:>10} {:>11.0} {:>10.1} {:>12.1} {:>12.1}",
+        "{n:>6} {per_endpoint:>4} {:>9.2} {:>9.2} {:>9.2} {:>13} {:>13} {:>10} {:>11.0} {:>10.1} {:>12.1} {:>12.1}",
         percentile(&samples, 0.5),
         percentile(&samples, 0.99),
         percentile(&samples, 0.999),
+        format!("{p50_lo:.1}-{p50_hi:.1}"),
+        format!("{p99_lo:.1}-{p99_hi:.1}"),
         stats.event_blocks,
         memberships,
         bytes / stats.event_blocks as f64,
@@ -173,8 +195,19 @@ fn main() {
         SYSTEM_BLOCKS + TAIL_BLOCKS
     );
     println!(
-        "{:>6} {:>4} {:>9} {:>9} {:>9} {:>10} {:>11} {:>10} {:>12} {:>12}",
-        "n", "per", "p50 us", "p99 us", "p99.9 us", "blocks", "memberships", "B/block", "B/membership", "index B/blk"
+        "{:>6} {:>4} {:>9} {:>9} {:>9} {:>13} {:>13} {:>10} {:>11} {:>10} {:>12} {:>12}",
+        "n",
+        "per",
+        "p50 us",
+        "p99 us",
+        "p99.9 us",
+        "tenths p50",
+        "tenths p99",
+        "blocks",
+        "memberships",
+        "B/block",
+        "B/membership",
+        "index B/blk"
     );
     for n in [16, 64, 128, 1_000, 10_000].into_iter().filter(wanted) {
         whole_picks(n);
