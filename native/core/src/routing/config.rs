@@ -24,6 +24,10 @@ pub struct RouterConfig {
     /// off. Its engine prefills it while a burst of the same prefix arrives; without the booking each of
     /// those looks cold too and is spread, prefilling the prefix again elsewhere (`policy/affinity.rs`).
     pub book_cold_s: f64,
+    /// Cold booking: how many engines a burst of one cold prefix is spread over before its bookings
+    /// count. 1 keeps the burst on the first engine; 2 lets the second request of the burst go where
+    /// the load says (a second engine prefills the prefix too) and the rest follow the two bookings.
+    pub book_cold_spread: u32,
     /// Fallback endpoints listed after the primary.
     pub max_fallbacks: usize,
     /// Seed of the policies' random draws; from the clock when unset.
@@ -68,6 +72,7 @@ impl Default for RouterConfig {
             routed_ttl_s: 120.0,
             book_routed_s: 0.0,
             book_cold_s: 0.0,
+            book_cold_spread: 1,
             max_fallbacks: 3,
             seed: None,
             spill_enabled: true,
@@ -119,6 +124,9 @@ impl RouterConfig {
         }
         if !(self.book_cold_s >= 0.0 && self.book_cold_s.is_finite()) {
             return bad("book_cold_s must be zero or positive");
+        }
+        if self.book_cold_spread == 0 {
+            return bad("book_cold_spread must be at least 1");
         }
         if !(self.spill_ratio >= 1.0 && self.spill_ratio.is_finite()) {
             return bad("spill_ratio must be at least 1");

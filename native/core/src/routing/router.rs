@@ -165,6 +165,8 @@ pub struct Router {
     book: Tick,
     /// Cold booking's lease (`book_cold_s`), in ticks; 0: off.
     book_cold: Tick,
+    /// Booked engines a cold prompt's bookings wait for before they count (`book_cold_spread`).
+    book_cold_spread: usize,
     /// The policy's order of the endpoints holding none of the prompt, and the endpoints kept in it
     /// (`None`: the policy ranks otherwise).
     wait_order: Option<(WaitOrder, Arc<LoadOrder>)>,
@@ -214,6 +216,7 @@ impl Router {
             ttl: ((config.routed_ttl_s * 10.0).ceil() as Tick).max(1),
             book: (config.book_routed_s * 10.0).ceil() as Tick,
             book_cold: (config.book_cold_s * 10.0).ceil() as Tick,
+            book_cold_spread: config.book_cold_spread as usize,
             config,
             table: RwLock::new(Table::default()),
             rng: Rng::new(seed),
@@ -693,7 +696,12 @@ impl Router {
             holders.extend(counts.iter());
             // Booked blocks (precise mode): what was just routed there, not yet in its events.
             if self.source == PrefixSource::Events && (self.book > 0 || self.book_cold > 0) {
-                holders.extend(self.routed.match_prefix_where(&hashes, of_size, now).iter());
+                let booked = self.routed.match_prefix_where(&hashes, of_size, now);
+                // Cold bookings count once `book_cold_spread` engines hold one: until then the burst
+                // goes where the load says, each such pick booking another engine.
+                if self.book > 0 || booked.iter().count() >= self.book_cold_spread {
+                    holders.extend(booked.iter());
+                }
             }
             chains.push((bs, hashes));
         }

@@ -952,17 +952,18 @@ fn booking_counts_a_just_routed_prefix_before_its_events() {
 }
 
 #[test]
-fn cold_booking_keeps_a_burst_of_a_new_prefix_on_one_engine() {
+fn cold_booking_keeps_a_burst_of_a_new_prefix_on_as_many_engines_as_asked() {
     // Four idle endpoints, a burst of four requests sharing a 30-block prompt that no engine's events
     // show yet (the first is still prefilling when the rest arrive).
     let shared = prompt(5, 30);
-    let burst = |book_cold_s: f64| {
+    let burst = |book_cold_s: f64, book_cold_spread: u32| {
         let r = router_with(
             "kv_events",
             4,
             RouterConfig {
                 seed: Some(1),
                 book_cold_s,
+                book_cold_spread,
                 ..Default::default()
             },
         );
@@ -981,8 +982,12 @@ fn cold_booking_keeps_a_burst_of_a_new_prefix_on_one_engine() {
     };
     // Without the booking each looks cold and goes to the least loaded: the prefix is prefilled four
     // times. Booked, the first engine's 30 blocks outweigh a request or three ahead there.
-    assert_eq!(burst(0.0), 4);
-    assert_eq!(burst(2.0), 1);
+    assert_eq!(burst(0.0, 1), 4);
+    assert_eq!(burst(2.0, 1), 1);
+    // Spread over two: the second request goes to another engine, the rest join one of the two.
+    assert_eq!(burst(2.0, 2), 2);
+    assert!(RouterConfig::from_json(r#"{"book_cold_spread": 0}"#).is_err());
+    assert_eq!(RouterConfig::default().book_cold_spread, 1);
 }
 
 #[test]
