@@ -145,3 +145,26 @@ def test_a_burst_of_a_new_prefix_waits_for_the_engine_prefilling_it(
         # Joined, it waited for the first prefill and then read the prefix from the cache.
         cached = second.usage.prompt_tokens_details.cached_tokens or 0
         assert (cached >= 600) == joins_the_first, cached
+
+
+def test_cold_booking_spreads_a_burst_over_as_many_engines_as_asked(tmp_path: Path) -> None:
+    # `book_cold_spread` 2: a burst of a new prefix is spread over two engines before its bookings count.
+    # The first request goes to one engine; the second, routed while that one is still prefilling, goes to
+    # another (one booked engine is not yet two); the third joins one of the two, not the third engine,
+    # which holds nothing. Counted from the first booking (`book_cold_spread` 1) the second would join the
+    # first (the test above).
+    config = '{"book_cold_s": 2, "book_cold_spread": 2}'
+    with local_stack(FreePorts(), tmp_path, engines=3, sim=SLOW_PREFILL, routing_config=config) as s:
+        client = s.openai()
+        burst = []
+        took = []
+        for i in range(3):
+            before = counts(s)
+            burst.append(threading.Thread(target=ask, args=(client, s, f"Question {i}?")))
+            burst[-1].start()
+            wait_for_a_request(s, before)
+            took.append(engine_that_took(s, before))
+        for t in burst:
+            t.join()
+        assert took[1] != took[0], f"the second request joined the first's engine: {took}"
+        assert took[2] in took[:2], f"the third went to an engine holding nothing of the prefix: {took}"
