@@ -28,6 +28,10 @@ pub struct RouterConfig {
     /// count. 1 keeps the burst on the first engine; 2 lets the second request of the burst go where
     /// the load says (a second engine prefills the prefix too) and the rest follow the two bookings.
     pub book_cold_spread: u32,
+    /// Cold booking: the same spread as a share of the healthy endpoints: the bookings count once
+    /// `ceil(share x healthy)` engines hold one, or `book_cold_spread` if more; 0 is off. A fixed
+    /// number of engines per new prefix is too few in a large pool (docs/routing.md, cold booking).
+    pub book_cold_spread_share: f64,
     /// Fallback endpoints listed after the primary.
     pub max_fallbacks: usize,
     /// Seed of the policies' random draws; from the clock when unset.
@@ -73,6 +77,7 @@ impl Default for RouterConfig {
             book_routed_s: 0.0,
             book_cold_s: 0.0,
             book_cold_spread: 1,
+            book_cold_spread_share: 0.0,
             max_fallbacks: 3,
             seed: None,
             spill_enabled: true,
@@ -127,6 +132,9 @@ impl RouterConfig {
         }
         if self.book_cold_spread == 0 {
             return bad("book_cold_spread must be at least 1");
+        }
+        if !(0.0..=1.0).contains(&self.book_cold_spread_share) {
+            return bad("book_cold_spread_share must be between 0 and 1");
         }
         if !(self.spill_ratio >= 1.0 && self.spill_ratio.is_finite()) {
             return bad("spill_ratio must be at least 1");

@@ -165,8 +165,10 @@ pub struct Router {
     book: Tick,
     /// Cold booking's lease (`book_cold_s`), in ticks; 0: off.
     book_cold: Tick,
-    /// Booked engines a cold prompt's bookings wait for before they count (`book_cold_spread`).
+    /// Booked engines a cold prompt's bookings wait for before they count (`book_cold_spread`), and
+    /// the same as a share of the healthy endpoints (`book_cold_spread_share`).
     book_cold_spread: usize,
+    book_cold_spread_share: f64,
     /// The policy's order of the endpoints holding none of the prompt, and the endpoints kept in it
     /// (`None`: the policy ranks otherwise).
     wait_order: Option<(WaitOrder, Arc<LoadOrder>)>,
@@ -217,6 +219,7 @@ impl Router {
             book: (config.book_routed_s * 10.0).ceil() as Tick,
             book_cold: (config.book_cold_s * 10.0).ceil() as Tick,
             book_cold_spread: config.book_cold_spread as usize,
+            book_cold_spread_share: config.book_cold_spread_share,
             config,
             table: RwLock::new(Table::default()),
             rng: Rng::new(seed),
@@ -394,9 +397,11 @@ impl Router {
         now: Tick,
     ) -> Result<Decision<'t>, NoRoute> {
         let mut states: Vec<&Arc<EndpointState>> = Vec::with_capacity(table.by_address.len());
-        for st in table.slots.iter().flatten() {
+        let mut healthy = 0;
+        for st in table.slots.iter().flatten().filter(|st| st.healthy()) {
+            healthy += 1;
             let admitted = |s: &[&str]| s.iter().any(|a| *a == &*st.engine || *a == &*st.address);
-            if st.healthy() && req.subset.is_none_or(admitted) {
+            if req.subset.is_none_or(admitted) {
                 states.push(st);
             }
         }
@@ -429,7 +434,7 @@ impl Router {
         {
             return Err(NoRoute::Overloaded);
         }
-        let chains = self.match_prompt(req, &mut candidates, now);
+        let chains = self.match_prompt(req, &mut candidates, healthy, now);
 
         // The primary and its fallbacks are all a pick uses: with every endpoint its own engine they are
         // the first 1 + max_fallbacks of the ranking; ranks of one engine share fallbacks, so then the
@@ -501,7 +506,7 @@ impl Router {
         let kept = |requests: u32| spilled_from.is_none_or(|s| requests < s);
 
         let sizes: Vec<u32> = orders.block_sizes().filter(|&b| b > 0).collect();
-        let (chains, holders) = self.match_holders(req, &sizes, now, |id, bs| {
+        let (chains, holders) = self.match_holders(req, &sizes, now, orders.len(), |id, bs| {
             orders.entry(id).is_some_and(|e| e.block_size == bs) && admitted(id)
         });
         let holds = |id| {
@@ -636,14 +641,14 @@ impl Router {
 
     /// Fills each candidate's cached and prompt blocks from the policy's index, hashing the prompt
     /// once per distinct block size; returns the chains.
-    fn match_prompt(&self, req: &PickRequest<'_>, candidates: &mut [Candidate], now: Tick) -> Chains {
+    fn match_prompt(&self, req: &PickRequest<'_>, candidates: &mut [Candidate], healthy: usize, now: Tick) -> Chains {
         // Distinct block sizes (one, nearly always).
         let mut sizes: Vec<u32> = candidates.iter().map(|c| c.block_size).filter(|&b| b > 0).collect();
         sizes.sort_unstable();
         sizes.dedup();
         // Candidates are in id order: each holder is found by bisection.
         let find = |id: EndpointId| candidates.binary_search_by_key(&id, |c| c.id).ok();
-        let (chains, holders) = self.match_holders(req, &sizes, now, |id, bs| {
+        let (chains, holders) = self.match_holders(req, &sizes, now, healthy, |id, bs| {
             find(id).is_some_and(|i| candidates[i].block_size == bs)
         });
         for c in candidates.iter_mut() {
@@ -670,14 +675,23 @@ impl Router {
         })
     }
 
+    /// Booked engines a cold prompt's bookings wait for, `healthy` endpoints being up: the larger of
+    /// `book_cold_spread` and `book_cold_spread_share` of them (rounded up).
+    fn cold_spread(&self, healthy: usize) -> usize {
+        let share = (self.book_cold_spread_share * healthy as f64).ceil() as usize;
+        self.book_cold_spread.max(share)
+    }
+
     /// The prompt's chain for each of `sizes`, and every endpoint that `is_candidate(id, block size)`
     /// admits holding at least its first block, with the leading blocks it holds (per the policy's
-    /// index; with booking, the most of that and what was booked), ascending by id.
+    /// index; with booking, the most of that and what was booked), ascending by id. `healthy`: the
+    /// router's healthy endpoints (cold booking's spread).
     fn match_holders(
         &self,
         req: &PickRequest<'_>,
         sizes: &[u32],
         now: Tick,
+        healthy: usize,
         is_candidate: impl Fn(EndpointId, u32) -> bool,
     ) -> (Chains, Vec<(EndpointId, u32)>) {
         let mut chains = Vec::with_capacity(sizes.len());
@@ -697,9 +711,9 @@ impl Router {
             // Booked blocks (precise mode): what was just routed there, not yet in its events.
             if self.source == PrefixSource::Events && (self.book > 0 || self.book_cold > 0) {
                 let booked = self.routed.match_prefix_where(&hashes, of_size, now);
-                // Cold bookings count once `book_cold_spread` engines hold one: until then the burst
-                // goes where the load says, each such pick booking another engine.
-                if self.book > 0 || booked.iter().count() >= self.book_cold_spread {
+                // Cold bookings count once `cold_spread` engines hold one: until then the burst goes
+                // where the load says, each such pick booking another engine.
+                if self.book > 0 || booked.iter().count() >= self.cold_spread(healthy) {
                     holders.extend(booked.iter());
                 }
             }

@@ -69,6 +69,8 @@ fn random_router(g: &mut Lcg, seed: u64) -> (Router, Vec<InFlight>) {
         holder_slack_tokens: g.pick(&[0, 0, 8, 64]),
         book_routed_s: g.pick(&[0.0, 0.0, 5.0]),
         book_cold_s: g.pick(&[0.0, 0.0, 2.0]),
+        book_cold_spread: g.pick(&[1, 1, 2]),
+        book_cold_spread_share: g.pick(&[0.0, 0.0, 0.02, 0.5]),
         ..Default::default()
     };
     let mut r = Router::new(policy, cfg).unwrap();

@@ -956,7 +956,7 @@ fn cold_booking_keeps_a_burst_of_a_new_prefix_on_as_many_engines_as_asked() {
     // Four idle endpoints, a burst of four requests sharing a 30-block prompt that no engine's events
     // show yet (the first is still prefilling when the rest arrive).
     let shared = prompt(5, 30);
-    let burst = |book_cold_s: f64, book_cold_spread: u32| {
+    let burst = |book_cold_s: f64, book_cold_spread: u32, book_cold_spread_share: f64| {
         let r = router_with(
             "kv_events",
             4,
@@ -964,6 +964,7 @@ fn cold_booking_keeps_a_burst_of_a_new_prefix_on_as_many_engines_as_asked() {
                 seed: Some(1),
                 book_cold_s,
                 book_cold_spread,
+                book_cold_spread_share,
                 ..Default::default()
             },
         );
@@ -982,12 +983,20 @@ fn cold_booking_keeps_a_burst_of_a_new_prefix_on_as_many_engines_as_asked() {
     };
     // Without the booking each looks cold and goes to the least loaded: the prefix is prefilled four
     // times. Booked, the first engine's 30 blocks outweigh a request or three ahead there.
-    assert_eq!(burst(0.0, 1), 4);
-    assert_eq!(burst(2.0, 1), 1);
+    assert_eq!(burst(0.0, 1, 0.0), 4);
+    assert_eq!(burst(2.0, 1, 0.0), 1);
     // Spread over two: the second request goes to another engine, the rest join one of the two.
-    assert_eq!(burst(2.0, 2), 2);
+    assert_eq!(burst(2.0, 2, 0.0), 2);
+    // As a share of the four healthy endpoints, rounded up; the larger of the count and the share.
+    assert_eq!(burst(2.0, 1, 0.5), 2);
+    assert_eq!(burst(2.0, 1, 0.6), 3);
+    assert_eq!(burst(2.0, 3, 0.25), 3);
+    assert_eq!(burst(2.0, 1, 1.0), 4);
     assert!(RouterConfig::from_json(r#"{"book_cold_spread": 0}"#).is_err());
+    assert!(RouterConfig::from_json(r#"{"book_cold_spread_share": 1.5}"#).is_err());
+    assert!(RouterConfig::from_json(r#"{"book_cold_spread_share": -0.1}"#).is_err());
     assert_eq!(RouterConfig::default().book_cold_spread, 1);
+    assert_eq!(RouterConfig::default().book_cold_spread_share, 0.0);
 }
 
 #[test]
