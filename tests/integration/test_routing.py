@@ -147,13 +147,17 @@ def test_a_burst_of_a_new_prefix_waits_for_the_engine_prefilling_it(
         assert (cached >= 600) == joins_the_first, cached
 
 
-def test_cold_booking_spreads_a_burst_over_as_many_engines_as_asked(tmp_path: Path) -> None:
-    # `book_cold_spread` 2: a burst of a new prefix is spread over two engines before its bookings count.
-    # The first request goes to one engine; the second, routed while that one is still prefilling, goes to
-    # another (one booked engine is not yet two); the third joins one of the two, not the third engine,
-    # which holds nothing. Counted from the first booking (`book_cold_spread` 1) the second would join the
-    # first (the test above).
-    config = '{"book_cold_s": 2, "book_cold_spread": 2}'
+@pytest.mark.parametrize(
+    "config",
+    ['{"book_cold_s": 2, "book_cold_spread": 2}', '{"book_cold_s": 2, "book_cold_spread_share": 0.5}'],
+    ids=["two_engines", "half_the_pool"],
+)
+def test_cold_booking_spreads_a_burst_over_as_many_engines_as_asked(tmp_path: Path, config: str) -> None:
+    # A burst of a new prefix is spread over two engines before its bookings count (`book_cold_spread`
+    # 2, or half of three engines rounded up). The first request goes to one engine; the second, routed
+    # while that one is still prefilling, goes to another (one booked engine is not yet two); the third
+    # joins one of the two, not the third engine, which holds nothing. Counted from the first booking
+    # (`book_cold_spread` 1) the second would join the first (the test above).
     with local_stack(FreePorts(), tmp_path, engines=3, sim=SLOW_PREFILL, routing_config=config) as s:
         client = s.openai()
         burst = []
