@@ -165,10 +165,6 @@ pub struct Router {
     book: Tick,
     /// Cold booking's lease (`book_cold_s`), in ticks; 0: off.
     book_cold: Tick,
-    /// Booked engines a cold prompt's bookings wait for before they count (`book_cold_spread`), and
-    /// the same as a share of the healthy endpoints (`book_cold_spread_share`).
-    book_cold_spread: usize,
-    book_cold_spread_share: f64,
     /// The policy's order of the endpoints holding none of the prompt, and the endpoints kept in it
     /// (`None`: the policy ranks otherwise).
     wait_order: Option<(WaitOrder, Arc<LoadOrder>)>,
@@ -218,8 +214,6 @@ impl Router {
             ttl: ((config.routed_ttl_s * 10.0).ceil() as Tick).max(1),
             book: (config.book_routed_s * 10.0).ceil() as Tick,
             book_cold: (config.book_cold_s * 10.0).ceil() as Tick,
-            book_cold_spread: config.book_cold_spread as usize,
-            book_cold_spread_share: config.book_cold_spread_share,
             config,
             table: RwLock::new(Table::default()),
             rng: Rng::new(seed),
@@ -678,8 +672,8 @@ impl Router {
     /// Booked engines a cold prompt's bookings wait for, `healthy` endpoints being up: the larger of
     /// `book_cold_spread` and `book_cold_spread_share` of them (rounded up).
     fn cold_spread(&self, healthy: usize) -> usize {
-        let share = (self.book_cold_spread_share * healthy as f64).ceil() as usize;
-        self.book_cold_spread.max(share)
+        let share = (self.config.book_cold_spread_share * healthy as f64).ceil() as usize;
+        (self.config.book_cold_spread as usize).max(share)
     }
 
     /// The prompt's chain for each of `sizes`, and every endpoint that `is_candidate(id, block size)`
