@@ -53,6 +53,13 @@ pub struct RouterConfig {
     /// shared prompt), stays first unless its expected wait exceeds the best by more than this (see
     /// `policy/affinity.rs`); 0 (the default) leaves the ranking to the expected wait alone.
     pub holder_slack_tokens: u32,
+    /// Affinity policies: what one other session resident on an endpoint adds to its expected wait, in
+    /// prefill tokens; 0 (the default) is off. A session resides where its last request went, for
+    /// `resident_window_s` after it (`residents.rs`): between turns it has nothing in flight, but its
+    /// next turn will prefill there. Needs session keys (`x-session-id` or `user`).
+    pub resident_session_tokens: u32,
+    /// How long a session stays resident on an endpoint after its last request, in seconds.
+    pub resident_window_s: f64,
     /// Load shedding: when every candidate has at least this many queued requests (`Load::queue`), a
     /// sheddable request (negative priority) is refused (HTTP 429) instead of queued deeper; 0 never sheds.
     pub shed_queue_depth: u32,
@@ -86,6 +93,8 @@ impl Default for RouterConfig {
             request_cost_tokens: 16,
             uncached_weight: 3.0,
             holder_slack_tokens: 0,
+            resident_session_tokens: 0,
+            resident_window_s: 5.0,
             shed_queue_depth: 0,
             objectives: BTreeMap::new(),
             default_priority: 0,
@@ -129,6 +138,9 @@ impl RouterConfig {
         }
         if !(self.book_cold_s >= 0.0 && self.book_cold_s.is_finite()) {
             return bad("book_cold_s must be zero or positive");
+        }
+        if !(self.resident_window_s > 0.0 && self.resident_window_s.is_finite()) {
+            return bad("resident_window_s must be positive");
         }
         if self.book_cold_spread == 0 {
             return bad("book_cold_spread must be at least 1");

@@ -9,6 +9,7 @@
 //! - `policy/`: filters → weighted scorers → picker, policies registered by name.
 //! - `penalty`: failures streams report, which eject an endpoint for a growing backoff.
 //! - `load_order`: the healthy endpoints by expected wait and by load, kept current, for large pools.
+//! - `residents`: the sessions whose last request went to each endpoint, within a window.
 //! - `router`: endpoints, health, loads, in-flight accounting, the pick.
 
 pub mod block_hash;
@@ -27,6 +28,7 @@ pub mod mix_hash;
 pub mod penalty;
 pub mod policy;
 pub mod prefix_index;
+pub mod residents;
 pub mod rng;
 pub mod router;
 mod shard;

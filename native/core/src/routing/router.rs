@@ -20,6 +20,7 @@ use super::membership::Tick;
 use super::penalty::{Failure, Standing};
 use super::policy::{registry, Candidate, PickContext, Policy, PrefixSource, WaitOrder};
 use super::prefix_index::{EventIndex, RoutedIndex};
+use super::residents::Residents;
 use super::rng::Rng;
 use super::zmq_events;
 use crate::metrics;
@@ -170,6 +171,8 @@ pub struct Router {
     wait_order: Option<(WaitOrder, Arc<LoadOrder>)>,
     /// Healthy endpoints from which a pick ranks a shortlist (`SHORTLIST_FROM`).
     shortlist_from: usize,
+    /// Sessions resident per endpoint, tracked when the policy prices them (`resident_session_tokens`).
+    residents: Option<Residents>,
 }
 
 /// From this many healthy endpoints on, a policy with a `wait_order` ranks a shortlist (`Router::
@@ -214,6 +217,8 @@ impl Router {
             ttl: ((config.routed_ttl_s * 10.0).ceil() as Tick).max(1),
             book: (config.book_routed_s * 10.0).ceil() as Tick,
             book_cold: (config.book_cold_s * 10.0).ceil() as Tick,
+            residents: (config.resident_session_tokens > 0)
+                .then(|| Residents::new((config.resident_window_s * 10.0).ceil() as Tick)),
             config,
             table: RwLock::new(Table::default()),
             rng: Rng::new(seed),
@@ -294,6 +299,9 @@ impl Router {
         for &id in &removed {
             self.events.clear(id);
             self.routed.clear(id);
+            if let Some(residents) = &self.residents {
+                residents.clear(id);
+            }
         }
         let mut t = self.write_table();
         for &id in &removed {
@@ -370,6 +378,9 @@ impl Router {
                 }
             }
         }
+        if let (Some(residents), Some(key)) = (&self.residents, req.session_key) {
+            residents.routed(session_hash(key), c.id, now);
+        }
         Ok(Pick {
             primary: st.address.clone(),
             fallbacks: self.fallbacks(&d.states, &d.ranking),
@@ -421,6 +432,13 @@ impl Router {
         if candidates.is_empty() {
             return Err(NoRoute::NoEndpoint);
         }
+        if let Some(residents) = &self.residents {
+            let own = req.session_key.map(session_hash);
+            let counts = residents.counts(candidates.iter().map(|c| c.id), own, now);
+            for (c, n) in candidates.iter_mut().zip(counts) {
+                c.residents = n;
+            }
+        }
         if self.may_shed(req)
             && candidates
                 .iter()
@@ -458,7 +476,8 @@ impl Router {
     /// order, fewer than `shortlist_from` healthy endpoints, a subset hint (it may exclude most of
     /// them), data-parallel ranks (their fallbacks walk the whole ranking), a sheddable request
     /// (shedding reads every queue), no endpoint that its penalty lets in, or more than
-    /// `SHORTLIST_SKIPS` ejected or spilled endpoints in the way.
+    /// `SHORTLIST_SKIPS` ejected or spilled endpoints in the way, or resident sessions priced (the
+    /// load order does not include them).
     fn shortlist<'t>(
         &self,
         table: &'t Table,
@@ -467,7 +486,7 @@ impl Router {
         now: Tick,
     ) -> Option<Decision<'t>> {
         let (wait, order) = self.wait_order.as_ref()?;
-        if req.subset.is_some() || table.ranks > 0 || self.may_shed(req) {
+        if req.subset.is_some() || self.residents.is_some() || table.ranks > 0 || self.may_shed(req) {
             return None;
         }
         let orders = order.lock();
@@ -567,6 +586,7 @@ impl Router {
                 prompt_tokens: req.token_ids.len() as u32,
                 block_size: e.block_size,
                 tie: e.tie,
+                residents: 0,
             });
             states.push(st);
         }
@@ -869,6 +889,11 @@ impl Router {
     fn write_table(&self) -> std::sync::RwLockWriteGuard<'_, Table> {
         self.table.write().unwrap_or_else(|e| e.into_inner())
     }
+}
+
+/// A session key's hash, as `Residents` keys it.
+fn session_hash(key: &str) -> u64 {
+    xxhash_rust::xxh3::xxh3_64(key.as_bytes())
 }
 
 /// The data-parallel rank a batch names (`None` when absent or negative).

@@ -50,6 +50,9 @@ pub struct Affinity {
     pub uncached_weight: f64,
     /// The holder band (`holder_slack_tokens`): 0 is off.
     pub holder_slack: u32,
+    /// Prefill tokens one other session resident on an endpoint is worth (`resident_session_tokens`):
+    /// 0 is off.
+    pub resident_cost: u32,
 }
 
 impl Affinity {
@@ -65,6 +68,7 @@ impl Affinity {
             request_cost: cfg.request_cost_tokens,
             uncached_weight: cfg.uncached_weight,
             holder_slack: cfg.holder_slack_tokens,
+            resident_cost: cfg.resident_session_tokens,
         }
     }
 
@@ -83,7 +87,9 @@ impl Affinity {
     /// One term depends on the request: its uncached tokens, the whole prompt for every endpoint
     /// holding none of it; the rest is the endpoint's `base_wait`, the router's load order.
     pub fn expected_wait(&self, c: &Candidate) -> u64 {
-        base_wait(&c.load, self.request_cost) + (f64::from(c.uncached_tokens()) * self.uncached_weight) as u64
+        base_wait(&c.load, self.request_cost)
+            + (f64::from(c.uncached_tokens()) * self.uncached_weight) as u64
+            + u64::from(self.resident_cost) * u64::from(c.residents)
     }
 
     /// Whether `c` is in the holder band: it holds the longest cached prefix among `candidates`, and
@@ -192,6 +198,7 @@ mod tests {
             request_cost,
             uncached_weight,
             holder_slack: 0,
+            resident_cost: 0,
         }
     }
 
@@ -360,6 +367,7 @@ mod selection_tests {
                     prompt_tokens: 64,
                     block_size,
                     tie,
+                    residents: 0,
                 },
             )
     }
@@ -384,6 +392,7 @@ mod selection_tests {
                 request_cost,
                 uncached_weight: weight,
                 holder_slack: 0,
+                resident_cost: 0,
             };
             let rng = Rng::new(seed);
             let ctx = PickContext { candidates: &candidates, session_key: None, rng: &rng };

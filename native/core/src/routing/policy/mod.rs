@@ -56,6 +56,8 @@ pub struct Candidate {
     /// The endpoint's tie break (`load_order.rs`): the affinity ranking orders equal keys by it, then
     /// by id.
     pub tie: u64,
+    /// Other sessions resident on the endpoint (`residents.rs`; 0 unless the router tracks them).
+    pub residents: u32,
 }
 
 impl Candidate {

@@ -20,6 +20,7 @@ pub fn cand(id: usize, requests: u32, cached: u32) -> Candidate {
         prompt_tokens: 160,
         block_size: 16,
         tie: 0,
+        residents: 0,
     }
 }
 
