@@ -53,12 +53,13 @@ pub struct RouterConfig {
     /// shared prompt), stays first unless its expected wait exceeds the best by more than this (see
     /// `policy/affinity.rs`); 0 (the default) leaves the ranking to the expected wait alone.
     pub holder_slack_tokens: u32,
-    /// Affinity policies: what one other session resident on an endpoint adds to its expected wait, in
-    /// prefill tokens; 0 (the default) is off. A session resides where its last request went, for
-    /// `resident_window_s` after it (`residents.rs`): between turns it has nothing in flight, but its
-    /// next turn will prefill there. Needs session keys (`x-session-id` or `user`).
+    /// Affinity policies: for a session's first request (or one without a session key), what each
+    /// session resident on an endpoint adds to its expected wait, in prefill tokens; 0 (the default) is
+    /// off. A session resides where its last request went once it has sent two, until
+    /// `resident_window_s` after its last (`residents.rs`): between turns it has nothing in flight, but
+    /// its next turn will prefill there. Needs session keys (`x-session-id` or `user`).
     pub resident_session_tokens: u32,
-    /// How long a session stays resident on an endpoint after its last request, in seconds.
+    /// How long a session is remembered after its last request, in seconds.
     pub resident_window_s: f64,
     /// Load shedding: when every candidate has at least this many queued requests (`Load::queue`), a
     /// sheddable request (negative priority) is refused (HTTP 429) instead of queued deeper; 0 never sheds.

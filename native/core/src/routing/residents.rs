@@ -1,11 +1,14 @@
-//! Sessions resident on each endpoint: the distinct session keys (`x-session-id` or `user`) whose last
-//! request was routed there within a window. A session between turns has nothing in flight, so the
-//! endpoint's load does not show it; its next turn will prefill there all the same (it follows its
-//! history). The affinity policies may price them (`resident_session_tokens`): new sessions then
-//! spread over the endpoints instead of piling on the few holding a shared preamble.
+//! Sessions resident on each endpoint: the session keys (`x-session-id` or `user`) that have come back
+//! (two requests or more) and whose last request was routed there within a window. Between turns a
+//! session has nothing in flight, so the endpoint's load does not show it, but its next turn will
+//! prefill there (it follows its history). The affinity policies may price them for a session's first
+//! request (`resident_session_tokens`): new sessions then spread over the endpoints instead of piling
+//! on the few holding a shared preamble. A request of a session already seen is not priced: it follows
+//! its history, and moving it would prefill that again elsewhere. Single-turn keys (one request each)
+//! never count.
 //!
-//! One mutex: a pick with the term on takes it twice for a few hash-map operations (its counts before
-//! ranking, its own session's move after), and expiry runs in those critical sections.
+//! One mutex: a pick with the term on takes it twice for a few hash-map operations (the counts before
+//! ranking, its own session's entry after), and expiry runs in those critical sections.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -14,8 +17,8 @@ use std::sync::Mutex;
 use super::endpoint_set::EndpointId;
 use super::membership::Tick;
 
-/// Sessions tracked at most: past it the oldest are dropped first (a bound on memory, not a window).
-const MAX_SESSIONS: usize = 1 << 20;
+/// Requests tracked at most: past it the oldest are dropped first (a bound on memory, not a window).
+const MAX_TRACKED: usize = 1 << 20;
 
 pub struct Residents {
     window: Tick,
@@ -24,18 +27,57 @@ pub struct Residents {
     next_due: AtomicU32,
 }
 
+#[derive(Clone, Copy)]
+struct Session {
+    /// Where its last request went, and when.
+    at: EndpointId,
+    last: Tick,
+    /// Its requests seen (within the window of each other): it counts as resident from 2 on.
+    requests: u32,
+}
+
+impl Session {
+    fn resident(&self) -> bool {
+        self.requests >= 2
+    }
+}
+
 #[derive(Default)]
 struct Inner {
-    /// Session key hash → (its endpoint, the tick of its last request).
-    sessions: HashMap<u64, (EndpointId, Tick)>,
+    sessions: HashMap<u64, Session>,
     /// (tick, session) per request, oldest first; an entry whose session was seen since is stale.
     queue: VecDeque<(Tick, u64)>,
-    /// Sessions resident per endpoint id.
+    /// Resident sessions per endpoint id.
     counts: Vec<u32>,
 }
 
+impl Inner {
+    fn count(&mut self, id: EndpointId, add: bool) {
+        if self.counts.len() <= id {
+            self.counts.resize(id + 1, 0);
+        }
+        if add {
+            self.counts[id] += 1;
+        } else {
+            self.counts[id] = self.counts[id].saturating_sub(1);
+        }
+    }
+
+    /// Drops `key` if the request at `tick` was its last (else a later one keeps it).
+    fn drop_if_last(&mut self, tick: Tick, key: u64) {
+        if let Some(s) = self.sessions.get(&key).copied() {
+            if s.last == tick {
+                self.sessions.remove(&key);
+                if s.resident() {
+                    self.count(s.at, false);
+                }
+            }
+        }
+    }
+}
+
 impl Residents {
-    /// `window`: how long after its last request a session stays resident, in ticks (positive).
+    /// `window`: how long after its last request a session is remembered, in ticks (positive).
     pub fn new(window: Tick) -> Self {
         Residents {
             window: window.max(1),
@@ -44,42 +86,53 @@ impl Residents {
         }
     }
 
-    /// Each id's resident sessions at `now`, not counting `own` (the request's session) where it
-    /// resides: `out[i]` for `ids[i]`.
-    pub fn counts(&self, ids: impl Iterator<Item = EndpointId>, own: Option<u64>, now: Tick) -> Vec<u32> {
+    /// The resident sessions on each of `ids` at `now` (`out[i]` for `ids[i]`), for a request of
+    /// session `own` (`None`: no key); `None` when `own` has been seen within the window (the
+    /// request follows its history, unpriced).
+    pub fn for_new_session(
+        &self,
+        ids: impl Iterator<Item = EndpointId>,
+        own: Option<u64>,
+        now: Tick,
+    ) -> Option<Vec<u32>> {
         let mut inner = self.lock();
         self.expire(&mut inner, now);
-        let own_at = own.and_then(|k| inner.sessions.get(&k)).map(|&(id, _)| id);
-        ids.map(|id| {
-            let n = inner.counts.get(id).copied().unwrap_or(0);
-            n - u32::from(own_at == Some(id) && n > 0)
-        })
-        .collect()
+        if own.is_some_and(|k| inner.sessions.contains_key(&k)) {
+            return None;
+        }
+        Some(ids.map(|id| inner.counts.get(id).copied().unwrap_or(0)).collect())
     }
 
-    /// Session `key`'s request went to endpoint `id` at `now`: it resides there from now on.
+    /// Session `key`'s request went to endpoint `id` at `now`.
     pub fn routed(&self, key: u64, id: EndpointId, now: Tick) {
         let mut inner = self.lock();
         self.expire(&mut inner, now);
-        if let Some((old, _)) = inner.sessions.insert(key, (id, now)) {
-            inner.counts[old] -= 1;
+        let before = inner.sessions.get(&key).copied();
+        if let Some(s) = before.filter(Session::resident) {
+            inner.count(s.at, false);
         }
-        if inner.counts.len() <= id {
-            inner.counts.resize(id + 1, 0);
+        let s = Session {
+            at: id,
+            last: now,
+            requests: before.map_or(1, |s| s.requests.saturating_add(1)),
+        };
+        inner.sessions.insert(key, s);
+        if s.resident() {
+            inner.count(id, true);
         }
-        inner.counts[id] += 1;
         inner.queue.push_back((now, key));
-        if inner.queue.len() > MAX_SESSIONS {
-            let (tick, key) = inner.queue.pop_front().unwrap_or_default();
-            Self::drop_if_last(&mut inner, tick, key);
+        if inner.queue.len() > MAX_TRACKED {
+            if let Some((tick, key)) = inner.queue.pop_front() {
+                inner.drop_if_last(tick, key);
+            }
         }
         self.set_due(&inner);
     }
 
-    /// Forgets the sessions resident on `id` (an endpoint removed; its id may be reused).
+    /// Forgets the sessions on `id` (an endpoint removed; its id may be reused).
     pub fn clear(&self, id: EndpointId) {
         let mut inner = self.lock();
-        inner.sessions.retain(|_, &mut (at, _)| at != id);
+        inner.sessions.retain(|_, s| s.at != id);
         if let Some(n) = inner.counts.get_mut(id) {
             *n = 0;
         }
@@ -94,19 +147,9 @@ impl Residents {
                 break;
             }
             inner.queue.pop_front();
-            Self::drop_if_last(inner, tick, key);
+            inner.drop_if_last(tick, key);
         }
         self.set_due(inner);
-    }
-
-    /// Drops `key` if the request at `tick` was its last (else a later one keeps it resident).
-    fn drop_if_last(inner: &mut Inner, tick: Tick, key: u64) {
-        if let Some(&(id, last)) = inner.sessions.get(&key) {
-            if last == tick {
-                inner.sessions.remove(&key);
-                inner.counts[id] -= 1;
-            }
-        }
     }
 
     fn set_due(&self, inner: &Inner) {
@@ -127,45 +170,51 @@ impl Residents {
 mod tests {
     use super::*;
 
-    fn counts(r: &Residents, own: Option<u64>, now: Tick) -> Vec<u32> {
-        r.counts(0..3, own, now)
+    fn counts(r: &Residents, own: Option<u64>, now: Tick) -> Option<Vec<u32>> {
+        r.for_new_session(0..3, own, now)
     }
 
     #[test]
-    fn a_session_resides_where_its_last_request_went_until_the_window_ends() {
+    fn a_session_that_came_back_resides_where_its_last_request_went_until_the_window_ends() {
         let r = Residents::new(50);
+        // One request each: seen, not resident.
         r.routed(1, 0, 0);
+        r.routed(2, 0, 5);
+        r.routed(3, 1, 5);
+        assert_eq!(counts(&r, None, 6), Some(vec![0, 0, 0]));
+        // Their second requests make them resident where they went.
+        r.routed(1, 0, 10);
         r.routed(2, 0, 10);
         r.routed(3, 1, 10);
-        assert_eq!(counts(&r, None, 20), vec![2, 1, 0]);
-        // Its own session is not counted against the endpoint it resides on.
-        assert_eq!(counts(&r, Some(1), 20), vec![1, 1, 0]);
-        assert_eq!(counts(&r, Some(3), 20), vec![2, 0, 0]);
+        assert_eq!(counts(&r, None, 20), Some(vec![2, 1, 0]));
+        assert_eq!(counts(&r, Some(9), 20), Some(vec![2, 1, 0]), "a new session sees them");
+        // A request of a session seen in the window is not priced.
+        assert_eq!(counts(&r, Some(1), 20), None);
         // Session 1 moves to endpoint 2: it leaves 0.
         r.routed(1, 2, 30);
-        assert_eq!(counts(&r, None, 30), vec![1, 1, 1]);
-        // Session 2's and 3's last requests (tick 10) expire at 60; session 1's (30) at 80, and its
-        // stale entry of tick 0 expiring at 50 does not drop it.
-        assert_eq!(counts(&r, None, 59), vec![1, 1, 1]);
-        assert_eq!(counts(&r, None, 60), vec![0, 0, 1]);
-        assert_eq!(counts(&r, None, 80), vec![0, 0, 0]);
-        // A request keeps its session resident.
-        r.routed(4, 1, 100);
-        r.routed(4, 1, 140);
-        assert_eq!(counts(&r, None, 170), vec![0, 1, 0]);
-        assert_eq!(counts(&r, None, 190), vec![0, 0, 0]);
+        assert_eq!(counts(&r, None, 30), Some(vec![1, 1, 1]));
+        // Sessions 2 and 3 (last request at 10) expire at 60, session 1 (30) at 80; their earlier
+        // requests' stale entries drop nothing.
+        assert_eq!(counts(&r, None, 59), Some(vec![1, 1, 1]));
+        assert_eq!(counts(&r, None, 60), Some(vec![0, 0, 1]));
+        assert_eq!(counts(&r, Some(2), 60), Some(vec![0, 0, 1]), "forgotten: new again");
+        assert_eq!(counts(&r, None, 80), Some(vec![0, 0, 0]));
     }
 
     #[test]
     fn clearing_an_endpoint_forgets_its_sessions() {
         let r = Residents::new(50);
-        r.routed(1, 0, 0);
-        r.routed(2, 1, 0);
+        for tick in [0, 1] {
+            r.routed(1, 0, tick);
+            r.routed(2, 1, tick);
+        }
         r.clear(0);
-        assert_eq!(counts(&r, None, 1), vec![0, 1, 0]);
-        // The cleared session's queue entry expires without touching the counts.
-        assert_eq!(counts(&r, None, 60), vec![0, 0, 0]);
+        assert_eq!(counts(&r, None, 2), Some(vec![0, 1, 0]));
+        assert_eq!(counts(&r, Some(1), 2), Some(vec![0, 1, 0]), "session 1 is forgotten");
+        // The cleared session's queue entries expire without touching the counts.
+        assert_eq!(counts(&r, None, 60), Some(vec![0, 0, 0]));
         r.routed(1, 0, 70);
-        assert_eq!(counts(&r, None, 71), vec![1, 0, 0]);
+        r.routed(1, 0, 71);
+        assert_eq!(counts(&r, None, 72), Some(vec![1, 0, 0]));
     }
 }

@@ -434,9 +434,10 @@ impl Router {
         }
         if let Some(residents) = &self.residents {
             let own = req.session_key.map(session_hash);
-            let counts = residents.counts(candidates.iter().map(|c| c.id), own, now);
-            for (c, n) in candidates.iter_mut().zip(counts) {
-                c.residents = n;
+            if let Some(counts) = residents.for_new_session(candidates.iter().map(|c| c.id), own, now) {
+                for (c, n) in candidates.iter_mut().zip(counts) {
+                    c.residents = n;
+                }
             }
         }
         if self.may_shed(req)

@@ -1036,10 +1036,11 @@ fn booking_is_refused_when_negative() {
 }
 
 #[test]
-fn resident_sessions_spread_new_sessions_and_keep_follow_ups() {
+fn resident_sessions_spread_new_sessions_and_leave_follow_ups_to_their_history() {
     // Endpoint 0 holds a 10-block preamble; each session's first prompt is the preamble plus two
-    // blocks of its own (8 uncached tokens there, 48 on endpoint 1). Requests finish at once, so the
-    // loads say nothing: only the sessions resident on endpoint 0 can send a new one elsewhere.
+    // blocks of its own (8 uncached tokens there, 48 on endpoint 1), then a follow-up re-sends it plus
+    // two blocks. Requests finish at once, so the loads say nothing: only the sessions resident on
+    // endpoint 0 (those that came back) can send a new one elsewhere.
     let route = |cost: u32| {
         let r = router_with(
             "kv_events",
@@ -1050,40 +1051,36 @@ fn resident_sessions_spread_new_sessions_and_keep_follow_ups() {
                 ..Default::default()
             },
         );
+        let mut seq = [0u64; 2];
+        let mut store = |endpoint: usize, tokens: &[u32]| {
+            seq[endpoint] += 1;
+            let batch = stored_batch(seq[endpoint], tokens, seq[endpoint] as i64);
+            assert_eq!(r.apply_kv_events(&addr(endpoint), &batch).outcome.kind(), "applied");
+        };
         let preamble = prompt(1, 10);
-        assert_eq!(
-            r.apply_kv_events(&addr(0), &stored_batch(1, &preamble, 1))
-                .outcome
-                .kind(),
-            "applied"
-        );
-        let first = |s: u32| [preamble.clone(), prompt(10 + s, 2)].concat();
-        let mut chosen = Vec::new();
+        store(0, &preamble);
+        let (mut firsts, mut follow_ups) = (Vec::new(), Vec::new());
         for s in 0..5 {
             let key = format!("session-{s}");
-            chosen.push(r.pick(&first(s), Some(&key)).unwrap().primary.to_string());
+            let first = [preamble.clone(), prompt(10 + s, 2)].concat();
+            let at = r.pick(&first, Some(&key)).unwrap().primary.to_string();
+            store(if at == addr(0) { 0 } else { 1 }, &first);
+            let follow_up = [first, prompt(30 + s, 2)].concat();
+            follow_ups.push(r.pick(&follow_up, Some(&key)).unwrap().primary.to_string());
+            firsts.push(at);
         }
-        // Session 0's follow-up re-sends its first prompt (now in endpoint 0's events) plus two blocks.
-        assert_eq!(
-            r.apply_kv_events(&addr(0), &stored_batch(2, &first(0), 2))
-                .outcome
-                .kind(),
-            "applied"
-        );
-        let follow_up = [first(0), prompt(30, 2)].concat();
-        let next = r.pick(&follow_up, Some("session-0")).unwrap();
-        (chosen, next.primary.to_string())
+        (firsts, follow_ups)
     };
     // Off: every session joins the preamble's holder.
-    let (chosen, follow_up) = route(0);
-    assert_eq!(chosen, vec![addr(0); 5]);
-    assert_eq!(follow_up, addr(0));
-    // 50 tokens per resident session: with three there (24 + 150 > 144), the fourth goes to endpoint
-    // 1, and the fifth (endpoint 0: 24 + 150, endpoint 1: 144 + 50) back to endpoint 0. The follow-up
-    // stays with its history: 24 + 50 x 3 others on endpoint 0 against 3 x 56 + 50 on endpoint 1.
-    let (chosen, follow_up) = route(50);
-    assert_eq!(chosen, vec![addr(0), addr(0), addr(0), addr(1), addr(0)]);
-    assert_eq!(follow_up, addr(0));
+    let (firsts, follow_ups) = route(0);
+    assert_eq!(firsts, vec![addr(0); 5]);
+    assert_eq!(follow_ups, firsts);
+    // 50 tokens per resident session: with three there (24 + 150 > 144), the fourth session starts on
+    // endpoint 1 and prefills the preamble there; the fifth finds it on both (endpoint 0: 24 + 150,
+    // endpoint 1: 24 + 50). Follow-ups are not priced: each stays with its history.
+    let (firsts, follow_ups) = route(50);
+    assert_eq!(firsts, vec![addr(0), addr(0), addr(0), addr(1), addr(1)]);
+    assert_eq!(follow_ups, firsts);
     assert!(RouterConfig::from_json(r#"{"resident_window_s": 0}"#).is_err());
     assert_eq!(
         RouterConfig::default().resident_session_tokens,

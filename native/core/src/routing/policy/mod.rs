@@ -56,7 +56,7 @@ pub struct Candidate {
     /// The endpoint's tie break (`load_order.rs`): the affinity ranking orders equal keys by it, then
     /// by id.
     pub tie: u64,
-    /// Other sessions resident on the endpoint (`residents.rs`; 0 unless the router tracks them).
+    /// Sessions resident on the endpoint, for a new session's request (`residents.rs`; 0 otherwise).
     pub residents: u32,
 }
 
