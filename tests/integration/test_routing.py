@@ -172,3 +172,53 @@ def test_cold_booking_spreads_a_burst_over_as_many_engines_as_asked(tmp_path: Pa
             t.join()
         assert took[1] != took[0], f"the second request joined the first's engine: {took}"
         assert took[2] in took[:2], f"the third went to an engine holding nothing of the prefix: {took}"
+
+
+def ask_as(
+    client: openai.OpenAI, stack: Stack, user: str, history: list[str]
+) -> openai.types.chat.ChatCompletion:
+    """Session `user`'s next request: the shared system prompt, then its turns so far."""
+    messages = [{"role": "system", "content": SYSTEM}]
+    for i, text in enumerate(history):
+        messages.append({"role": "user" if i % 2 == 0 else "assistant", "content": text})
+    return client.chat.completions.create(model=stack.model, messages=messages, max_tokens=4, user=user)
+
+
+@pytest.mark.parametrize(
+    "routing_config,spreads",
+    [('{"resident_session_tokens": 100000}', True), (None, False)],
+    ids=["resident_sessions", "default"],
+)
+def test_a_new_session_starts_where_fewer_sessions_reside(
+    tmp_path: Path, routing_config: str | None, spreads: bool
+) -> None:
+    # Session A's two requests make it resident on its engine; between them and after, nothing is in
+    # flight anywhere. Session B's first request shares A's ~700-token system prompt. By default it
+    # joins A's engine for the cached prefix; priced per resident session (here more than any prefix),
+    # it starts on the other engine and prefills the prompt there. A's next turn follows its history
+    # either way.
+    with local_stack(FreePorts(), tmp_path, routing_config=routing_config) as s:
+        client = s.openai()
+        before = counts(s)
+        a = ["Task A: list the rules."]
+        reply = ask_as(client, s, "session-a", a)
+        home = engine_that_took(s, before)
+        time.sleep(0.5)  # its Stored events reach the router
+        a += [reply.choices[0].message.content or "", "Now the first three."]
+        before = counts(s)
+        reply = ask_as(client, s, "session-a", a)
+        assert landed(s, before)[home] == 1, "A's second turn left its history"
+        time.sleep(0.5)
+
+        before = counts(s)
+        b = ask_as(client, s, "session-b", ["Task B: count the rules."])
+        arrived = landed(s, before)
+        cached = b.usage.prompt_tokens_details.cached_tokens or 0
+        assert arrived[home] == (0 if spreads else 1), arrived
+        assert (cached >= 600) != spreads, cached
+
+        a += [reply.choices[0].message.content or "", "And the last one."]
+        before = counts(s)
+        third = ask_as(client, s, "session-a", a)
+        assert landed(s, before)[home] == 1, "A's third turn left its history"
+        assert (third.usage.prompt_tokens_details.cached_tokens or 0) >= 600
