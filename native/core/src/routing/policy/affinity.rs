@@ -28,7 +28,15 @@
 //!    already keeps ~99-100% of follow-ups in the suite's sessions shape (its `turns kept` column), so
 //!    the band has little to win there, and on a hot shared prefix it adds queueing where the spill
 //!    gate is the only brake (docs/routing-benchmark.md has the measurement).
-//! 4. Fallbacks: the rest of that order, then the spilled endpoints by load.
+//! 4. Resident sessions (`resident_session_tokens`, off by default; `residents.rs`): for a session's
+//!    first request, each session that came back and whose last request went to an endpoint adds that
+//!    many tokens to the endpoint's expected wait. Between turns a session has nothing in flight, so
+//!    the present load misses the turns it will send there; without the term, new sessions sharing a
+//!    preamble pile on its first holders at light load (the suite's agentic shape on 8 engines served
+//!    from 4). Set above `uncached_weight` x the shared prefix, one resident session more moves a new
+//!    session to an engine that must prefill the prefix again. Follow-ups are never priced: they
+//!    follow their history.
+//! 5. Fallbacks: the rest of that order, then the spilled endpoints by load.
 //!
 //! Prefill dominates time to first token, and an engine busy prefilling a long uncached prompt delays
 //! every request behind it: a cache hit there can cost more than a miss on an idle engine.
