@@ -151,6 +151,7 @@ fn ranking(n: usize) {
                         prompt_tokens: 2048,
                         block_size: BLOCK as u32,
                         tie: u64::from(rng.next()),
+                        residents: 0,
                     }
                 })
                 .collect()
