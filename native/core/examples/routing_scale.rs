@@ -152,7 +152,6 @@ fn ranking(n: usize) {
                         block_size: BLOCK as u32,
                         tie: u64::from(rng.next()),
                         residents: 0,
-                        resident_turn_tokens: 0,
                     }
                 })
                 .collect()

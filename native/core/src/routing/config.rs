@@ -59,11 +59,6 @@ pub struct RouterConfig {
     /// `resident_window_s` after its last (`residents.rs`): between turns it has nothing in flight, but
     /// its next turn will prefill there. Needs session keys (`x-session-id` or `user`).
     pub resident_session_tokens: u32,
-    /// Affinity policies: like `resident_session_tokens`, but each resident session adds this many
-    /// times its last turn's uncached prompt tokens (what its next turn will likely prefill there): a
-    /// new session avoids endpoints whose sessions send long turns (tool results), not those whose
-    /// sessions send short ones; 0 (the default) is off.
-    pub resident_turn_weight: f64,
     /// How long a session is remembered after its last request, in seconds.
     pub resident_window_s: f64,
     /// Load shedding: when every candidate has at least this many queued requests (`Load::queue`), a
@@ -100,7 +95,6 @@ impl Default for RouterConfig {
             uncached_weight: 3.0,
             holder_slack_tokens: 0,
             resident_session_tokens: 0,
-            resident_turn_weight: 0.0,
             resident_window_s: 5.0,
             shed_queue_depth: 0,
             objectives: BTreeMap::new(),
@@ -145,9 +139,6 @@ impl RouterConfig {
         }
         if !(self.book_cold_s >= 0.0 && self.book_cold_s.is_finite()) {
             return bad("book_cold_s must be zero or positive");
-        }
-        if !(self.resident_turn_weight >= 0.0 && self.resident_turn_weight.is_finite()) {
-            return bad("resident_turn_weight must be zero or positive");
         }
         if !(self.resident_window_s > 0.0 && self.resident_window_s.is_finite()) {
             return bad("resident_window_s must be positive");

@@ -34,9 +34,6 @@ struct Session {
     last: Tick,
     /// Its requests seen (within the window of each other): it counts as resident from 2 on.
     requests: u32,
-    /// Its last request's prompt tokens past the cached prefix where it went: for a follow-up, the turn
-    /// it added, about what its next turn will prefill there.
-    turn: u32,
 }
 
 impl Session {
@@ -50,31 +47,19 @@ struct Inner {
     sessions: HashMap<u64, Session>,
     /// (tick, session) per request, oldest first; an entry whose session was seen since is stale.
     queue: VecDeque<(Tick, u64)>,
-    /// Resident sessions per endpoint id, and the sum of their last turns.
-    counts: Vec<Resident>,
-}
-
-/// The sessions resident on one endpoint.
-#[derive(Clone, Copy, Default, Debug, PartialEq, Eq)]
-pub struct Resident {
-    pub sessions: u32,
-    /// The sum of their last turns' uncached tokens.
-    pub turn_tokens: u64,
+    /// Resident sessions per endpoint id.
+    counts: Vec<u32>,
 }
 
 impl Inner {
-    fn count(&mut self, s: &Session, add: bool) {
-        let id = s.at;
+    fn count(&mut self, id: EndpointId, add: bool) {
         if self.counts.len() <= id {
-            self.counts.resize(id + 1, Resident::default());
+            self.counts.resize(id + 1, 0);
         }
-        let r = &mut self.counts[id];
         if add {
-            r.sessions += 1;
-            r.turn_tokens += u64::from(s.turn);
+            self.counts[id] += 1;
         } else {
-            r.sessions = r.sessions.saturating_sub(1);
-            r.turn_tokens = r.turn_tokens.saturating_sub(u64::from(s.turn));
+            self.counts[id] = self.counts[id].saturating_sub(1);
         }
     }
 
@@ -84,7 +69,7 @@ impl Inner {
             if s.last == tick {
                 self.sessions.remove(&key);
                 if s.resident() {
-                    self.count(&s, false);
+                    self.count(s.at, false);
                 }
             }
         }
@@ -109,33 +94,31 @@ impl Residents {
         ids: impl Iterator<Item = EndpointId>,
         own: Option<u64>,
         now: Tick,
-    ) -> Option<Vec<Resident>> {
+    ) -> Option<Vec<u32>> {
         let mut inner = self.lock();
         self.expire(&mut inner, now);
         if own.is_some_and(|k| inner.sessions.contains_key(&k)) {
             return None;
         }
-        Some(ids.map(|id| inner.counts.get(id).copied().unwrap_or_default()).collect())
+        Some(ids.map(|id| inner.counts.get(id).copied().unwrap_or(0)).collect())
     }
 
-    /// Session `key`'s request went to endpoint `id` at `now`, with `uncached` prompt tokens past the
-    /// prefix cached there.
-    pub fn routed(&self, key: u64, id: EndpointId, now: Tick, uncached: u32) {
+    /// Session `key`'s request went to endpoint `id` at `now`.
+    pub fn routed(&self, key: u64, id: EndpointId, now: Tick) {
         let mut inner = self.lock();
         self.expire(&mut inner, now);
         let before = inner.sessions.get(&key).copied();
         if let Some(s) = before.filter(Session::resident) {
-            inner.count(&s, false);
+            inner.count(s.at, false);
         }
         let s = Session {
             at: id,
             last: now,
             requests: before.map_or(1, |s| s.requests.saturating_add(1)),
-            turn: uncached,
         };
         inner.sessions.insert(key, s);
         if s.resident() {
-            inner.count(&s, true);
+            inner.count(id, true);
         }
         inner.queue.push_back((now, key));
         if inner.queue.len() > MAX_TRACKED {
@@ -151,7 +134,7 @@ impl Residents {
         let mut inner = self.lock();
         inner.sessions.retain(|_, s| s.at != id);
         if let Some(n) = inner.counts.get_mut(id) {
-            *n = Resident::default();
+            *n = 0;
         }
     }
 
@@ -189,31 +172,26 @@ mod tests {
 
     fn counts(r: &Residents, own: Option<u64>, now: Tick) -> Option<Vec<u32>> {
         r.for_new_session(0..3, own, now)
-            .map(|v| v.iter().map(|r| r.sessions).collect())
-    }
-
-    fn turns(r: &Residents, now: Tick) -> Vec<u64> {
-        r.for_new_session(0..3, None, now).unwrap().iter().map(|r| r.turn_tokens).collect()
     }
 
     #[test]
     fn a_session_that_came_back_resides_where_its_last_request_went_until_the_window_ends() {
         let r = Residents::new(50);
         // One request each: seen, not resident.
-        r.routed(1, 0, 0, 100);
-        r.routed(2, 0, 5, 100);
-        r.routed(3, 1, 5, 100);
+        r.routed(1, 0, 0);
+        r.routed(2, 0, 5);
+        r.routed(3, 1, 5);
         assert_eq!(counts(&r, None, 6), Some(vec![0, 0, 0]));
         // Their second requests make them resident where they went.
-        r.routed(1, 0, 10, 100);
-        r.routed(2, 0, 10, 100);
-        r.routed(3, 1, 10, 100);
+        r.routed(1, 0, 10);
+        r.routed(2, 0, 10);
+        r.routed(3, 1, 10);
         assert_eq!(counts(&r, None, 20), Some(vec![2, 1, 0]));
         assert_eq!(counts(&r, Some(9), 20), Some(vec![2, 1, 0]), "a new session sees them");
         // A request of a session seen in the window is not priced.
         assert_eq!(counts(&r, Some(1), 20), None);
         // Session 1 moves to endpoint 2: it leaves 0.
-        r.routed(1, 2, 30, 100);
+        r.routed(1, 2, 30);
         assert_eq!(counts(&r, None, 30), Some(vec![1, 1, 1]));
         // Sessions 2 and 3 (last request at 10) expire at 60, session 1 (30) at 80; their earlier
         // requests' stale entries drop nothing.
@@ -227,36 +205,16 @@ mod tests {
     fn clearing_an_endpoint_forgets_its_sessions() {
         let r = Residents::new(50);
         for tick in [0, 1] {
-            r.routed(1, 0, tick, 100);
-            r.routed(2, 1, tick, 100);
+            r.routed(1, 0, tick);
+            r.routed(2, 1, tick);
         }
         r.clear(0);
         assert_eq!(counts(&r, None, 2), Some(vec![0, 1, 0]));
         assert_eq!(counts(&r, Some(1), 2), Some(vec![0, 1, 0]), "session 1 is forgotten");
         // The cleared session's queue entries expire without touching the counts.
         assert_eq!(counts(&r, None, 60), Some(vec![0, 0, 0]));
-        r.routed(1, 0, 70, 100);
-        r.routed(1, 0, 71, 100);
+        r.routed(1, 0, 70);
+        r.routed(1, 0, 71);
         assert_eq!(counts(&r, None, 72), Some(vec![1, 0, 0]));
-    }
-
-    #[test]
-    fn an_endpoint_weighs_its_resident_sessions_by_their_last_turns() {
-        let r = Residents::new(50);
-        // Session 1's first request prefills its whole prompt: not resident yet, nothing counted.
-        r.routed(1, 0, 0, 900);
-        assert_eq!(turns(&r, 1), vec![0, 0, 0]);
-        // Its follow-up adds 200 uncached tokens: that is what it weighs on endpoint 0.
-        r.routed(1, 0, 2, 200);
-        r.routed(2, 0, 2, 800);
-        r.routed(2, 0, 3, 50);
-        assert_eq!(turns(&r, 4), vec![250, 0, 0]);
-        // A later turn replaces the weight, on the endpoint it went to.
-        r.routed(1, 1, 5, 400);
-        assert_eq!(turns(&r, 6), vec![50, 400, 0]);
-        // Expiry takes a session's weight with it.
-        assert_eq!(turns(&r, 53), vec![0, 400, 0]);
-        r.clear(1);
-        assert_eq!(turns(&r, 54), vec![0, 0, 0]);
     }
 }

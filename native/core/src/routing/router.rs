@@ -217,7 +217,7 @@ impl Router {
             ttl: ((config.routed_ttl_s * 10.0).ceil() as Tick).max(1),
             book: (config.book_routed_s * 10.0).ceil() as Tick,
             book_cold: (config.book_cold_s * 10.0).ceil() as Tick,
-            residents: (config.resident_session_tokens > 0 || config.resident_turn_weight > 0.0)
+            residents: (config.resident_session_tokens > 0)
                 .then(|| Residents::new((config.resident_window_s * 10.0).ceil() as Tick)),
             config,
             table: RwLock::new(Table::default()),
@@ -379,7 +379,7 @@ impl Router {
             }
         }
         if let (Some(residents), Some(key)) = (&self.residents, req.session_key) {
-            residents.routed(session_hash(key), c.id, now, c.uncached_tokens());
+            residents.routed(session_hash(key), c.id, now);
         }
         Ok(Pick {
             primary: st.address.clone(),
@@ -435,9 +435,8 @@ impl Router {
         if let Some(residents) = &self.residents {
             let own = req.session_key.map(session_hash);
             if let Some(counts) = residents.for_new_session(candidates.iter().map(|c| c.id), own, now) {
-                for (c, r) in candidates.iter_mut().zip(counts) {
-                    c.residents = r.sessions;
-                    c.resident_turn_tokens = r.turn_tokens;
+                for (c, n) in candidates.iter_mut().zip(counts) {
+                    c.residents = n;
                 }
             }
         }
@@ -589,7 +588,6 @@ impl Router {
                 block_size: e.block_size,
                 tie: e.tie,
                 residents: 0,
-                resident_turn_tokens: 0,
             });
             states.push(st);
         }

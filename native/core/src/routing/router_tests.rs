@@ -1035,48 +1035,50 @@ fn booking_is_refused_when_negative() {
     assert_eq!(RouterConfig::default().book_routed_s, 0.0, "off unless asked for");
 }
 
-/// Five sessions on 2 endpoints. Endpoint 0 holds a 10-block preamble; each session's first prompt is
-/// the preamble plus two blocks of its own (8 uncached tokens there, 48 on endpoint 1), then a
-/// follow-up re-sends it plus `turn_blocks` blocks. Requests finish at once, so the loads say nothing:
-/// only the sessions resident on endpoint 0 (those that came back) can send a new one elsewhere.
-/// Returns where each session's first request and follow-up went.
-fn route_sessions(config: RouterConfig, turn_blocks: u32) -> (Vec<String>, Vec<String>) {
-    let r = router_with("kv_events", 2, RouterConfig { seed: Some(3), ..config });
-    let mut seq = [0u64; 2];
-    let mut store = |endpoint: usize, tokens: &[u32]| {
-        seq[endpoint] += 1;
-        let batch = stored_batch(seq[endpoint], tokens, seq[endpoint] as i64);
-        assert_eq!(r.apply_kv_events(&addr(endpoint), &batch).outcome.kind(), "applied");
-    };
-    let preamble = prompt(1, 10);
-    store(0, &preamble);
-    let (mut firsts, mut follow_ups) = (Vec::new(), Vec::new());
-    for s in 0..5 {
-        let key = format!("session-{s}");
-        let first = [preamble.clone(), prompt(10 + s, 2)].concat();
-        let at = r.pick(&first, Some(&key)).unwrap().primary.to_string();
-        store(if at == addr(0) { 0 } else { 1 }, &first);
-        let follow_up = [first, prompt(30 + s, turn_blocks)].concat();
-        follow_ups.push(r.pick(&follow_up, Some(&key)).unwrap().primary.to_string());
-        firsts.push(at);
-    }
-    (firsts, follow_ups)
-}
-
 #[test]
 fn resident_sessions_spread_new_sessions_and_leave_follow_ups_to_their_history() {
-    let tokens = |cost: u32| RouterConfig {
-        resident_session_tokens: cost,
-        ..Default::default()
+    // Endpoint 0 holds a 10-block preamble; each session's first prompt is the preamble plus two
+    // blocks of its own (8 uncached tokens there, 48 on endpoint 1), then a follow-up re-sends it plus
+    // two blocks. Requests finish at once, so the loads say nothing: only the sessions resident on
+    // endpoint 0 (those that came back) can send a new one elsewhere.
+    let route = |cost: u32| {
+        let r = router_with(
+            "kv_events",
+            2,
+            RouterConfig {
+                seed: Some(3),
+                resident_session_tokens: cost,
+                ..Default::default()
+            },
+        );
+        let mut seq = [0u64; 2];
+        let mut store = |endpoint: usize, tokens: &[u32]| {
+            seq[endpoint] += 1;
+            let batch = stored_batch(seq[endpoint], tokens, seq[endpoint] as i64);
+            assert_eq!(r.apply_kv_events(&addr(endpoint), &batch).outcome.kind(), "applied");
+        };
+        let preamble = prompt(1, 10);
+        store(0, &preamble);
+        let (mut firsts, mut follow_ups) = (Vec::new(), Vec::new());
+        for s in 0..5 {
+            let key = format!("session-{s}");
+            let first = [preamble.clone(), prompt(10 + s, 2)].concat();
+            let at = r.pick(&first, Some(&key)).unwrap().primary.to_string();
+            store(if at == addr(0) { 0 } else { 1 }, &first);
+            let follow_up = [first, prompt(30 + s, 2)].concat();
+            follow_ups.push(r.pick(&follow_up, Some(&key)).unwrap().primary.to_string());
+            firsts.push(at);
+        }
+        (firsts, follow_ups)
     };
     // Off: every session joins the preamble's holder.
-    let (firsts, follow_ups) = route_sessions(tokens(0), 2);
+    let (firsts, follow_ups) = route(0);
     assert_eq!(firsts, vec![addr(0); 5]);
     assert_eq!(follow_ups, firsts);
     // 50 tokens per resident session: with three there (24 + 150 > 144), the fourth session starts on
     // endpoint 1 and prefills the preamble there; the fifth finds it on both (endpoint 0: 24 + 150,
     // endpoint 1: 24 + 50). Follow-ups are not priced: each stays with its history.
-    let (firsts, follow_ups) = route_sessions(tokens(50), 2);
+    let (firsts, follow_ups) = route(50);
     assert_eq!(firsts, vec![addr(0), addr(0), addr(0), addr(1), addr(1)]);
     assert_eq!(follow_ups, firsts);
     assert!(RouterConfig::from_json(r#"{"resident_window_s": 0}"#).is_err());
@@ -1085,26 +1087,4 @@ fn resident_sessions_spread_new_sessions_and_leave_follow_ups_to_their_history()
         0,
         "off unless asked for"
     );
-}
-
-#[test]
-fn resident_turns_spread_new_sessions_from_sessions_with_long_turns_only() {
-    let weight = |w: f64| RouterConfig {
-        resident_turn_weight: w,
-        ..Default::default()
-    };
-    // Weight 1.5, follow-ups of 10 blocks (40 uncached tokens on their holder): each resident session
-    // weighs 60, so with three on endpoint 0 (24 + 180 > 144) the fourth session starts on endpoint 1,
-    // and the fifth finds the preamble on both (24 + 180 against 24 + 60).
-    let (firsts, follow_ups) = route_sessions(weight(1.5), 10);
-    assert_eq!(firsts, vec![addr(0), addr(0), addr(0), addr(1), addr(1)]);
-    assert_eq!(follow_ups, firsts);
-    // Follow-ups of 2 blocks weigh 12 each: four residents (24 + 48) stay below a miss (144).
-    let (firsts, follow_ups) = route_sessions(weight(1.5), 2);
-    assert_eq!(firsts, vec![addr(0); 5]);
-    assert_eq!(follow_ups, firsts);
-    // Off: long turns change nothing.
-    assert_eq!(route_sessions(weight(0.0), 10).0, vec![addr(0); 5]);
-    assert!(RouterConfig::from_json(r#"{"resident_turn_weight": -1}"#).is_err());
-    assert_eq!(RouterConfig::default().resident_turn_weight, 0.0, "off unless asked for");
 }

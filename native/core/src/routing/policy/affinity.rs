@@ -61,8 +61,6 @@ pub struct Affinity {
     /// Prefill tokens one other session resident on an endpoint is worth (`resident_session_tokens`):
     /// 0 is off.
     pub resident_cost: u32,
-    /// Weight of the resident sessions' last turns (`resident_turn_weight`): 0 is off.
-    pub resident_turn_weight: f64,
 }
 
 impl Affinity {
@@ -79,7 +77,6 @@ impl Affinity {
             uncached_weight: cfg.uncached_weight,
             holder_slack: cfg.holder_slack_tokens,
             resident_cost: cfg.resident_session_tokens,
-            resident_turn_weight: cfg.resident_turn_weight,
         }
     }
 
@@ -101,7 +98,6 @@ impl Affinity {
         base_wait(&c.load, self.request_cost)
             + (f64::from(c.uncached_tokens()) * self.uncached_weight) as u64
             + u64::from(self.resident_cost) * u64::from(c.residents)
-            + (c.resident_turn_tokens as f64 * self.resident_turn_weight) as u64
     }
 
     /// Whether `c` is in the holder band: it holds the longest cached prefix among `candidates`, and
@@ -211,7 +207,6 @@ mod tests {
             uncached_weight,
             holder_slack: 0,
             resident_cost: 0,
-            resident_turn_weight: 0.0,
         }
     }
 
@@ -381,7 +376,6 @@ mod selection_tests {
                     block_size,
                     tie,
                     residents: 0,
-                    resident_turn_tokens: 0,
                 },
             )
     }
@@ -407,7 +401,6 @@ mod selection_tests {
                 uncached_weight: weight,
                 holder_slack: 0,
                 resident_cost: 0,
-            resident_turn_weight: 0.0,
             };
             let rng = Rng::new(seed);
             let ctx = PickContext { candidates: &candidates, session_key: None, rng: &rng };

@@ -58,8 +58,6 @@ pub struct Candidate {
     pub tie: u64,
     /// Sessions resident on the endpoint, for a new session's request (`residents.rs`; 0 otherwise).
     pub residents: u32,
-    /// The sum of those sessions' last turns' uncached tokens (`residents.rs`; 0 otherwise).
-    pub resident_turn_tokens: u64,
 }
 
 impl Candidate {

@@ -21,7 +21,6 @@ pub fn cand(id: usize, requests: u32, cached: u32) -> Candidate {
         block_size: 16,
         tie: 0,
         residents: 0,
-        resident_turn_tokens: 0,
     }
 }
 
