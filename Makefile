@@ -71,7 +71,7 @@ envoy-module: ## build the Envoy dynamic module (native/target/release/libextpro
 	$(CARGO) build --release $(MANIFEST) -p extproc-envoy-module
 
 test-python: $(TEST_STAMP) vllm-engine wasm-plugin envoy-module ## the Python suite (unit, real-Envoy integration, load, contract vs real vLLM)
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q --durations=30
 
 lint: $(TEST_STAMP) ## ruff check + format check, clippy -D warnings, rustfmt check
 	$(BIN)/ruff check .

@@ -311,7 +311,7 @@ class EnginePool:
         healthy = False
         try:
             client = await self._client(engine)
-            healthy = await client.healthy(HEALTH_TIMEOUT_S)
+            healthy = await self._probe(engine, client)
             if healthy and not engine.registered:
                 await self._register(engine, client)
             self._report_problem(engine, None if healthy else "HealthCheck answered healthy=false")
@@ -347,6 +347,20 @@ class EnginePool:
         engine.healthy = healthy
         if engine.published:
             self.gateway.set_health(self.model, engine.address, healthy and not engine.draining)
+
+    async def _probe(self, engine: Engine, client: EngineClient) -> bool:
+        """One health check; a timed-out one of a ready engine over a live connection is asked once more."""
+        try:
+            return await client.healthy(HEALTH_TIMEOUT_S)
+        except grpc.aio.AioRpcError as e:
+            # Over a connection that is up, a timeout means an engine slow to answer (busy, or back from a
+            # restart and still warming up), not a dead one: taking it out would refuse requests it serves
+            # (every engine at once, when all are busy). A dead or unreachable engine has no live
+            # connection and goes out at once.
+            connected = engine.channel.get_state() == grpc.ChannelConnectivity.READY
+            if e.code() != grpc.StatusCode.DEADLINE_EXCEEDED or not engine.healthy or not connected:
+                raise
+            return await client.healthy(HEALTH_TIMEOUT_S)
 
     async def _client(self, engine: Engine) -> EngineClient:
         if engine.client is None:

@@ -152,6 +152,9 @@ class VllmEngine(vllm_engine_pb2_grpc.VllmEngineServicer):
     async def HealthCheck(
         self, request: vllm_engine_pb2.HealthCheckRequest, context: grpc.aio.ServicerContext
     ) -> vllm_engine_pb2.HealthCheckResponse:
+        delay_s = self.core.faults.take_health_delay()
+        if delay_s:
+            await asyncio.sleep(delay_s)
         if self.core.faults.settings.unhealthy:
             return vllm_engine_pb2.HealthCheckResponse(healthy=False, message="Engine is not alive")
         return vllm_engine_pb2.HealthCheckResponse(healthy=True, message="Health")

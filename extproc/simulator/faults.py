@@ -12,6 +12,8 @@ start (`--faults JSON` on the CLI):
   vLLM's servicer does while its core hangs);
 - `slow`: every step takes this many times longer;
 - `unhealthy`: HealthCheck answers healthy=false;
+- `health_delay_s` / `health_delay_count`: HealthCheck answers that many seconds late (`health_delay_count`
+  calls, -1 for all, default all), as a busy engine's servicer or one still warming up after a restart;
 - `refuse`: the engine's port stops accepting connections (the server is stopped) until cleared.
 """
 
@@ -35,6 +37,8 @@ class FaultSettings:
     stall: bool = False
     slow: float = 1.0
     unhealthy: bool = False
+    health_delay_s: float = 0.0
+    health_delay_count: int = -1
     refuse: bool = False
 
 
@@ -56,6 +60,8 @@ class FaultPlan:
             status_code(settings.fail_code)  # validates the name
         if settings.slow <= 0:
             raise ValueError("slow must be positive")
+        if settings.health_delay_s < 0:
+            raise ValueError("health_delay_s must be zero or positive")
         previous_refuse = self.settings.refuse
         self.settings = settings
         self.engine.slow = settings.slow
@@ -75,6 +81,15 @@ class FaultPlan:
         if settings.fail_count > 0:
             settings.fail_count -= 1
         return status_code(settings.fail_code), settings.fail_message
+
+    def take_health_delay(self) -> float:
+        """How long a HealthCheck call should wait before answering, counting it down."""
+        settings = self.settings
+        if settings.health_delay_s == 0 or settings.health_delay_count == 0:
+            return 0.0
+        if settings.health_delay_count > 0:
+            settings.health_delay_count -= 1
+        return settings.health_delay_s
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self.settings)

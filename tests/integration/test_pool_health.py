@@ -1,0 +1,71 @@
+"""The pool's health checks against real simulated engines over gRPC sockets: a slow answer is not a dead
+engine. One timed-out check over a live connection is asked again before the engine leaves rotation (a
+busy engine, or one warming up after a restart, kept every request out: issue 13's restart test saw it);
+an engine slow every time, or gone, still leaves."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+
+from extproc import _native
+from extproc.models import default_model_dir
+from extproc.pool import HEALTH_TIMEOUT_S, EnginePool
+from extproc.simulator import SimCluster, start_engines
+from tests.conftest import default_gateway
+
+MODEL = "m"
+
+
+@pytest.fixture
+async def one_engine() -> AsyncIterator[tuple[SimCluster, _native.Gateway, EnginePool]]:
+    cluster = await start_engines(default_model_dir(), count=1, base_port=0)
+    gateway = default_gateway(MODEL)
+    pool = EnginePool.create(gateway, MODEL, [f"grpc://{cluster.addresses[0]}"], load_interval_s=0)
+    try:
+        await pool.start(wait_s=10)
+        assert pool.engines[0].healthy
+        yield cluster, gateway, pool
+    finally:
+        await pool.close()
+        await cluster.stop(grace=0)
+
+
+def routable(gateway: _native.Gateway) -> list[bool]:
+    return [bool(e["healthy"]) for e in gateway.engines() if e["model"] == MODEL]
+
+
+async def test_one_slow_health_answer_keeps_the_engine_in_rotation(
+    one_engine: tuple[SimCluster, _native.Gateway, EnginePool],
+) -> None:
+    cluster, gateway, pool = one_engine
+    cluster.engines[0].faults.set(health_delay_s=HEALTH_TIMEOUT_S + 0.5, health_delay_count=1)
+    await pool.check_all()
+    assert cluster.engines[0].faults.settings.health_delay_count == 0  # the slow answer was met
+    assert pool.engines[0].healthy and pool.engines[0].problem is None
+    assert routable(gateway) == [True]
+
+
+async def test_an_engine_slow_on_every_check_leaves_rotation(
+    one_engine: tuple[SimCluster, _native.Gateway, EnginePool],
+) -> None:
+    cluster, gateway, pool = one_engine
+    cluster.engines[0].faults.set(health_delay_s=HEALTH_TIMEOUT_S + 0.5)
+    await pool.check_all()
+    assert not pool.engines[0].healthy
+    assert pool.engines[0].problem == "health check failed: DEADLINE_EXCEEDED"
+    assert routable(gateway) == [False]
+    cluster.engines[0].faults.clear()
+    await pool.check_all()
+    assert routable(gateway) == [True]
+
+
+async def test_a_stopped_engine_leaves_rotation_on_its_first_failed_check(
+    one_engine: tuple[SimCluster, _native.Gateway, EnginePool],
+) -> None:
+    cluster, gateway, pool = one_engine
+    await cluster.stop(grace=0)
+    await pool.check_all()
+    assert not pool.engines[0].healthy
+    assert routable(gateway) == [False]
