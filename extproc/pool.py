@@ -311,7 +311,7 @@ class EnginePool:
         healthy = False
         try:
             client = await self._client(engine)
-            healthy = await self._probe(engine, client)
+            healthy = await self._ask_health(engine, client)
             if healthy and not engine.registered:
                 await self._register(engine, client)
             self._report_problem(engine, None if healthy else "HealthCheck answered healthy=false")
@@ -348,7 +348,7 @@ class EnginePool:
         if engine.published:
             self.gateway.set_health(self.model, engine.address, healthy and not engine.draining)
 
-    async def _probe(self, engine: Engine, client: EngineClient) -> bool:
+    async def _ask_health(self, engine: Engine, client: EngineClient) -> bool:
         """One health check; a timed-out one of a ready engine over a live connection is asked once more."""
         try:
             return await client.healthy(HEALTH_TIMEOUT_S)
