@@ -152,6 +152,7 @@ fn ranking(n: usize) {
                         block_size: BLOCK as u32,
                         tie: u64::from(rng.next()),
                         residents: 0,
+                        fresh: false,
                     }
                 })
                 .collect()

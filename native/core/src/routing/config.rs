@@ -61,6 +61,12 @@ pub struct RouterConfig {
     pub resident_session_tokens: u32,
     /// How long a session is remembered after its last request, in seconds.
     pub resident_window_s: f64,
+    /// Affinity policies with KV events: the weight of a request's uncached tokens on a fresh endpoint
+    /// (its events show no cached block and nothing is on it: a new or restarted engine) instead of
+    /// `uncached_weight`; unset (the default) is off. A miss there evicts nothing and delays nobody, so
+    /// only its own prefill counts; a hot shared prefix is copied to an idle new engine rather than
+    /// queued on its busy holders (`policy/affinity.rs`).
+    pub fresh_cache_weight: Option<f64>,
     /// Load shedding: when every candidate has at least this many queued requests (`Load::queue`), a
     /// sheddable request (negative priority) is refused (HTTP 429) instead of queued deeper; 0 never sheds.
     pub shed_queue_depth: u32,
@@ -96,6 +102,7 @@ impl Default for RouterConfig {
             holder_slack_tokens: 0,
             resident_session_tokens: 0,
             resident_window_s: 5.0,
+            fresh_cache_weight: None,
             shed_queue_depth: 0,
             objectives: BTreeMap::new(),
             default_priority: 0,
@@ -142,6 +149,9 @@ impl RouterConfig {
         }
         if !(self.resident_window_s > 0.0 && self.resident_window_s.is_finite()) {
             return bad("resident_window_s must be positive");
+        }
+        if self.fresh_cache_weight.is_some_and(|w| !(w >= 0.0 && w.is_finite())) {
+            return bad("fresh_cache_weight must be zero or positive");
         }
         if self.book_cold_spread == 0 {
             return bad("book_cold_spread must be at least 1");

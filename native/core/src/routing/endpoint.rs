@@ -67,6 +67,9 @@ pub struct EndpointState {
     order: Option<Arc<LoadOrder>>,
     /// The router dropped the endpoint (`LoadOrder::remove`).
     removed: AtomicBool,
+    /// The router has sent it a request (`fresh_cache_weight`: an engine that publishes no events is
+    /// fresh only until then).
+    routed_once: AtomicBool,
 }
 
 impl EndpointState {
@@ -92,6 +95,7 @@ impl EndpointState {
             events: Mutex::new(EventState::new(max_engine_blocks)),
             order: None,
             removed: AtomicBool::new(false),
+            routed_once: AtomicBool::new(false),
         }
     }
 
@@ -161,6 +165,17 @@ impl EndpointState {
     }
 
     // A poisoned lock means a panic mid-batch; the next gap or reset resynchronizes the state.
+    /// Whether a request was ever routed to it.
+    pub fn routed_once(&self) -> bool {
+        self.routed_once.load(Ordering::Relaxed)
+    }
+
+    pub fn mark_routed(&self) {
+        if !self.routed_once() {
+            self.routed_once.store(true, Ordering::Relaxed);
+        }
+    }
+
     pub fn events(&self) -> MutexGuard<'_, EventState> {
         self.events.lock().unwrap_or_else(|e| e.into_inner())
     }

@@ -381,6 +381,7 @@ impl Router {
         if let (Some(residents), Some(key)) = (&self.residents, req.session_key) {
             residents.routed(session_hash(key), c.id, now);
         }
+        st.mark_routed();
         Ok(Pick {
             primary: st.address.clone(),
             fallbacks: self.fallbacks(&d.states, &d.ranking),
@@ -416,15 +417,24 @@ impl Router {
             states.retain(|st| st.penalty.standing(clock).admits());
         }
         let orders = self.wait_order.as_ref().map(|(_, order)| order.lock());
+        let fresh_priced = self.config.fresh_cache_weight.is_some();
         let mut candidates: Vec<Candidate> = Vec::with_capacity(states.len());
         for st in &states {
+            let load = st.load();
+            // Fresh: nothing on it, and its events show nothing cached (or, before its first event,
+            // nothing was ever routed to it).
+            let fresh = fresh_priced && load.requests() == 0 && {
+                let ev = st.events();
+                ev.engine_map().is_empty() && (ev.publishing || !st.routed_once())
+            };
             candidates.push(Candidate {
                 id: st.id,
                 address_hash: st.address_hash,
-                load: st.load(),
+                load,
                 prompt_tokens: req.token_ids.len() as u32,
                 block_size: st.block_size(),
                 tie: orders.as_ref().map_or(0, |o| o.tie(st.id)),
+                fresh,
                 ..Default::default()
             });
         }
@@ -477,8 +487,8 @@ impl Router {
     /// order, fewer than `shortlist_from` healthy endpoints, a subset hint (it may exclude most of
     /// them), data-parallel ranks (their fallbacks walk the whole ranking), a sheddable request
     /// (shedding reads every queue), no endpoint that its penalty lets in, or more than
-    /// `SHORTLIST_SKIPS` ejected or spilled endpoints in the way, or resident sessions priced (the
-    /// load order does not include them).
+    /// `SHORTLIST_SKIPS` ejected or spilled endpoints in the way, or resident sessions or fresh
+    /// endpoints priced (the load order does not include them).
     fn shortlist<'t>(
         &self,
         table: &'t Table,
@@ -487,7 +497,12 @@ impl Router {
         now: Tick,
     ) -> Option<Decision<'t>> {
         let (wait, order) = self.wait_order.as_ref()?;
-        if req.subset.is_some() || self.residents.is_some() || table.ranks > 0 || self.may_shed(req) {
+        if req.subset.is_some()
+            || self.residents.is_some()
+            || self.config.fresh_cache_weight.is_some()
+            || table.ranks > 0
+            || self.may_shed(req)
+        {
             return None;
         }
         let orders = order.lock();
@@ -588,6 +603,7 @@ impl Router {
                 block_size: e.block_size,
                 tie: e.tie,
                 residents: 0,
+                fresh: false,
             });
             states.push(st);
         }

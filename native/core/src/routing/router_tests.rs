@@ -1088,3 +1088,41 @@ fn resident_sessions_spread_new_sessions_and_leave_follow_ups_to_their_history()
         "off unless asked for"
     );
 }
+
+#[test]
+fn a_fresh_engine_takes_a_busy_holders_request_once_and_then_holds_something() {
+    // Endpoint 0 holds a 10-block preamble and runs 3 requests (48 tokens of load); endpoint 1 published
+    // another prompt and is idle; endpoint 2 was never routed to and published nothing: fresh. A new
+    // session (the preamble + 2 blocks: 8 uncached tokens on 0, 48 elsewhere) waits 48 + 3 x 8 = 72 on
+    // endpoint 0, 3 x 48 = 144 on endpoint 1, and at the fresh weight 0 nothing on endpoint 2.
+    let route = |fresh_cache_weight: Option<f64>| {
+        let r = router_with(
+            "kv_events",
+            3,
+            RouterConfig {
+                seed: Some(5),
+                fresh_cache_weight,
+                ..Default::default()
+            },
+        );
+        let preamble = prompt(1, 10);
+        let mut holder = pb::KvEventBatch::decode(&stored_batch(0, &preamble, 1)[..]).unwrap();
+        holder.load = Some(pb::EngineLoad {
+            running_requests: 3,
+            ..Default::default()
+        });
+        assert_eq!(r.apply_kv_events(&addr(0), &holder.encode_to_vec()).outcome.kind(), "applied");
+        let other = stored_batch(0, &prompt(2, 10), 2);
+        assert_eq!(r.apply_kv_events(&addr(1), &other).outcome.kind(), "applied");
+        let session = |s: u32| [preamble.clone(), prompt(10 + s, 2)].concat();
+        let first = r.pick(&session(0), None).unwrap().primary.to_string();
+        let second = r.pick(&session(1), None).unwrap().primary.to_string();
+        (first, second)
+    };
+    assert_eq!(route(None), (addr(0), addr(0)), "off: the holder keeps the preamble");
+    // On: the fresh engine takes the first; routed once and with no events yet it is fresh no more,
+    // so the second goes back to the holder rather than to a copy still being prefilled.
+    assert_eq!(route(Some(0.0)), (addr(2), addr(0)));
+    assert!(RouterConfig::from_json(r#"{"fresh_cache_weight": -1}"#).is_err());
+    assert_eq!(RouterConfig::default().fresh_cache_weight, None, "off unless asked for");
+}

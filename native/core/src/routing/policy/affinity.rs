@@ -61,6 +61,8 @@ pub struct Affinity {
     /// Prefill tokens one other session resident on an endpoint is worth (`resident_session_tokens`):
     /// 0 is off.
     pub resident_cost: u32,
+    /// Weight of the uncached tokens on a fresh endpoint (`fresh_cache_weight`); `None` is off.
+    pub fresh_weight: Option<f64>,
 }
 
 impl Affinity {
@@ -77,6 +79,7 @@ impl Affinity {
             uncached_weight: cfg.uncached_weight,
             holder_slack: cfg.holder_slack_tokens,
             resident_cost: cfg.resident_session_tokens,
+            fresh_weight: cfg.fresh_cache_weight,
         }
     }
 
@@ -95,8 +98,12 @@ impl Affinity {
     /// One term depends on the request: its uncached tokens, the whole prompt for every endpoint
     /// holding none of it; the rest is the endpoint's `base_wait`, the router's load order.
     pub fn expected_wait(&self, c: &Candidate) -> u64 {
+        let weight = match self.fresh_weight {
+            Some(w) if c.fresh => w,
+            _ => self.uncached_weight,
+        };
         base_wait(&c.load, self.request_cost)
-            + (f64::from(c.uncached_tokens()) * self.uncached_weight) as u64
+            + (f64::from(c.uncached_tokens()) * weight) as u64
             + u64::from(self.resident_cost) * u64::from(c.residents)
     }
 
@@ -207,6 +214,7 @@ mod tests {
             uncached_weight,
             holder_slack: 0,
             resident_cost: 0,
+                fresh_weight: None,
         }
     }
 
@@ -285,6 +293,27 @@ mod tests {
         // With nothing cached anywhere the weight changes nothing: least load still wins.
         let cold = [cand(0, 3, 0), cand(1, 1, 0)];
         assert_eq!(rank(&weighted(8, 16, 3.0), &cold)[0], 1);
+    }
+
+    #[test]
+    fn a_fresh_endpoint_prices_a_miss_at_the_fresh_weight() {
+        // A holds 6 of 10 blocks with one request on it (16 + 3 x 64 = 208); B is idle and cold
+        // (3 x 160 = 480). Marked fresh (a new engine with nothing cached), B's miss counts at the
+        // fresh weight: 0 takes it there, 1 (160 against 208) too, 2 (320) leaves the prefix on A.
+        let mut fresh = cand(1, 0, 0);
+        fresh.fresh = true;
+        let c = [cand(0, 1, 6), fresh];
+        let with = |w: Option<f64>| Affinity {
+            fresh_weight: w,
+            ..weighted(8, 16, 3.0)
+        };
+        assert_eq!(rank(&with(None), &c)[0], 0, "off: the default weight");
+        assert_eq!(rank(&with(Some(0.0)), &c)[0], 1);
+        assert_eq!(rank(&with(Some(1.0)), &c)[0], 1);
+        assert_eq!(rank(&with(Some(2.0)), &c)[0], 0);
+        // Only the fresh candidate is priced so: the same idle cold B, not fresh, still loses.
+        let c = [cand(0, 1, 6), cand(1, 0, 0)];
+        assert_eq!(rank(&with(Some(0.0)), &c)[0], 0);
     }
 
     #[test]
@@ -376,6 +405,7 @@ mod selection_tests {
                     block_size,
                     tie,
                     residents: 0,
+                    fresh: false,
                 },
             )
     }
@@ -401,6 +431,7 @@ mod selection_tests {
                 uncached_weight: weight,
                 holder_slack: 0,
                 resident_cost: 0,
+                fresh_weight: None,
             };
             let rng = Rng::new(seed);
             let ctx = PickContext { candidates: &candidates, session_key: None, rng: &rng };

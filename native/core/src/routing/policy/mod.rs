@@ -58,6 +58,9 @@ pub struct Candidate {
     pub tie: u64,
     /// Sessions resident on the endpoint, for a new session's request (`residents.rs`; 0 otherwise).
     pub residents: u32,
+    /// The endpoint is fresh (`fresh_cache_weight`): its events show no cached block and nothing is on
+    /// it. Set only when that setting is on.
+    pub fresh: bool,
 }
 
 impl Candidate {

@@ -21,6 +21,7 @@ pub fn cand(id: usize, requests: u32, cached: u32) -> Candidate {
         block_size: 16,
         tie: 0,
         residents: 0,
+        fresh: false,
     }
 }
 
