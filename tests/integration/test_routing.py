@@ -222,3 +222,36 @@ def test_a_new_session_starts_where_fewer_sessions_reside(
         third = ask_as(client, s, "session-a", a)
         assert landed(s, before)[home] == 1, "A's third turn left its history"
         assert (third.usage.prompt_tokens_details.cached_tokens or 0) >= 600
+
+
+@pytest.mark.parametrize(
+    "routing_config,copies",
+    [('{"fresh_cache_weight": 0}', True), (None, False)],
+    ids=["fresh_cache_weight", "default"],
+)
+def test_a_fresh_engine_takes_a_shared_prompt_from_its_holder(
+    tmp_path: Path, routing_config: str | None, copies: bool
+) -> None:
+    # Two engines, neither used. The first request lands on one and its Stored events reach the router.
+    # The next request shares its ~700-token system prompt: by default it joins the holder for the
+    # cached prefix; with a fresh engine's misses priced at 0 it goes to the engine nobody used yet,
+    # which prefills the prompt (and holds it for what comes after). Once both hold something, the
+    # prompt's requests go to a holder either way.
+    with local_stack(FreePorts(), tmp_path, routing_config=routing_config) as s:
+        client = s.openai()
+        before = counts(s)
+        ask(client, s, "Question zero?")
+        holder = engine_that_took(s, before)
+        time.sleep(0.5)  # its Stored events reach the router
+
+        before = counts(s)
+        second = ask(client, s, "Question one?")
+        arrived = landed(s, before)
+        cached = second.usage.prompt_tokens_details.cached_tokens or 0
+        assert arrived[holder] == (0 if copies else 1), arrived
+        assert (cached >= 600) != copies, cached
+        time.sleep(0.5)
+
+        for i in range(2, 5):
+            third = ask(client, s, f"Question {i}?")
+            assert (third.usage.prompt_tokens_details.cached_tokens or 0) >= 600, f"request {i} missed"
