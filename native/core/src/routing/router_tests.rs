@@ -1111,7 +1111,10 @@ fn a_fresh_engine_takes_a_busy_holders_request_once_and_then_holds_something() {
             running_requests: 3,
             ..Default::default()
         });
-        assert_eq!(r.apply_kv_events(&addr(0), &holder.encode_to_vec()).outcome.kind(), "applied");
+        assert_eq!(
+            r.apply_kv_events(&addr(0), &holder.encode_to_vec()).outcome.kind(),
+            "applied"
+        );
         let other = stored_batch(0, &prompt(2, 10), 2);
         assert_eq!(r.apply_kv_events(&addr(1), &other).outcome.kind(), "applied");
         let session = |s: u32| [preamble.clone(), prompt(10 + s, 2)].concat();

@@ -221,7 +221,7 @@ mod tests {
             uncached_weight,
             holder_slack: 0,
             resident_cost: 0,
-                fresh_weight: None,
+            fresh_weight: None,
         }
     }
 
