@@ -1,16 +1,15 @@
-"""No class or module of the gateway defines one name twice.
+"""No class or module of the gateway, its tests or its benchmarks defines one name twice.
 
 Python keeps the last definition without a word, and ruff does not flag methods: a second
 `EnginePool._probe` once replaced the discovery probe of that name and discovered engines were never
-probed (stop 31's CI). A definition that means to replace another is renamed instead.
+probed (stop 31's CI); a test defined twice under one name silently never runs. A definition that means
+to replace another is renamed instead.
 """
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
-
-import extproc
 
 DEFINITIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
 
@@ -34,9 +33,10 @@ def twice_defined(body: list[ast.stmt]) -> list[str]:
 
 
 def test_no_name_is_defined_twice_in_one_scope() -> None:
-    root = Path(extproc.__file__).parent
+    root = Path(__file__).parents[1]
     found = []
-    for path in sorted(root.rglob("*.py")):
+    paths = [p for package in ("extproc", "tests", "load") for p in sorted((root / package).rglob("*.py"))]
+    for path in paths:
         tree = ast.parse(path.read_text(), filename=str(path))
         scopes = [tree.body] + [n.body for n in ast.walk(tree) if isinstance(n, ast.ClassDef)]
         found += [f"{path.relative_to(root)}: {name}" for body in scopes for name in twice_defined(body)]
