@@ -349,16 +349,17 @@ class EnginePool:
             self.gateway.set_health(self.model, engine.address, healthy and not engine.draining)
 
     async def _ask_health(self, engine: Engine, client: EngineClient) -> bool:
-        """One health check; a timed-out one of a ready engine over a live connection is asked once more."""
+        """One health check; a timed-out one of an engine in rotation is asked once more."""
         try:
             return await client.healthy(HEALTH_TIMEOUT_S)
         except grpc.aio.AioRpcError as e:
-            # Over a connection that is up, a timeout means an engine slow to answer (busy, or back from a
-            # restart and still warming up), not a dead one: taking it out would refuse requests it serves
-            # (every engine at once, when all are busy). A dead or unreachable engine has no live
-            # connection and goes out at once.
-            connected = engine.channel.get_state() == grpc.ChannelConnectivity.READY
-            if e.code() != grpc.StatusCode.DEADLINE_EXCEEDED or not engine.healthy or not connected:
+            # One timeout is not a dead engine. Over a live connection it is an engine slow to answer
+            # (busy, or warming up): taking it out would refuse requests it serves, every engine at once
+            # when all are busy. Over a reconnecting one it can be the tail of a short outage: the check
+            # began while the engine restarted, and the channel reconnects (at most 250 ms apart) just
+            # after its deadline. A dead engine leaves on the second timeout, one timeout later; its
+            # requests meanwhile fail over to other engines (the router's penalty).
+            if e.code() != grpc.StatusCode.DEADLINE_EXCEEDED or not engine.healthy:
                 raise
             return await client.healthy(HEALTH_TIMEOUT_S)
 
