@@ -164,7 +164,6 @@ impl EndpointState {
         }
     }
 
-    // A poisoned lock means a panic mid-batch; the next gap or reset resynchronizes the state.
     /// Whether a request was ever routed to it.
     pub fn routed_once(&self) -> bool {
         self.routed_once.load(Ordering::Relaxed)
@@ -176,6 +175,7 @@ impl EndpointState {
         }
     }
 
+    // A poisoned lock means a panic mid-batch; the next gap or reset resynchronizes the state.
     pub fn events(&self) -> MutexGuard<'_, EventState> {
         self.events.lock().unwrap_or_else(|e| e.into_inner())
     }
