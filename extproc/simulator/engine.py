@@ -152,9 +152,7 @@ class VllmEngine(vllm_engine_pb2_grpc.VllmEngineServicer):
     async def HealthCheck(
         self, request: vllm_engine_pb2.HealthCheckRequest, context: grpc.aio.ServicerContext
     ) -> vllm_engine_pb2.HealthCheckResponse:
-        delay_s = self.core.faults.take_health_delay()
-        if delay_s:
-            await asyncio.sleep(delay_s)
+        await self.core.faults.delay_health_check()
         if self.core.faults.settings.unhealthy:
             return vllm_engine_pb2.HealthCheckResponse(healthy=False, message="Engine is not alive")
         return vllm_engine_pb2.HealthCheckResponse(healthy=True, message="Health")

@@ -19,6 +19,7 @@ start (`--faults JSON` on the CLI):
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -82,14 +83,14 @@ class FaultPlan:
             settings.fail_count -= 1
         return status_code(settings.fail_code), settings.fail_message
 
-    def take_health_delay(self) -> float:
-        """How long a HealthCheck call should wait before answering, counting it down."""
+    async def delay_health_check(self) -> None:
+        """Waits as long as a HealthCheck call should before answering, counting the delayed calls down."""
         settings = self.settings
         if settings.health_delay_s == 0 or settings.health_delay_count == 0:
-            return 0.0
+            return
         if settings.health_delay_count > 0:
             settings.health_delay_count -= 1
-        return settings.health_delay_s
+        await asyncio.sleep(settings.health_delay_s)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self.settings)

@@ -17,7 +17,6 @@ for none, a start at or past the prompt's end is refused.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -261,9 +260,7 @@ class SglangEngine(sglang_scheduler_pb2_grpc.SglangSchedulerServicer):
     async def HealthCheck(
         self, request: sglang_scheduler_pb2.HealthCheckRequest, context: grpc.aio.ServicerContext
     ) -> sglang_scheduler_pb2.HealthCheckResponse:
-        delay_s = self.core.faults.take_health_delay()
-        if delay_s:
-            await asyncio.sleep(delay_s)
+        await self.core.faults.delay_health_check()
         if self.core.faults.settings.unhealthy:
             return sglang_scheduler_pb2.HealthCheckResponse(healthy=False, message="Engine is not alive")
         return sglang_scheduler_pb2.HealthCheckResponse(healthy=True, message="Health check passed")
