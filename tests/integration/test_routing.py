@@ -28,6 +28,20 @@ def ask(client: openai.OpenAI, stack: Stack, question: str) -> openai.types.chat
     )
 
 
+def serve_every_engine(client: openai.OpenAI, stack: Stack) -> None:
+    """One request per engine, each sharing nothing with SYSTEM or the others, so that every engine has
+    served and holds something, as in a pool that has run a while. A new engine is fresh (its misses
+    count at `fresh_cache_weight`, 0.25): each takes one of these, and none is fresh after."""
+    before = counts(stack)
+    for i in range(len(before)):
+        words = " ".join(f"w{i}x{k}" for k in range(60))
+        client.chat.completions.create(
+            model=stack.model, messages=[{"role": "user", "content": f"Unrelated {i}: {words}"}], max_tokens=4
+        )
+        time.sleep(0.5)  # its Stored events reach the router
+    assert landed(stack, before) == [1] * len(before), "each fresh engine takes one request"
+
+
 def counts(stack: Stack) -> list[int]:
     return [e.stats.generate_requests for e in stack.engines.engines]
 
@@ -95,9 +109,11 @@ def test_a_prefix_group_stays_on_its_holder_while_it_prefills_other_work(
     # follow-up sharing the prefix would wait for that (~800 tokens) there, or prefill the whole prefix
     # again (~700) on the idle engine. By default (uncached_weight 3) the prefix's saved work counts
     # three times, so the group stays where its cache is; counted once, the follow-up spreads it to the other
-    # engine, which is what issue 13's suite measured losing to SMG cache_aware.
+    # engine, which is what issue 13's suite measured losing to SMG cache_aware. Both engines have served
+    # before (a fresh one would take the follow-up at either weight).
     with local_stack(FreePorts(), tmp_path, sim=SLOW_PREFILL, routing_config=routing_config) as s:
         client = s.openai()
+        serve_every_engine(client, s)
         before = counts(s)
         ask(client, s, "Question zero?")
         holder = engine_that_took(s, before)
@@ -128,9 +144,11 @@ def test_a_burst_of_a_new_prefix_waits_for_the_engine_prefilling_it(
     # the second request is routed while the first engine is still prefilling it (~1.4 s here), before any
     # Stored event. With cold booking the router counts the prefix on that engine and the second joins it;
     # without (the default: docs/routing-benchmark.md has why), the prefix looks cold everywhere and the
-    # second goes to the idle engine, prefilling it again.
+    # second goes to the idle engine, prefilling it again. Both engines have served before: a fresh
+    # engine would take the second either way.
     with local_stack(FreePorts(), tmp_path, sim=SLOW_PREFILL, routing_config=routing_config) as s:
         client = s.openai()
+        serve_every_engine(client, s)
         before = counts(s)
         first = threading.Thread(target=ask, args=(client, s, "Question zero?"))
         first.start()
@@ -157,9 +175,11 @@ def test_cold_booking_spreads_a_burst_over_as_many_engines_as_asked(tmp_path: Pa
     # 2, or half of three engines rounded up). The first request goes to one engine; the second, routed
     # while that one is still prefilling, goes to another (one booked engine is not yet two); the third
     # joins one of the two, not the third engine, which holds nothing. Counted from the first booking
-    # (`book_cold_spread` 1) the second would join the first (the test above).
+    # (`book_cold_spread` 1) the second would join the first (the test above). Every engine has served
+    # before: a fresh one would take the third.
     with local_stack(FreePorts(), tmp_path, engines=3, sim=SLOW_PREFILL, routing_config=config) as s:
         client = s.openai()
+        serve_every_engine(client, s)
         burst = []
         took = []
         for i in range(3):
@@ -227,16 +247,16 @@ def test_a_new_session_starts_where_fewer_sessions_reside(
 @pytest.mark.parametrize(
     "routing_config,copies",
     [('{"fresh_cache_weight": 0}', True), (None, False)],
-    ids=["fresh_cache_weight", "default"],
+    ids=["fresh_cache_weight_0", "default"],
 )
 def test_a_fresh_engine_takes_a_shared_prompt_from_its_holder(
     tmp_path: Path, routing_config: str | None, copies: bool
 ) -> None:
     # Two engines, neither used. The first request lands on one and its Stored events reach the router.
-    # The next request shares its ~700-token system prompt: by default it joins the holder for the
-    # cached prefix; with a fresh engine's misses priced at 0 it goes to the engine nobody used yet,
-    # which prefills the prompt (and holds it for what comes after). Once both hold something, the
-    # prompt's requests go to a holder either way.
+    # The next request shares its ~700-token system prompt. By default (a fresh engine's misses at 0.25,
+    # ~175 tokens against ~30 uncached on the idle holder) it joins the holder for the cached prefix;
+    # priced at 0 it goes to the engine nobody used yet, which prefills the prompt (and holds it for
+    # what comes after). Once both hold something, the prompt's requests go to a holder either way.
     with local_stack(FreePorts(), tmp_path, routing_config=routing_config) as s:
         client = s.openai()
         before = counts(s)

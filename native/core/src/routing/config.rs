@@ -63,9 +63,9 @@ pub struct RouterConfig {
     pub resident_window_s: f64,
     /// Affinity policies with KV events: the weight of a request's uncached tokens on a fresh endpoint
     /// (its events show no cached block and nothing is on it: a new or restarted engine) instead of
-    /// `uncached_weight`; unset (the default) is off. A miss there evicts nothing and delays nobody, so
-    /// only its own prefill counts; a hot shared prefix is copied to an idle new engine rather than
-    /// queued on its busy holders (`policy/affinity.rs`).
+    /// `uncached_weight`; 0.25 by default, unset (`null`) is off. A miss there evicts nothing and delays
+    /// nobody, so only its own prefill counts; a hot shared prefix is copied to an idle new engine
+    /// rather than queued on its busy holders (`policy/affinity.rs`).
     pub fresh_cache_weight: Option<f64>,
     /// Load shedding: when every candidate has at least this many queued requests (`Load::queue`), a
     /// sheddable request (negative priority) is refused (HTTP 429) instead of queued deeper; 0 never sheds.
@@ -102,7 +102,7 @@ impl Default for RouterConfig {
             holder_slack_tokens: 0,
             resident_session_tokens: 0,
             resident_window_s: 5.0,
-            fresh_cache_weight: None,
+            fresh_cache_weight: Some(0.25),
             shed_queue_depth: 0,
             objectives: BTreeMap::new(),
             default_priority: 0,

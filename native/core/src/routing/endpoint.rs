@@ -70,6 +70,10 @@ pub struct EndpointState {
     /// The router has sent it a request (`fresh_cache_weight`: an engine that publishes no events is
     /// fresh only until then).
     routed_once: AtomicBool,
+    /// Its events show no cached block (true until its first batch), and whether it publishes events:
+    /// copies of its `EventState`'s, so that a pick and the load order read them without its lock.
+    events_empty: AtomicBool,
+    publishing: AtomicBool,
 }
 
 impl EndpointState {
@@ -96,6 +100,8 @@ impl EndpointState {
             order: None,
             removed: AtomicBool::new(false),
             routed_once: AtomicBool::new(false),
+            events_empty: AtomicBool::new(true),
+            publishing: AtomicBool::new(false),
         }
     }
 
@@ -172,6 +178,29 @@ impl EndpointState {
     pub fn mark_routed(&self) {
         if !self.routed_once() {
             self.routed_once.store(true, Ordering::Relaxed);
+            self.changed();
+        }
+    }
+
+    /// Nothing is cached on it as far as the router knows (`fresh_cache_weight`): its events show no
+    /// block, or, while it has published none, no request was ever routed to it.
+    pub fn nothing_cached(&self) -> bool {
+        self.events_empty.load(Ordering::Relaxed)
+            && (self.publishing.load(Ordering::Relaxed) || !self.routed_once())
+    }
+
+    /// Fresh: nothing cached and nothing on it, as of `load`.
+    pub fn fresh(&self, load: &Load) -> bool {
+        load.requests() == 0 && self.nothing_cached()
+    }
+
+    /// Copies what `events` show (after a batch or a reset), telling the load order when it changes.
+    pub fn events_changed(&self, events: &EventState) {
+        let empty = events.engine_map().is_empty();
+        let was_empty = self.events_empty.swap(empty, Ordering::Relaxed);
+        let was_publishing = self.publishing.swap(events.publishing, Ordering::Relaxed);
+        if was_empty != empty || was_publishing != events.publishing {
+            self.changed();
         }
     }
 

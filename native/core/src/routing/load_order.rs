@@ -11,6 +11,10 @@
 //! - by load: requests, in-flight tokens, tie: the least loaded (the spill gate's minimum) and the
 //!   order of spilled endpoints, which the ranking orders by load alone.
 //!
+//! And the fresh endpoints (nothing cached, nothing on them: `EndpointState::fresh`) by wait: the
+//! ranking prices their misses at `fresh_cache_weight`, the same term for all of them, so they too are
+//! ordered as these keys.
+//!
 //! The tie: a number each endpoint draws anew at every update of its entry. The affinity ranking breaks
 //! ties with it (then by id), whichever way the router ranks (shortlist or every endpoint), so the two
 //! decide alike; a random draw per pick and endpoint would need every tied endpoint looked at. An
@@ -46,6 +50,8 @@ pub struct Entry {
     pub block_size: u32,
     /// It has failures on record (`Penalty::failing`): its standing needs a look.
     pub failing: bool,
+    /// Nothing cached and nothing on it (`EndpointState::fresh`).
+    pub fresh: bool,
     wait: u64,
 }
 
@@ -76,6 +82,8 @@ pub struct Orders {
     entries: Vec<Option<Entry>>,
     by_wait: BTreeSet<WaitKey>,
     by_load: BTreeSet<LoadKey>,
+    /// The fresh ones of `by_wait`.
+    fresh: BTreeSet<WaitKey>,
     /// Listed endpoints per block size.
     block_sizes: BTreeMap<u32, usize>,
     ties: Rng,
@@ -90,6 +98,7 @@ impl LoadOrder {
                 entries: Vec::new(),
                 by_wait: BTreeSet::new(),
                 by_load: BTreeSet::new(),
+                fresh: BTreeSet::new(),
                 block_sizes: BTreeMap::new(),
                 ties: Rng::new(seed),
             }),
@@ -114,6 +123,7 @@ impl LoadOrder {
                 tie: o.ties.next_u64(),
                 block_size: st.block_size(),
                 failing: st.penalty.failing(),
+                fresh: st.fresh(&load),
             };
             o.list(st.id, entry);
         }
@@ -141,6 +151,9 @@ impl Orders {
         };
         self.by_wait.remove(&e.wait_key(id));
         self.by_load.remove(&e.load_key(id));
+        if e.fresh {
+            self.fresh.remove(&e.wait_key(id));
+        }
         if let Some(n) = self.block_sizes.get_mut(&e.block_size) {
             *n -= 1;
             if *n == 0 {
@@ -156,6 +169,9 @@ impl Orders {
         self.entries[id] = Some(e);
         self.by_wait.insert(e.wait_key(id));
         self.by_load.insert(e.load_key(id));
+        if e.fresh {
+            self.fresh.insert(e.wait_key(id));
+        }
         *self.block_sizes.entry(e.block_size).or_default() += 1;
     }
 
@@ -181,6 +197,11 @@ impl Orders {
     /// `(id, requests)` by wait, least first.
     pub fn by_wait(&self) -> impl Iterator<Item = (EndpointId, u32)> + '_ {
         self.by_wait.iter().map(|&(_, requests, _, _, id)| (id, requests))
+    }
+
+    /// The fresh endpoints' ids by wait, least first.
+    pub fn fresh_by_wait(&self) -> impl Iterator<Item = EndpointId> + '_ {
+        self.fresh.iter().map(|&(.., id)| id)
     }
 
     /// `(id, requests)` by load from `min_requests` requests on, least first.

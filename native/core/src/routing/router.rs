@@ -421,12 +421,7 @@ impl Router {
         let mut candidates: Vec<Candidate> = Vec::with_capacity(states.len());
         for st in &states {
             let load = st.load();
-            // Fresh: nothing on it, and its events show nothing cached (or, before its first event,
-            // nothing was ever routed to it).
-            let fresh = fresh_priced && load.requests() == 0 && {
-                let ev = st.events();
-                ev.engine_map().is_empty() && (ev.publishing || !st.routed_once())
-            };
+            let fresh = fresh_priced && st.fresh(&load);
             candidates.push(Candidate {
                 id: st.id,
                 address_hash: st.address_hash,
@@ -478,8 +473,8 @@ impl Router {
 
     /// Ranks a shortlist (`load_order.rs`): the endpoints holding the prompt's first block, the least
     /// loaded endpoint (the spill gate's minimum), the first `1 + max_fallbacks` candidates holding
-    /// none of it in the policy's wait order among those the gate keeps, and as many spilled ones in
-    /// load order when the kept ones are too few. The policy orders each group as those orders do
+    /// none of it in the policy's wait order among those the gate keeps, as many fresh ones when fresh
+    /// endpoints are priced, and as many spilled ones in load order when the kept ones are too few. The policy orders each group as those orders do
     /// (`WaitOrder`), so the shortlist's first `1 + max_fallbacks` are every candidate's: the same
     /// decision as `rank_all` (router_tests: `a_shortlist_decides_as_ranking_every_endpoint`).
     ///
@@ -487,8 +482,8 @@ impl Router {
     /// order, fewer than `shortlist_from` healthy endpoints, a subset hint (it may exclude most of
     /// them), data-parallel ranks (their fallbacks walk the whole ranking), a sheddable request
     /// (shedding reads every queue), no endpoint that its penalty lets in, or more than
-    /// `SHORTLIST_SKIPS` ejected or spilled endpoints in the way, or resident sessions or fresh
-    /// endpoints priced (the load order does not include them).
+    /// `SHORTLIST_SKIPS` ejected or spilled endpoints in the way, or resident sessions priced (the load
+    /// order does not include them).
     fn shortlist<'t>(
         &self,
         table: &'t Table,
@@ -499,7 +494,6 @@ impl Router {
         let (wait, order) = self.wait_order.as_ref()?;
         if req.subset.is_some()
             || self.residents.is_some()
-            || self.config.fresh_cache_weight.is_some()
             || table.ranks > 0
             || self.may_shed(req)
         {
@@ -563,6 +557,25 @@ impl Router {
             ids.push(id);
             found += 1;
         }
+        // Fresh endpoints rank by their own weight, ahead of others as loaded: the first k of them.
+        let fresh_priced = self.config.fresh_cache_weight.is_some();
+        if fresh_priced {
+            let mut fresh = 0;
+            for id in orders.fresh_by_wait() {
+                if fresh == k {
+                    break;
+                }
+                if holds(id).is_some() {
+                    continue;
+                }
+                if !admitted(id) {
+                    skip()?;
+                    continue;
+                }
+                ids.push(id);
+                fresh += 1;
+            }
+        }
         if let (true, Some(from)) = (found < k, spilled_from) {
             let mut spilled = 0;
             for (id, _) in orders.by_load(from) {
@@ -603,7 +616,7 @@ impl Router {
                 block_size: e.block_size,
                 tie: e.tie,
                 residents: 0,
-                fresh: false,
+                fresh: fresh_priced && e.fresh,
             });
             states.push(st);
         }
@@ -831,7 +844,12 @@ impl Router {
                 load: None,
             };
         };
-        let result = apply(&mut st.events(), &self.events, st.id);
+        let result = {
+            let mut events = st.events();
+            let result = apply(&mut events, &self.events, st.id);
+            st.events_changed(&events);
+            result
+        };
         if let Some(load) = &result.load {
             st.set_engine_load(load);
         }
@@ -850,7 +868,9 @@ impl Router {
         let table = self.read_table();
         let mut known = false;
         for st in table.engine(address) {
-            st.events().reset(&self.events, st.id);
+            let mut events = st.events();
+            events.reset(&self.events, st.id);
+            st.events_changed(&events);
             known = true;
         }
         known

@@ -71,6 +71,7 @@ fn random_router(g: &mut Lcg, seed: u64) -> (Router, Vec<InFlight>) {
         book_cold_s: g.pick(&[0.0, 0.0, 2.0]),
         book_cold_spread: g.pick(&[1, 1, 2]),
         book_cold_spread_share: g.pick(&[0.0, 0.0, 0.02, 0.5]),
+        fresh_cache_weight: g.pick(&[None, Some(0.0), Some(0.25), Some(1.0)]),
         ..Default::default()
     };
     let mut r = Router::new(policy, cfg).unwrap();
@@ -83,6 +84,14 @@ fn random_router(g: &mut Lcg, seed: u64) -> (Router, Vec<InFlight>) {
     r.set_endpoints((0..n).map(|i| (addr(i), sizes[i])).collect()).unwrap();
     let root = block_hash::root(None, None);
     for (i, &bs) in sizes.iter().enumerate() {
+        // Some publish events (an empty batch: nothing cached yet), so that a pick leaves them fresh;
+        // many of the others were routed to before: idle but not fresh.
+        if g.chance(30) {
+            let published = r.apply_kv_events(&addr(i), &KvEventBatch::default().encode_to_vec());
+            assert_eq!(published.outcome.kind(), "applied");
+        } else if g.chance(60) {
+            r.read_table().get(&addr(i)).unwrap().mark_routed();
+        }
         if bs == 0 || !g.chance(40) {
             continue;
         }
@@ -177,6 +186,14 @@ fn a_shortlist_decides_as_ranking_every_endpoint() {
     );
 }
 
+/// Marks every endpoint as routed to before (a pool that has served): none publishes events, so none
+/// is fresh (`fresh_cache_weight`).
+fn served(r: &Router) {
+    for st in r.read_table().slots.iter().flatten() {
+        st.mark_routed();
+    }
+}
+
 /// A pool of `n` idle endpoints that ranks shortlists.
 fn pool(n: usize, cfg: RouterConfig) -> Router {
     let r = Router::new("kv_events", cfg).unwrap();
@@ -206,6 +223,7 @@ fn a_large_pool_looks_at_its_holders_and_a_few_least_loaded() {
         ..Default::default()
     };
     let r = pool(1_000, cfg);
+    served(&r);
     // One request on every endpoint, already prefilled (no backlog).
     let mut held: Vec<InFlight> = (0..1_000).map(|i| r.begin(&addr(i), None, 0).unwrap()).collect();
     // Endpoints 10 and 20 are idle; 500 holds the prompt's prefix.
@@ -226,6 +244,34 @@ fn a_large_pool_looks_at_its_holders_and_a_few_least_loaded() {
         addr(500),
         "the holder: 16 for its request + 2 x 8 uncached tokens, below 2 x 32 on an idle one"
     );
+}
+
+#[test]
+fn an_engine_added_to_a_large_pool_is_shortlisted_while_fresh() {
+    let r = pool(
+        1_000,
+        RouterConfig {
+            seed: Some(6),
+            max_fallbacks: 2,
+            ..Default::default()
+        },
+    );
+    served(&r);
+    let held: Vec<InFlight> = (0..1_000).map(|i| r.begin(&addr(i), None, 0).unwrap()).collect();
+    let root = block_hash::root(None, None);
+    let t = tokens(1, 2, 0);
+    let id = r.read_table().get(&addr(500)).unwrap().id;
+    r.events
+        .insert(id, &block_hash::prompt_hashes(&t, B as usize, root)[..PREFIX], 0);
+    // Scale-out: a new engine joins (ids are handed out in order: it is the last in every tie).
+    r.set_endpoints((0..=1_000).map(|i| (addr(i), B)).collect()).unwrap();
+    assert!(shortlisted(&r, &t).iter().any(|a| **a == *addr(1_000)));
+    // Its miss counts at 0.25 (8 against the holder's 16 + 3 x 8): it takes the prompt, once.
+    let first = r.pick(&t, None).unwrap();
+    assert_eq!(first.address(), addr(1_000));
+    let second = r.pick(&t, None).unwrap();
+    assert_eq!(second.address(), addr(500), "routed once, it is fresh no more");
+    drop((held, first, second));
 }
 
 #[test]

@@ -34,6 +34,15 @@ fn router_with(policy: &str, n: usize, cfg: RouterConfig) -> Router {
     r
 }
 
+/// Marks every endpoint as routed to before, as in a pool that has served traffic: one whose events show
+/// nothing is then fresh only if it publishes events (`fresh_cache_weight`), so that a test of another
+/// term is not decided by an engine that looks new.
+fn served(r: &Router) {
+    for st in r.read_table().slots.iter().flatten() {
+        st.mark_routed();
+    }
+}
+
 /// A prompt of `blocks` full blocks, block k made of token `seed * 100 + k`.
 fn prompt(seed: u32, blocks: u32) -> Vec<u32> {
     (0..blocks).flat_map(|k| [seed * 100 + k; B as usize]).collect()
@@ -155,6 +164,7 @@ fn fallbacks_are_distinct_ordered_and_bounded() {
 #[test]
 fn kv_events_routes_to_the_holder_of_the_longest_prefix() {
     let r = router("kv_events", 4);
+    served(&r);
     let system = prompt(7, 6);
     assert_eq!(
         r.apply_kv_events(&addr(2), &stored_batch(1, &system, 1)).outcome.kind(),
@@ -405,6 +415,7 @@ fn removal_batch(seq: u64, engine_hashes: Option<&[i64]>) -> Vec<u8> {
 fn ten_thousand_endpoints_route_by_prefix_with_events_at_high_ids() {
     let n = 10_000;
     let r = router("kv_events", n);
+    served(&r);
     assert_eq!(r.endpoints().len(), n);
     let system = prompt(7, 6);
     // 9,999 holds all 6 blocks, 5,000 the first 4, 200 the first 2; ids past 128 and 255 throughout.
@@ -427,11 +438,14 @@ fn ten_thousand_endpoints_route_by_prefix_with_events_at_high_ids() {
     let p = r.pick(&system, None).unwrap();
     assert_eq!((&*p.primary, p.cached_blocks), (addr(5_000).as_str(), 4));
     drop(p);
-    // 5,000's cache is cleared; 9,999 leaves the router: 200 is the last holder.
+    // 5,000's cache is cleared; 9,999 leaves the router: 200 is the last holder. Cleared and idle,
+    // 5,000 is fresh: the whole prompt there (24 tokens at 0.25) waits less than 16 uncached tokens x 3
+    // on 200, which is the first fallback.
     r.apply_kv_events(&addr(5_000), &removal_batch(2, None));
     r.set_endpoints((0..n - 1).map(|i| (addr(i), B)).collect()).unwrap();
     let p = r.pick(&system, None).unwrap();
-    assert_eq!((&*p.primary, p.cached_blocks), (addr(200).as_str(), 2));
+    assert_eq!((&*p.primary, p.cached_blocks, p.best_cached_blocks), (addr(5_000).as_str(), 0, 2));
+    assert_eq!(&*p.fallbacks[0], addr(200));
     assert_eq!(r.index_stats().event_blocks, 2);
 }
 
@@ -968,6 +982,7 @@ fn cold_booking_keeps_a_burst_of_a_new_prefix_on_as_many_engines_as_asked() {
                 ..Default::default()
             },
         );
+        served(&r);
         let picks: Vec<Pick> = (0..4)
             .map(|i| {
                 let mut request = shared.clone();
@@ -1012,6 +1027,7 @@ fn cold_booking_leaves_a_prompt_the_events_show_to_the_events() {
             ..Default::default()
         },
     );
+    served(&r);
     let shared = prompt(5, 30);
     assert_eq!(
         r.apply_kv_events(&addr(1), &stored_batch(1, &shared[..10 * B as usize], 1))
@@ -1051,6 +1067,7 @@ fn resident_sessions_spread_new_sessions_and_leave_follow_ups_to_their_history()
                 ..Default::default()
             },
         );
+        served(&r);
         let mut seq = [0u64; 2];
         let mut store = |endpoint: usize, tokens: &[u32]| {
             seq[endpoint] += 1;
@@ -1126,6 +1143,44 @@ fn a_fresh_engine_takes_a_busy_holders_request_once_and_then_holds_something() {
     // On: the fresh engine takes the first; routed once and with no events yet it is fresh no more,
     // so the second goes back to the holder rather than to a copy still being prefilled.
     assert_eq!(route(Some(0.0)), (addr(2), addr(0)));
+    // The default, 0.25: 12 on the fresh engine against 72.
+    assert_eq!(RouterConfig::default().fresh_cache_weight, Some(0.25));
+    assert_eq!(route(RouterConfig::default().fresh_cache_weight), (addr(2), addr(0)));
     assert!(RouterConfig::from_json(r#"{"fresh_cache_weight": -1}"#).is_err());
-    assert_eq!(RouterConfig::default().fresh_cache_weight, None, "off unless asked for");
+    assert_eq!(
+        RouterConfig::from_json(r#"{"fresh_cache_weight": null}"#).unwrap().fresh_cache_weight,
+        None,
+        "null turns it off"
+    );
+}
+
+#[test]
+fn an_engine_that_publishes_is_fresh_while_its_events_show_nothing() {
+    let r = router("kv_events", 1);
+    let st = r.read_table().get(&addr(0)).unwrap().clone();
+    let idle = Load::default();
+    assert!(st.fresh(&idle), "new");
+    st.mark_routed();
+    assert!(!st.fresh(&idle), "routed to, and no events to say what it holds");
+    // Its first batch (nothing stored): it publishes, so its events speak for it.
+    let empty = pb::KvEventBatch::default().encode_to_vec();
+    assert_eq!(r.apply_kv_events(&addr(0), &empty).outcome.kind(), "applied");
+    assert!(st.fresh(&idle));
+    let busy = r.begin(&addr(0), None, 8).unwrap();
+    assert!(!st.fresh(&st.load()), "a request on it");
+    drop(busy);
+    assert_eq!(
+        r.apply_kv_events(&addr(0), &stored_batch(1, &prompt(1, 2), 1)).outcome.kind(),
+        "applied"
+    );
+    assert!(!st.fresh(&idle), "a block cached");
+    // Cleared (a restarted engine): fresh again; so after a resubscription's reset.
+    assert_eq!(r.apply_kv_events(&addr(0), &removal_batch(2, None)).outcome.kind(), "applied");
+    assert!(st.fresh(&idle));
+    assert_eq!(
+        r.apply_kv_events(&addr(0), &stored_batch(3, &prompt(1, 2), 1)).outcome.kind(),
+        "applied"
+    );
+    assert!(r.reset_kv_events(&addr(0)));
+    assert!(st.fresh(&idle));
 }

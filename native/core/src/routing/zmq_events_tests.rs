@@ -93,13 +93,10 @@ fn apply(r: &Router, seq: u64, payload: &[u8]) -> &'static str {
 }
 
 /// Leading blocks of `tokens` that A holds, per its pick.
+/// The most blocks of `tokens` any endpoint holds as the router sees it: A's, the only one given events
+/// (the pick itself may go to the other, a fresh endpoint).
 fn cached_on_a(r: &Router, tokens: &[u32]) -> u32 {
-    let pick = r.pick(tokens, None).unwrap();
-    if &*pick.primary == A {
-        pick.cached_blocks
-    } else {
-        0
-    }
+    r.pick(tokens, None).unwrap().best_cached_blocks
 }
 
 // A hash above i64::MAX: vLLM's u64 folds to the negative int64 SubscribeKvEvents carries.
