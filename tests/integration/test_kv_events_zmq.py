@@ -46,6 +46,11 @@ FAST = Backoff(initial_s=0.05, max_s=0.5)
 OnMessage = Callable[[str, int, bytes], str]
 
 
+# The router's picks show what its index holds. Fresh engines priced apart (`fresh_cache_weight`) off: a
+# flushed or restarted engine shows nothing cached and would take a pick whatever the others hold.
+SETTLED = '{"seed": 7, "fresh_cache_weight": null}'
+
+
 def prompt(seed: int, blocks: int = 4) -> list[int]:
     """`blocks` full blocks of distinct tokens, no block shared with another seed's prompt."""
     return list(range(seed * 1000, seed * 1000 + blocks * BLOCK))
@@ -159,7 +164,7 @@ def lose_first(gateway: _native.Gateway, address: str, tokens: list[int], droppe
 
 async def fleet_of(options: SimOptions, lose: list[int] | None = None) -> AsyncIterator[Fleet]:
     cluster = await start_engines(default_model_dir(), count=2, base_port=0, options=options)
-    gateway = default_gateway(MODEL, policy="kv_events", routing_config='{"seed": 7}')
+    gateway = default_gateway(MODEL, policy="kv_events", routing_config=SETTLED)
     gateway.set_endpoints(MODEL, [(address, BLOCK) for address in cluster.addresses])
     dropped: list[int] = []
     on_message: OnMessage = lambda a, s, p: gateway.apply_zmq_kv_events(MODEL, a, s, p)  # noqa: E731
@@ -276,7 +281,7 @@ def stored_batch(tokens: list[int], block: int = BLOCK) -> bytes:
 
 async def test_restarts_unreadable_batches_and_lost_publishers(tmp_path: Path) -> None:
     a, b = "10.0.0.1:50051", "10.0.0.2:50051"
-    gateway = default_gateway(MODEL, policy="kv_events", routing_config='{"seed": 7}')
+    gateway = default_gateway(MODEL, policy="kv_events", routing_config=SETTLED)
     gateway.set_endpoints(MODEL, [(a, BLOCK), (b, BLOCK)])
     # B holds the first block of every prompt here: A wins a pick only with what its events told.
     for n, tokens in enumerate((P, Q, R)):
@@ -341,7 +346,7 @@ async def test_a_real_vllm_engine_feeds_the_router_over_zmq(real_vllm: VllmProce
     engine = real_vllm
     model_dir = engine.model_dir
     gateway = _native.Gateway(max_body_bytes=1 << 20)
-    gateway.add_model("tiny", str(model_dir), policy="kv_events", routing_config='{"seed": 7}')
+    gateway.add_model("tiny", str(model_dir), policy="kv_events", routing_config=SETTLED)
     other = "10.0.0.2:50051"
     gateway.set_endpoints("tiny", [(engine.address, 0), (other, 128)])
     # 300 tokens (two full 128-token blocks) starting with ids no other test's prompt starts with (the

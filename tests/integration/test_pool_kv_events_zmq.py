@@ -101,7 +101,13 @@ async def gateway(tmp_path: Path) -> AsyncIterator[Gateway]:
         EngineConfig(f"grpc://{b.address}", kv_events="off"),
         EngineConfig(f"grpc://{c.address}"),  # the global default: SubscribeKvEvents
     )
-    settings = Settings(listen="127.0.0.1:0", models=(ModelConfig(name=MODEL, engines=engines),))
+    # Fresh engines priced apart (`fresh_cache_weight`) off: B publishes no events and the router never
+    # sends it a request, so it would stay fresh and take any prompt; these tests read what the events say.
+    settings = Settings(
+        listen="127.0.0.1:0",
+        models=(ModelConfig(name=MODEL, engines=engines),),
+        routing_config='{"fresh_cache_weight": null}',
+    )
     running = await server.start(settings, engine_wait_s=10)
     ports = FreePorts()
     port, admin_port = ports.one(), ports.one()

@@ -185,8 +185,7 @@ impl EndpointState {
     /// Nothing is cached on it as far as the router knows (`fresh_cache_weight`): its events show no
     /// block, or, while it has published none, no request was ever routed to it.
     pub fn nothing_cached(&self) -> bool {
-        self.events_empty.load(Ordering::Relaxed)
-            && (self.publishing.load(Ordering::Relaxed) || !self.routed_once())
+        self.events_empty.load(Ordering::Relaxed) && (self.publishing.load(Ordering::Relaxed) || !self.routed_once())
     }
 
     /// Fresh: nothing cached and nothing on it, as of `load`.

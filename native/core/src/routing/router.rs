@@ -492,11 +492,7 @@ impl Router {
         now: Tick,
     ) -> Option<Decision<'t>> {
         let (wait, order) = self.wait_order.as_ref()?;
-        if req.subset.is_some()
-            || self.residents.is_some()
-            || table.ranks > 0
-            || self.may_shed(req)
-        {
+        if req.subset.is_some() || self.residents.is_some() || table.ranks > 0 || self.may_shed(req) {
             return None;
         }
         let orders = order.lock();

@@ -444,7 +444,10 @@ fn ten_thousand_endpoints_route_by_prefix_with_events_at_high_ids() {
     r.apply_kv_events(&addr(5_000), &removal_batch(2, None));
     r.set_endpoints((0..n - 1).map(|i| (addr(i), B)).collect()).unwrap();
     let p = r.pick(&system, None).unwrap();
-    assert_eq!((&*p.primary, p.cached_blocks, p.best_cached_blocks), (addr(5_000).as_str(), 0, 2));
+    assert_eq!(
+        (&*p.primary, p.cached_blocks, p.best_cached_blocks),
+        (addr(5_000).as_str(), 0, 2)
+    );
     assert_eq!(&*p.fallbacks[0], addr(200));
     assert_eq!(r.index_stats().event_blocks, 2);
 }
@@ -1148,7 +1151,9 @@ fn a_fresh_engine_takes_a_busy_holders_request_once_and_then_holds_something() {
     assert_eq!(route(RouterConfig::default().fresh_cache_weight), (addr(2), addr(0)));
     assert!(RouterConfig::from_json(r#"{"fresh_cache_weight": -1}"#).is_err());
     assert_eq!(
-        RouterConfig::from_json(r#"{"fresh_cache_weight": null}"#).unwrap().fresh_cache_weight,
+        RouterConfig::from_json(r#"{"fresh_cache_weight": null}"#)
+            .unwrap()
+            .fresh_cache_weight,
         None,
         "null turns it off"
     );
@@ -1170,15 +1175,22 @@ fn an_engine_that_publishes_is_fresh_while_its_events_show_nothing() {
     assert!(!st.fresh(&st.load()), "a request on it");
     drop(busy);
     assert_eq!(
-        r.apply_kv_events(&addr(0), &stored_batch(1, &prompt(1, 2), 1)).outcome.kind(),
+        r.apply_kv_events(&addr(0), &stored_batch(1, &prompt(1, 2), 1))
+            .outcome
+            .kind(),
         "applied"
     );
     assert!(!st.fresh(&idle), "a block cached");
     // Cleared (a restarted engine): fresh again; so after a resubscription's reset.
-    assert_eq!(r.apply_kv_events(&addr(0), &removal_batch(2, None)).outcome.kind(), "applied");
+    assert_eq!(
+        r.apply_kv_events(&addr(0), &removal_batch(2, None)).outcome.kind(),
+        "applied"
+    );
     assert!(st.fresh(&idle));
     assert_eq!(
-        r.apply_kv_events(&addr(0), &stored_batch(3, &prompt(1, 2), 1)).outcome.kind(),
+        r.apply_kv_events(&addr(0), &stored_batch(3, &prompt(1, 2), 1))
+            .outcome
+            .kind(),
         "applied"
     );
     assert!(r.reset_kv_events(&addr(0)));
