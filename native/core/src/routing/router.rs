@@ -553,41 +553,32 @@ impl Router {
             ids.push(id);
             found += 1;
         }
+        // The first k endpoints of a walk that hold nothing of the prompt and that their penalty lets in.
+        let mut first_k = |walk: &mut dyn Iterator<Item = EndpointId>, ids: &mut Vec<EndpointId>| {
+            let mut taken = 0;
+            for id in walk {
+                if taken == k {
+                    break;
+                }
+                if holds(id).is_some() {
+                    continue; // in already
+                }
+                if !admitted(id) {
+                    skip()?;
+                    continue;
+                }
+                ids.push(id);
+                taken += 1;
+            }
+            Some(())
+        };
         // Fresh endpoints rank by their own weight, ahead of others as loaded: the first k of them.
         let fresh_priced = self.config.fresh_cache_weight.is_some();
         if fresh_priced {
-            let mut fresh = 0;
-            for id in orders.fresh_by_wait() {
-                if fresh == k {
-                    break;
-                }
-                if holds(id).is_some() {
-                    continue;
-                }
-                if !admitted(id) {
-                    skip()?;
-                    continue;
-                }
-                ids.push(id);
-                fresh += 1;
-            }
+            first_k(&mut orders.fresh_by_wait(), &mut ids)?;
         }
         if let (true, Some(from)) = (found < k, spilled_from) {
-            let mut spilled = 0;
-            for (id, _) in orders.by_load(from) {
-                if spilled == k {
-                    break;
-                }
-                if holds(id).is_some() {
-                    continue;
-                }
-                if !admitted(id) {
-                    skip()?;
-                    continue;
-                }
-                ids.push(id);
-                spilled += 1;
-            }
+            first_k(&mut orders.by_load(from).map(|(id, _)| id), &mut ids)?;
         }
         ids.sort_unstable();
         ids.dedup();
