@@ -474,9 +474,10 @@ impl Router {
     /// Ranks a shortlist (`load_order.rs`): the endpoints holding the prompt's first block, the least
     /// loaded endpoint (the spill gate's minimum), the first `1 + max_fallbacks` candidates holding
     /// none of it in the policy's wait order among those the gate keeps, as many fresh ones when fresh
-    /// endpoints are priced, and as many spilled ones in load order when the kept ones are too few. The policy orders each group as those orders do
-    /// (`WaitOrder`), so the shortlist's first `1 + max_fallbacks` are every candidate's: the same
-    /// decision as `rank_all` (router_tests: `a_shortlist_decides_as_ranking_every_endpoint`).
+    /// endpoints are priced, and as many spilled ones in load order when the kept ones are too few. The
+    /// policy orders each group as those orders do (`WaitOrder`), so the shortlist's first
+    /// `1 + max_fallbacks` are every candidate's: the same decision as `rank_all` (router_tests:
+    /// `a_shortlist_decides_as_ranking_every_endpoint`).
     ///
     /// `None` (rank every endpoint) where that would not hold or not pay: a policy without a wait
     /// order, fewer than `shortlist_from` healthy endpoints, a subset hint (it may exclude most of

@@ -92,7 +92,6 @@ fn apply(r: &Router, seq: u64, payload: &[u8]) -> &'static str {
     r.apply_zmq_kv_events(A, seq, payload).outcome.kind()
 }
 
-/// Leading blocks of `tokens` that A holds, per its pick.
 /// The most blocks of `tokens` any endpoint holds as the router sees it: A's, the only one given events
 /// (the pick itself may go to the other, a fresh endpoint).
 fn cached_on_a(r: &Router, tokens: &[u32]) -> u32 {
