@@ -25,7 +25,7 @@ FUZZ := $(CARGO) run --release --quiet $(MANIFEST) -p extproc-fuzz --
 FUZZ_TEST_ARGS := --seconds 5 --seed 15
 
 .DEFAULT_GOAL := help
-.PHONY: help venv .venv run test test-rust test-python envoy-module lint envoy-configs deploy-configs docs bench bench-routing bench-routing-trace vllm-engine fuzz soak wasm-plugin clean
+.PHONY: help venv .venv run test test-rust test-python envoy-module lint envoy-configs deploy-configs docs bench bench-routing bench-routing-scale-out bench-routing-trace vllm-engine fuzz soak wasm-plugin clean
 
 help: ## list the targets
 	@echo "usage: make TARGET"
@@ -106,6 +106,9 @@ bench: $(TEST_STAMP) envoy-module ## ours (ext_proc and module paths) vs SMG vs 
 
 bench-routing: $(TEST_STAMP) ## routing workload suite: 6 shapes, ours vs SMG cache_aware vs round robin (hours; ARGS=--quick: ~20 min)
 	$(BIN)/python -m load.bench_routing.suite $(ARGS)
+
+bench-routing-scale-out: $(TEST_STAMP) ## engines joining mid-run: ours (discovery) vs SMG (worker API), 6 shapes (~25 min; ARGS=--quick: ~8 min)
+	$(BIN)/python -m load.bench_routing.scale_out $(ARGS)
 
 bench-routing-trace: $(TEST_STAMP) ## issue 6's routing benchmark: all policies vs SMG on one mixed trace (~9 min; ARGS=--quick: ~1.5 min)
 	$(BIN)/python -m load.bench_routing $(ARGS)

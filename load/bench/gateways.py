@@ -146,12 +146,13 @@ def start_ours(
     model_dir: Path | None = None,
     stream_flush_ms: int = 0,
     timeout_s: float = 60.0,
+    extra_env: dict[str, str] | None = None,
 ) -> Gateway:
     """`extproc serve` and Envoy in front of it, as separate processes, as an operator would run them;
     `routing_policy` and `response_path` go to extproc through their documented settings
     (EXTPROC_ROUTING_POLICY, EXTPROC_RESPONSE_PATH); with "module", Envoy loads the response module with
     `model_dir`'s tokenizer and holds stream bytes `stream_flush_ms` (the gateway is named "ours-module",
-    logs apart)."""
+    logs apart). `extra_env` adds settings (EXTPROC_KUBERNETES_API for `k8s://` engines)."""
     from extproc.envoy_bootstrap import EnvoyOptions, ResponseModule, envoy_binary, render_bootstrap
     from extproc.envoy_module import module_path
     from extproc.models import default_model_dir
@@ -163,14 +164,15 @@ def start_ours(
     extproc_port, port, admin_port = free_port(), free_port(), free_port()
     argv = [sys.executable, "-m", "extproc", "serve", "--listen", f"127.0.0.1:{extproc_port}"]
     for address in engines:
-        argv += ["--engine", f"grpc://{address}"]
+        # An address, or an engine source with its scheme (`k8s://...`).
+        argv += ["--engine", address if "://" in address else f"grpc://{address}"]
     # Metrics served as an operator runs them, on a free port (9464 may be another stack's);
     # `EXTPROC_METRICS=off` in the benchmark's environment measures the gateway without counting.
     argv += ["--log-level", "warning", "--metrics-port", str(free_port())]
     # The tool-stream workload's calls are Hermes (the default model's inferred format is Llama 3 JSON).
     argv += ["--tool-parser", "hermes"]
     # Explicit either way, whatever the setting's default is.
-    env = {"EXTPROC_RESPONSE_PATH": response_path}
+    env = {**(extra_env or {}), "EXTPROC_RESPONSE_PATH": response_path}
     if routing_policy is not None:
         env["EXTPROC_ROUTING_POLICY"] = routing_policy
     server = spawn("extproc", argv, log_dir, env=env, log_name=f"extproc{suffix}")

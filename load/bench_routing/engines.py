@@ -152,6 +152,9 @@ class EngineWatch:
     peaks: list[int] = field(default_factory=list)
     sums: list[int] = field(default_factory=list)
     samples: int = 0
+    # Per engine, the monotonic time of the first sample that saw it busy (requests in flight, or more
+    # served than at the start); None while it has seen no request.
+    first_busy: list[float | None] = field(default_factory=list)
     start: list[dict[str, float]] = field(default_factory=list)
     end: list[dict[str, float]] = field(default_factory=list)
     _task: asyncio.Task[None] | None = None
@@ -164,6 +167,7 @@ class EngineWatch:
         self.start = await self._scrape()
         self.peaks = [0] * len(self.ports)
         self.sums = [0] * len(self.ports)
+        self.first_busy = [None] * len(self.ports)
         self._task = asyncio.create_task(self._poll())
         return self
 
@@ -181,10 +185,16 @@ class EngineWatch:
                 )
                 self.peaks[i] = max(self.peaks[i], flight)
                 self.sums[i] += flight
+                served = counters.get("vllm:request_success_total", 0.0)
+                if self.first_busy[i] is None and (flight or served > self._served_at_start(i)):
+                    self.first_busy[i] = time.monotonic()
             if scraped:
                 self.samples += 1
             next_at += self.interval_s
             await asyncio.sleep(max(0.0, next_at - time.monotonic()))
+
+    def _served_at_start(self, i: int) -> float:
+        return self.start[i].get("vllm:request_success_total", 0.0)
 
     async def __aexit__(self, *exc: object) -> None:
         if self._task is not None:

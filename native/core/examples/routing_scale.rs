@@ -11,6 +11,9 @@
 //!    stay in flight per endpoint so loads vary. Beside the run's percentiles, the range of its ten
 //!    consecutive slices' own p50 and p99: a shared host's speed drifts over seconds, and a wide range
 //!    says the run's p99 is partly that drift.
+//!    Then 1,000 and 10,000 endpoints again with 3% of them just added (`fresh` column): they publish
+//!    events but hold nothing, so each pick's shortlist walks the fresh ones and they take a share of
+//!    the picks (printed below the row).
 //!    Memory: allocator bytes the filled index added (both indexes, every endpoint's engine-hash map)
 //!    over distinct indexed blocks and over memberships; and the precise index's own tables per block
 //!    (`IndexStats::index_bytes`).
@@ -21,10 +24,12 @@
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
+use extproc_core::pb::kv_events::KvEventBatch;
 use extproc_core::routing::policy::registry::policy;
 use extproc_core::routing::policy::{Candidate, PickContext};
 use extproc_core::routing::rng::Rng;
 use extproc_core::routing::{EngineLoad, Load, Router, RouterConfig};
+use prost::Message;
 
 #[path = "routing_common/mod.rs"]
 mod common;
@@ -51,8 +56,10 @@ fn cfg() -> RouterConfig {
     }
 }
 
-/// Whole picks at `n` endpoints with a filled index; prints latency and memory.
-fn whole_picks(n: usize) {
+/// Whole picks at `n` endpoints with a filled index; prints latency and memory. The last `fresh`
+/// endpoints publish events but hold nothing (engines just added): fresh whenever idle, so every pick's
+/// shortlist walks them and they take a share of the picks.
+fn whole_picks(n: usize, fresh: usize) {
     let router = Router::new("kv_events", cfg()).unwrap();
     router
         .set_endpoints((0..n).map(|i| (addr(i), BLOCK as u32)).collect())
@@ -60,7 +67,11 @@ fn whole_picks(n: usize) {
     let before = LIVE.load(Ordering::Relaxed);
     let per_endpoint = prompts_per_endpoint(n);
     let mut rng = Lcg(1);
-    for e in 0..n {
+    let empty = KvEventBatch::default().encode_to_vec();
+    for e in n - fresh..n {
+        assert_eq!(router.apply_kv_events(&addr(e), &empty).outcome.kind(), "applied");
+    }
+    for e in 0..n - fresh {
         for k in 0..per_endpoint {
             let system = rng.next() % SYSTEM_PROMPTS;
             let batch = stored(
@@ -73,7 +84,9 @@ fn whole_picks(n: usize) {
     }
     let bytes = (LIVE.load(Ordering::Relaxed) - before) as f64;
     let stats = router.index_stats();
-    let memberships = n as f64 * per_endpoint as f64 * f64::from(SYSTEM_BLOCKS + TAIL_BLOCKS);
+    let memberships = (n - fresh) as f64 * per_endpoint as f64 * f64::from(SYSTEM_BLOCKS + TAIL_BLOCKS);
+    let fresh_names: std::collections::HashSet<String> = (n - fresh..n).map(addr).collect();
+    let mut on_fresh = 0usize;
 
     let mut rng = Lcg(2);
     let requests: Vec<Vec<u32>> = (0..2000)
@@ -86,6 +99,7 @@ fn whole_picks(n: usize) {
         let start = Instant::now();
         let pick = router.pick(t, None).expect("healthy endpoints");
         samples.push(start.elapsed().as_secs_f64() * 1e6);
+        on_fresh += usize::from(fresh_names.contains(&*pick.primary));
         // ~3 requests in flight per endpoint so loads vary and the ranking has work to do.
         held.push_back(pick);
         if held.len() > 3 * n {
@@ -110,7 +124,7 @@ fn whole_picks(n: usize) {
     let (p99_lo, p99_hi) = range(|s| s.1);
     samples.sort_by(f64::total_cmp);
     println!(
-        "{n:>6} {per_endpoint:>4} {:>9.2} {:>9.2} {:>9.2} {:>13} {:>13} {:>10} {:>11.0} {:>10.1} {:>12.1} {:>12.1}",
+        "{n:>6} {fresh:>5} {per_endpoint:>4} {:>9.2} {:>9.2} {:>9.2} {:>13} {:>13} {:>10} {:>11.0} {:>10.1} {:>12.1} {:>12.1}",
         percentile(&samples, 0.5),
         percentile(&samples, 0.99),
         percentile(&samples, 0.999),
@@ -122,6 +136,12 @@ fn whole_picks(n: usize) {
         bytes / memberships,
         stats.index_bytes as f64 / stats.event_blocks as f64
     );
+    if fresh > 0 {
+        println!(
+            "       picks on the {fresh} fresh endpoints: {:.1}%",
+            100.0 * on_fresh as f64 / PICKS as f64
+        );
+    }
 }
 
 /// The `kv_events` ranking alone over `n` synthetic candidates.
@@ -197,8 +217,9 @@ fn main() {
         SYSTEM_BLOCKS + TAIL_BLOCKS
     );
     println!(
-        "{:>6} {:>4} {:>9} {:>9} {:>9} {:>13} {:>13} {:>10} {:>11} {:>10} {:>12} {:>12}",
+        "{:>6} {:>5} {:>4} {:>9} {:>9} {:>9} {:>13} {:>13} {:>10} {:>11} {:>10} {:>12} {:>12}",
         "n",
+        "fresh",
         "per",
         "p50 us",
         "p99 us",
@@ -212,7 +233,11 @@ fn main() {
         "index B/blk"
     );
     for n in [16, 64, 128, 1_000, 10_000].into_iter().filter(wanted) {
-        whole_picks(n);
+        whole_picks(n, 0);
+    }
+    // A scale-out: 3% of the pool just added (300 of 10,000).
+    for n in [1_000, 10_000].into_iter().filter(wanted) {
+        whole_picks(n, n * 3 / 100);
     }
     println!("\nkv_events ranking alone, synthetic candidates (1 in 8 holding a prefix):");
     println!(

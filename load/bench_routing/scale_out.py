@@ -1,0 +1,422 @@
+"""Engines joining mid-run (issue 13): the case `fresh_cache_weight` is for, measured for both gateways.
+
+Each run starts `--start + --add` simulated engines. The gateway is told of the first `--start` and, at
+`--add-at` seconds into the trace, of the rest:
+- ours through its Kubernetes discovery, as in a cluster: `k8s://` engines watched on a stand-in API
+  server (`tests/discovery/fake_kube_api.py`: no Kubernetes runs here), one EndpointSlice per engine
+  (each listens on its own port), the added engines' slices created at the add;
+- SMG through its worker API (`POST /workers`), with its own warm-up of new workers at its defaults
+  (`--worker-warmup-secs` 60, `--worker-warmup-share` 0.25, one hit in 8 diverted to a thin worker).
+
+The trace is open loop at each `--loads` share of the starting engines' capacity (SMG's closed-loop
+completions per second on them, or `--rate`): at 1.1 a queue builds before the add that the added
+engines must drain. Every gateway meets the same arrivals and prompts on fresh engines.
+
+Reported per gateway over three windows of arrivals: before the add (after the warm-up), the `--settle`
+seconds after it, and the rest. In each: requests, hit rate, TTFT mean and p90, each over SMG's. Beside
+them: the added engines' share of the requests served, and how long after the add each served its first.
+
+`python -m load.bench_routing.scale_out [--quick]`; docs/routing-benchmark.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import shlex
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from load.bench import gateways as bench_gateways
+from load.bench.procs import StartError
+from load.bench_routing import followups, gateways, shapes, suite
+from load.bench_routing.engines import EngineConfig, EngineWatch, start_engines
+from load.bench_routing.run import Context, _ms
+from load.bench_routing.target import SplitTarget
+from load.bench_routing.trace import RoutedSpec
+from load.loadgen.records import Record, json_safe
+from load.loadgen.runner import open_loop, poisson_arrivals
+from load.loadgen.text import load_vocab
+from tests.discovery.fake_kube_api import READY, FakeKubeApi, endpoint_slice
+
+NAMESPACE, SERVICE = "inference", "engines"
+WINDOWS = ("before", "joining", "after")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """When engines join: `start` known from the beginning, `add` more at `add_at_s`."""
+
+    start: int
+    add: int
+    add_at_s: float
+    settle_s: float
+    warmup_s: float
+    duration_s: float
+
+    def window(self, start_s: float) -> str | None:
+        """The window a request that arrived at `start_s` is measured in (None: the warm-up)."""
+        if start_s < self.warmup_s:
+            return None
+        if start_s < self.add_at_s:
+            return "before"
+        return "joining" if start_s < self.add_at_s + self.settle_s else "after"
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m load.bench_routing.scale_out", description=__doc__)
+    p.add_argument("--quick", action="store_true", help="one load (1.1), three shapes (~12 min)")
+    p.add_argument("--shapes", default=None, help="comma list (default: all; quick: system_prompts,rag,zipf)")
+    p.add_argument("--seeds", default="0", help="comma list")
+    p.add_argument("--loads", default=None, help="shares of the starting engines' capacity (default .8,1.1)")
+    p.add_argument("--rate", type=float, default=None, help="that capacity in requests/s (skips probing)")
+    p.add_argument("--start", type=int, default=3, help="engines the gateways know from the start")
+    p.add_argument("--add", type=int, default=1, help="engines added at --add-at")
+    p.add_argument("--num-blocks", type=int, default=EngineConfig.num_blocks)
+    p.add_argument("--duration", type=float, default=36.0)
+    p.add_argument("--warmup", type=float, default=6.0)
+    p.add_argument("--add-at", type=float, default=14.0, help="seconds into the trace")
+    p.add_argument("--settle", type=float, default=8.0, help="seconds after the add measured apart")
+    p.add_argument("--repeats", type=int, default=1)
+    p.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="NAME=POLICY:JSON",
+        help="an extra run of ours with router settings, e.g. 'off=kv_events:{\"fresh_cache_weight\":null}'",
+    )
+    p.add_argument("--no-smg", action="store_true", help="ours alone (capacity: --rate, or round robin's)")
+    p.add_argument("--smg-venv", type=Path, default=bench_gateways.DEFAULT_SMG_VENV)
+    p.add_argument("--smg-args", default="")
+    p.add_argument("--envoy-concurrency", type=int, default=bench_gateways.cpu_count())
+    p.add_argument("--out", type=Path, default=suite.DEFAULT_OUT)
+    args = p.parse_args(argv)
+    default_shapes = "system_prompts,rag,zipf" if args.quick else ",".join(shapes.SHAPES)
+    args.shapes = suite._names(args.shapes or default_shapes, shapes.SHAPES, p, "--shapes")
+    args.seeds = tuple(int(s) for s in args.seeds.split(","))
+    args.loads = tuple(float(x) for x in (args.loads or ("1.1" if args.quick else "0.8,1.1")).split(","))
+    if not args.warmup < args.add_at < args.duration:
+        p.error("want --warmup < --add-at < --duration")
+    if args.start < 1 or args.add < 1:
+        p.error("--start and --add must be at least 1")
+    args.variants = [suite._variant(v, p) for v in args.variant]
+    args.plan = Plan(args.start, args.add, args.add_at, args.settle, args.warmup, args.duration)
+    return args
+
+
+# --- how each gateway learns of the engines ---------------------------------------------------------------
+
+
+def _slice(index: int, address: str) -> dict[str, Any]:
+    host, port = address.rsplit(":", 1)
+    return endpoint_slice(f"{SERVICE}-{index}", SERVICE, [(host, READY)], [("grpc", int(port))])
+
+
+def _add_smg_worker(base_url: str, address: str) -> None:
+    """SMG's worker API: the worker is registered in the background (~0.1 s here)."""
+    body = json.dumps({"url": f"grpc://{address}"}).encode()
+    request = urllib.request.Request(
+        f"{base_url}/workers", data=body, method="POST", headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=10) as response:
+        if response.status not in (200, 201, 202):
+            raise RuntimeError(f"SMG refused worker {address}: {response.status}")
+
+
+def _start_gateway(
+    gw: suite.Gateway, ctx: Context, addresses: list[str], start: int, log_dir: Path
+) -> tuple[bench_gateways.Gateway, Callable[[], None], FakeKubeApi | None]:
+    """The gateway on the first `start` engines, and the call that tells it of the rest."""
+    if gw.spec.gateway == "smg":
+        if ctx.smg_binary is None:
+            raise RuntimeError("SMG is not installed")
+        started = gateways.start_smg(
+            ctx.smg_binary, addresses[:start], ctx.model_dir, ctx.model, log_dir, ctx.smg_extra
+        )
+
+        def add_workers() -> None:
+            for address in addresses[start:]:
+                _add_smg_worker(started.gateway.base_url, address)
+
+        return started.gateway, add_workers, None
+    kube = FakeKubeApi().start()
+    try:
+        for i, address in enumerate(addresses[:start]):
+            kube.put(_slice(i, address))
+        with suite._routing_config(gw.routing_config):
+            gateway = bench_gateways.start_ours(
+                [f"k8s://{NAMESPACE}/{SERVICE}"],
+                ctx.model,
+                log_dir,
+                envoy_concurrency=ctx.envoy_concurrency,
+                routing_policy=gw.spec.policy,
+                extra_env={"EXTPROC_KUBERNETES_API": kube.url},
+            )
+    except BaseException:
+        kube.stop()
+        raise
+
+    def add() -> None:
+        for i, address in enumerate(addresses[start:], start):
+            kube.put(_slice(i, address))
+
+    return gateway, add, kube
+
+
+# --- one run -----------------------------------------------------------------------------------------------
+
+
+def run_one(
+    gw: suite.Gateway,
+    ctx: Context,
+    shape: shapes.Shape,
+    plan: Plan,
+    arrivals: Sequence[float],
+    log_dir: Path,
+) -> dict[str, Any]:
+    config = replace(ctx.config, engines=plan.start + plan.add)
+    engines = start_engines(config, log_dir)
+    try:
+        gateway, add, kube = _start_gateway(gw, ctx, engines.addresses, plan.start, log_dir)
+        try:
+            turns, watch, added_at = asyncio.run(
+                _drive(gateway.base_url, ctx.model, engines.metrics_ports, shape, arrivals, plan, add)
+            )
+        finally:
+            gateway.stop()
+            if kube is not None:
+                kube.stop()
+    finally:
+        engines.stop()
+    suite._write_records(log_dir / "records.jsonl", turns)
+    records = [r for _, r in turns]
+    follow = followups.analyse(turns, plan.warmup_s, config.block_size)
+    return {"gateway": gw.name, **_summary(records, watch, added_at, plan), "followups": follow}
+
+
+async def _drive(
+    base_url: str,
+    model: str,
+    ports: list[int],
+    shape: shapes.Shape,
+    arrivals: Sequence[float],
+    plan: Plan,
+    add: Callable[[], None],
+) -> tuple[list[tuple[RoutedSpec, Record]], dict[str, Any], float]:
+    """The trace open loop with the add at `plan.add_at_s`; each request's spec and record, the engines'
+    report, and the monotonic time the add was made."""
+    target = SplitTarget([base_url], model)
+    try:
+        prepared = [target.prepare(s) for s in shapes.interleave(shape, len(arrivals))]
+        async with EngineWatch(ports) as watch:
+            begun = time.monotonic()
+
+            async def add_later() -> float:
+                await asyncio.sleep(plan.add_at_s)
+                at = time.monotonic()
+                await asyncio.to_thread(add)
+                return at
+
+            adder = asyncio.create_task(add_later())
+            await open_loop(target, prepared, arrivals)
+            added_at = await adder
+        report = watch.report()
+        report["first_busy_after_add_s"] = [
+            None if t is None else round(t - added_at, 2) for t in watch.first_busy[plan.start :]
+        ]
+        report["add_at_s"] = added_at - begun
+        return target.turns, report, added_at  # type: ignore[return-value]
+    finally:
+        target.close()
+
+
+def _summary(records: list[Record], watch: dict[str, Any], added_at: float, plan: Plan) -> dict[str, Any]:
+    windows: dict[str, Any] = {}
+    for name in WINDOWS:
+        rows = [r for r in records if plan.window(r.start) == name]
+        ok = [r for r in rows if r.ok]
+        prompt = sum(r.prompt_tokens or 0 for r in ok)
+        windows[name] = {
+            "requests": len(rows),
+            "errors": len(rows) - len(ok),
+            "hit_rate": sum(r.cached_tokens or 0 for r in ok) / prompt if prompt else None,
+            "ttft_ms": _ms([r.ttft for r in ok if r.ttft is not None]),
+        }
+    served = watch["served"]
+    total = sum(served)
+    return {
+        "requests": len(records),
+        "windows": windows,
+        "served": served,
+        "mean_in_flight": [round(x, 2) for x in watch["mean_in_flight"]],
+        "peak_in_flight": watch["peak_in_flight"],
+        "added_share": sum(served[plan.start :]) / total if total else None,
+        "first_busy_after_add_s": watch["first_busy_after_add_s"],
+        "add_late_s": watch["add_at_s"] - plan.add_at_s,
+        "errors": sum(w["errors"] for w in windows.values()),
+    }
+
+
+# --- the grid and its report -------------------------------------------------------------------------------
+
+
+def _capacity(
+    ctx: Context, shape_name: str, seed: int, shape: shapes.Shape, args: argparse.Namespace
+) -> float:
+    """SMG's closed-loop completions per second on the starting engines (round robin's without SMG)."""
+    if args.rate is not None:
+        return float(args.rate)
+    source = suite.SMG if ctx.smg_binary is not None else suite.ROUND_ROBIN
+    cell = suite.Cell(shape_name, seed, replace(ctx.config, engines=args.plan.start), "scale_out")
+    run = suite.run_one(
+        source,
+        ctx,
+        cell,
+        shape,
+        arrivals=None,
+        duration_s=args.duration,
+        warmup_s=args.warmup,
+        label="capacity",
+    )
+    return float(run["requests_per_s"])
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    from extproc.models import default_model_dir, served_model_name
+
+    model_dir = default_model_dir()
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    log_dir = args.out / f"scale-out-{stamp}-logs"
+    ctx = Context(
+        config=replace(EngineConfig(), num_blocks=args.num_blocks),
+        model=served_model_name(model_dir),
+        model_dir=model_dir,
+        log_dir=log_dir,
+        envoy_concurrency=args.envoy_concurrency,
+        smg_binary=gateways.smg_binary(args.no_smg, args.smg_venv, log_dir),
+        smg_extra=tuple(shlex.split(args.smg_args)),
+    )
+    order = (
+        ([suite.SMG] if ctx.smg_binary is not None else []) + [suite.ours(suite.OURS_DEFAULT)] + args.variants
+    )
+    vocab = load_vocab(model_dir / "tokenizer.json")
+    plan: Plan = args.plan
+    points = []
+    begun = time.monotonic()
+    for name in args.shapes:
+        for seed in args.seeds:
+            shape = shapes.make_shape(name, vocab, seed)
+            capacity = _capacity(ctx, name, seed, shape, args)
+            for load in args.loads:
+                rate = load * capacity
+                arrivals = [t for t in poisson_arrivals(rate, int(rate * plan.duration_s * 1.5) + 10, seed)]
+                arrivals = [t for t in arrivals if t < plan.duration_s]
+                for repeat in range(args.repeats):
+                    runs = []
+                    for gw in order:
+                        print(
+                            f"  {name} seed {seed} {load:.0%} (run {repeat + 1}), {gw.name}", file=sys.stderr
+                        )
+                        where = log_dir / f"{name}-s{seed}-open{int(load * 100)}-r{repeat}-{gw.name}"
+                        try:
+                            runs.append(run_one(gw, ctx, shape, plan, arrivals, where))
+                        except (StartError, OSError, RuntimeError) as exc:
+                            runs.append({"gateway": gw.name, "failed": str(exc)[-500:]})
+                    points.append(
+                        {
+                            "shape": name,
+                            "seed": seed,
+                            "load": load,
+                            "rate": rate,
+                            "capacity": capacity,
+                            "repeat": repeat,
+                            "runs": runs,
+                        }
+                    )
+                    _write(args, stamp, begun, points)
+    path = _write(args, stamp, begun, points)
+    print(markdown(json.loads(path.read_text())))
+    print(f"results in {path}")
+    return 0
+
+
+def _write(args: argparse.Namespace, stamp: str, begun: float, points: list[dict[str, Any]]) -> Path:
+    doc = {
+        "started_at": stamp,
+        "wall_s": time.monotonic() - begun,
+        "plan": vars(args.plan),
+        "settings": {"argv": sys.argv[1:], "num_blocks": args.num_blocks, "smg_args": args.smg_args},
+        "points": points,
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / f"scale-out-{stamp}.json"
+    path.write_text(json.dumps(json_safe(doc), indent=2) + "\n")
+    path.with_suffix(".md").write_text(markdown(doc))
+    return path
+
+
+def _ratio(a: float | None, b: float | None) -> str:
+    return f"{a / b:.2f}x" if a is not None and b else "-"
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.1f}"
+
+
+def markdown(doc: dict[str, Any]) -> str:
+    """One row per run: each window's mean TTFT (and over SMG's), p90 over SMG's and hit rate, then the
+    added engines' share and first request. Points where ours is slowest after the add come first."""
+    plan = doc["plan"]
+    lines = [
+        f"# Scale-out: {plan['start']} engines, {plan['add']} added at {plan['add_at_s']:.0f} s "
+        f"(joining: the {plan['settle_s']:.0f} s after), {plan['duration_s']:.0f} s runs",
+        "",
+        "| shape | seed | load | gateway | before ms | joining ms (/SMG, p90 /SMG) "
+        "| after ms (/SMG, p90 /SMG) | hits before / joining / after % | added share | first request s "
+        "| errors |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+
+    def after_ratio(point: dict[str, Any]) -> float:
+        runs = {r["gateway"]: r for r in point["runs"] if "failed" not in r}
+        smg, ours = runs.get("smg"), runs.get(suite.OURS_DEFAULT)
+        if not smg or not ours:
+            return 0.0
+        a, b = ours["windows"]["joining"]["ttft_ms"]["mean"], smg["windows"]["joining"]["ttft_ms"]["mean"]
+        return a / b if b else 0.0
+
+    for point in sorted(doc["points"], key=after_ratio, reverse=True):
+        runs = {r["gateway"]: r for r in point["runs"]}
+        smg = runs.get("smg", {}).get("windows")
+        for run in point["runs"]:
+            head = f"| {point['shape']} | {point['seed']} | {point['load']:.0%} | {run['gateway']} "
+            if "failed" in run:
+                lines.append(head + "| failed |" + " |" * 6)
+                continue
+            w = run["windows"]
+            cells = [f"{w['before']['ttft_ms']['mean']:.0f}"]
+            for name in ("joining", "after"):
+                mean, p90 = w[name]["ttft_ms"]["mean"], w[name]["ttft_ms"]["p90"]
+                if smg and run["gateway"] != "smg":
+                    s = smg[name]["ttft_ms"]
+                    cells.append(f"{mean:.0f} ({_ratio(mean, s['mean'])}, {_ratio(p90, s['p90'])})")
+                else:
+                    cells.append(f"{mean:.0f}")
+            hits = " / ".join(_pct(w[n]["hit_rate"]) for n in WINDOWS)
+            first = ", ".join("-" if t is None else f"{t:.1f}" for t in run["first_busy_after_add_s"])
+            lines.append(
+                head + "| " + " | ".join(cells) + f" | {hits} | {_pct(run['added_share'])}% | {first} "
+                f"| {run['errors']} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
