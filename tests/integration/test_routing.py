@@ -205,6 +205,39 @@ def ask_as(
 
 
 @pytest.mark.parametrize(
+    "routing_config,follows",
+    [('{"book_session_s": 5}', True), (None, False)],
+    ids=["session_booking", "default"],
+)
+def test_a_session_turn_sent_during_its_previous_turn_follows_it(
+    tmp_path: Path, routing_config: str | None, follows: bool
+) -> None:
+    # A session's next turn arrives while its first is still prefilling (~1.4 s here), before any Stored
+    # event: turns that do not wait for the answer (an agent's parallel calls, a client on a clock).
+    # With session booking the router counts the first turn's prompt on its engine for this session,
+    # and the next turn joins it and reads the prompt from the cache; without (the default), the prompt
+    # looks cold everywhere and the turn goes to the idle engine, prefilling it again. That another
+    # session does not see the booking is a Rust test (`a_session_turn_follows_its_previous_turn_before_
+    # its_events`). Both engines have served before.
+    with local_stack(FreePorts(), tmp_path, sim=SLOW_PREFILL, routing_config=routing_config) as s:
+        client = s.openai()
+        serve_every_engine(client, s)
+        before = counts(s)
+        first = threading.Thread(target=ask_as, args=(client, s, "session-a", ["Question zero?"]))
+        first.start()
+        wait_for_a_request(s, before)
+        holder = engine_that_took(s, before)
+
+        before = counts(s)
+        second = ask_as(client, s, "session-a", ["Question zero?", "Thinking.", "And one more?"])
+        arrived = landed(s, before)
+        first.join()
+        assert arrived[holder] == (1 if follows else 0), arrived
+        cached = second.usage.prompt_tokens_details.cached_tokens or 0
+        assert (cached >= 600) == follows, cached
+
+
+@pytest.mark.parametrize(
     "routing_config,spreads",
     [('{"resident_session_tokens": 100000}', True), (None, False)],
     ids=["resident_sessions", "default"],

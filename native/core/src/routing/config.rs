@@ -32,6 +32,11 @@ pub struct RouterConfig {
     /// `ceil(share x healthy)` engines hold one, or `book_cold_spread` if more; 0 is off. A fixed
     /// number of engines per new prefix is too few in a large pool (docs/routing.md, cold booking).
     pub book_cold_spread_share: f64,
+    /// Precise mode: a request with a session key (`x-session-id` or `user`) books its prompt on its
+    /// primary for this many seconds, for its own session only; 0 is off. A later request of that
+    /// session starting with the prompt counts it as held there before the engine's events show it,
+    /// so a turn sent while the previous one is still prefilling follows it (`session_bookings.rs`).
+    pub book_session_s: f64,
     /// Fallback endpoints listed after the primary.
     pub max_fallbacks: usize,
     /// Seed of the policies' random draws; from the clock when unset.
@@ -92,6 +97,7 @@ impl Default for RouterConfig {
             book_cold_s: 0.0,
             book_cold_spread: 1,
             book_cold_spread_share: 0.0,
+            book_session_s: 0.0,
             max_fallbacks: 3,
             seed: None,
             spill_enabled: true,
@@ -146,6 +152,9 @@ impl RouterConfig {
         }
         if !(self.book_cold_s >= 0.0 && self.book_cold_s.is_finite()) {
             return bad("book_cold_s must be zero or positive");
+        }
+        if !(self.book_session_s >= 0.0 && self.book_session_s.is_finite()) {
+            return bad("book_session_s must be zero or positive");
         }
         if !(self.resident_window_s > 0.0 && self.resident_window_s.is_finite()) {
             return bad("resident_window_s must be positive");

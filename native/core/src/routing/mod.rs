@@ -31,6 +31,7 @@ pub mod prefix_index;
 pub mod residents;
 pub mod rng;
 pub mod router;
+pub mod session_bookings;
 mod shard;
 pub mod zmq_events;
 

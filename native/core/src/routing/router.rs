@@ -22,6 +22,7 @@ use super::policy::{registry, Candidate, PickContext, Policy, PrefixSource, Wait
 use super::prefix_index::{EventIndex, RoutedIndex};
 use super::residents::Residents;
 use super::rng::Rng;
+use super::session_bookings::SessionBookings;
 use super::zmq_events;
 use crate::metrics;
 use crate::pb::kv_events::KvEventBatch;
@@ -166,6 +167,8 @@ pub struct Router {
     book: Tick,
     /// Cold booking's lease (`book_cold_s`), in ticks; 0: off.
     book_cold: Tick,
+    /// Each session's last routed prompt, for its own next requests (`book_session_s`).
+    session_bookings: Option<SessionBookings>,
     /// The policy's order of the endpoints holding none of the prompt, and the endpoints kept in it
     /// (`None`: the policy ranks otherwise).
     wait_order: Option<(WaitOrder, Arc<LoadOrder>)>,
@@ -206,6 +209,8 @@ impl Router {
         let wait_order = policy
             .wait_order()
             .map(|w| (w, Arc::new(LoadOrder::new(w.request_cost, seed ^ 0x5eed))));
+        let session_bookings = (config.book_session_s > 0.0 && policy.prefix_source() == PrefixSource::Events)
+            .then(|| SessionBookings::new((config.book_session_s * 10.0).ceil() as Tick));
         Ok(Router {
             policy_name: policy_name.to_string(),
             source: policy.prefix_source(),
@@ -217,6 +222,7 @@ impl Router {
             ttl: ((config.routed_ttl_s * 10.0).ceil() as Tick).max(1),
             book: (config.book_routed_s * 10.0).ceil() as Tick,
             book_cold: (config.book_cold_s * 10.0).ceil() as Tick,
+            session_bookings,
             residents: (config.resident_session_tokens > 0)
                 .then(|| Residents::new((config.resident_window_s * 10.0).ceil() as Tick)),
             config,
@@ -302,6 +308,9 @@ impl Router {
             if let Some(residents) = &self.residents {
                 residents.clear(id);
             }
+            if let Some(bookings) = &self.session_bookings {
+                bookings.clear(id);
+            }
         }
         let mut t = self.write_table();
         for &id in &removed {
@@ -380,6 +389,11 @@ impl Router {
         }
         if let (Some(residents), Some(key)) = (&self.residents, req.session_key) {
             residents.routed(session_hash(key), c.id, now);
+        }
+        if let (Some(bookings), Some(key)) = (&self.session_bookings, req.session_key) {
+            if let Some((_, hashes)) = d.chains.iter().find(|(b, _)| *b == c.block_size) {
+                bookings.book(session_hash(key), c.id, c.block_size, hashes, now);
+            }
         }
         st.mark_routed();
         Ok(Pick {
@@ -747,6 +761,14 @@ impl Router {
                 // where the load says, each such pick booking another engine.
                 if self.book > 0 || booked.iter().count() >= self.cold_spread(healthy) {
                     holders.extend(booked.iter());
+                }
+            }
+            // The session's own booking: its last request's prompt, where that went.
+            if let (Some(bookings), Some(key)) = (&self.session_bookings, req.session_key) {
+                if let Some((id, blocks)) = bookings.held(session_hash(key), bs, &hashes, now) {
+                    if of_size(id) {
+                        holders.push((id, blocks));
+                    }
                 }
             }
             chains.push((bs, hashes));

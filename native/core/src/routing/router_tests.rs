@@ -969,6 +969,44 @@ fn booking_counts_a_just_routed_prefix_before_its_events() {
 }
 
 #[test]
+fn a_session_turn_follows_its_previous_turn_before_its_events() {
+    // A session's first turn (held nowhere) is routed and still prefilling when its next turn arrives,
+    // before any event. The session's booking sends the next turn after it; another session's request
+    // with the same prompt, or one without a key, does not see the booking.
+    let turn = prompt(5, 16);
+    let mut next = turn.clone();
+    next.extend(prompt(6, 2));
+    let picks = |book_session_s: f64, next_session: Option<&str>| {
+        let r = router_with(
+            "kv_events",
+            2,
+            RouterConfig {
+                seed: Some(1),
+                book_session_s,
+                ..Default::default()
+            },
+        );
+        served(&r);
+        let first = r.pick(&turn, Some("session-a")).unwrap();
+        let second = r.pick(&next, next_session).unwrap();
+        (first.primary.clone(), second.primary.clone(), second.cached_blocks)
+    };
+    // Unbooked, the next turn sees nothing anywhere and goes to the idle engine.
+    let (first, second, cached) = picks(0.0, Some("session-a"));
+    assert_ne!(first, second);
+    assert_eq!(cached, 0);
+    // Booked: it follows, counting the first turn's 16 blocks there.
+    let (first, second, cached) = picks(5.0, Some("session-a"));
+    assert_eq!(first, second);
+    assert_eq!(cached, 16);
+    for other in [Some("session-b"), None] {
+        let (first, second, cached) = picks(5.0, other);
+        assert_ne!(first, second, "{other:?}");
+        assert_eq!(cached, 0);
+    }
+}
+
+#[test]
 fn cold_booking_keeps_a_burst_of_a_new_prefix_on_as_many_engines_as_asked() {
     // Four idle endpoints, a burst of four requests sharing a 30-block prompt that no engine's events
     // show yet (the first is still prefilling when the rest arrive).

@@ -1,0 +1,109 @@
+//! Session bookings (`book_session_s`): where each session's last request went, and how many leading
+//! blocks of its prompt, for a few seconds. A request of the same session whose prompt starts with
+//! those blocks counts them as held there, before the engine's KV events show them: a turn sent while
+//! the previous one is still queued or prefilling follows it instead of prefilling the history again
+//! elsewhere. Only the session's own requests see its booking, so a burst of another session's
+//! requests sharing the prefix is routed as without it (booking every prompt, `book_routed_s`, draws
+//! such bursts onto one engine).
+//!
+//! A booking is the last block's chain hash and the block count: the chain hash covers every block
+//! before it, so one comparison tells whether a prompt starts with the booked one. One mutex over a
+//! bounded map: a pick takes it for one lookup and one insert.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use super::block_hash::BlockHash;
+use super::endpoint_set::EndpointId;
+use super::membership::Tick;
+
+/// Sessions booked at most; past it, expired bookings are dropped, and if none has expired the new one
+/// is not made (a bound on memory: ~40 bytes each).
+const MAX_SESSIONS: usize = 1 << 16;
+
+#[derive(Clone, Copy, Debug)]
+struct Booking {
+    at: EndpointId,
+    block_size: u32,
+    blocks: u32,
+    last: BlockHash,
+    until: Tick,
+}
+
+pub struct SessionBookings {
+    lease: Tick,
+    sessions: Mutex<HashMap<u64, Booking>>,
+}
+
+impl SessionBookings {
+    pub fn new(lease: Tick) -> Self {
+        SessionBookings {
+            lease,
+            sessions: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Books `hashes` (the prompt's chain at `block_size`) on endpoint `at` for `session`, replacing
+    /// its previous booking.
+    pub fn book(&self, session: u64, at: EndpointId, block_size: u32, hashes: &[BlockHash], now: Tick) {
+        let Some(&last) = hashes.last() else {
+            return;
+        };
+        let mut sessions = self.lock();
+        if sessions.len() >= MAX_SESSIONS && !sessions.contains_key(&session) {
+            sessions.retain(|_, b| b.until > now);
+            if sessions.len() >= MAX_SESSIONS {
+                return;
+            }
+        }
+        let booking = Booking {
+            at,
+            block_size,
+            blocks: hashes.len() as u32,
+            last,
+            until: now.saturating_add(self.lease),
+        };
+        sessions.insert(session, booking);
+    }
+
+    /// The endpoint `session` is booked on and the blocks it holds there, when the booking is live, of
+    /// `block_size`, and `hashes` (a prompt's chain) starts with the booked prompt.
+    pub fn held(&self, session: u64, block_size: u32, hashes: &[BlockHash], now: Tick) -> Option<(EndpointId, u32)> {
+        let b = *self.lock().get(&session)?;
+        let starts_with = b.blocks as usize <= hashes.len() && hashes[b.blocks as usize - 1] == b.last;
+        (b.until > now && b.block_size == block_size && starts_with).then_some((b.at, b.blocks))
+    }
+
+    /// Forgets the bookings on a removed endpoint (its id may be reused).
+    pub fn clear(&self, at: EndpointId) {
+        self.lock().retain(|_, b| b.at != at);
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Booking>> {
+        // A poisoned lock means a panic mid-insert elsewhere; the map is still consistent.
+        self.sessions.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_booking_holds_for_prompts_that_start_with_it_until_it_expires() {
+        let b = SessionBookings::new(30);
+        b.book(7, 2, 16, &[11, 12, 13], 100);
+        assert_eq!(b.held(7, 16, &[11, 12, 13, 14], 101), Some((2, 3)));
+        assert_eq!(b.held(7, 16, &[11, 12, 13], 129), Some((2, 3)));
+        assert_eq!(b.held(7, 16, &[11, 12, 99, 14], 101), None, "another prompt");
+        assert_eq!(b.held(7, 16, &[11, 12], 101), None, "shorter than the booking");
+        assert_eq!(b.held(7, 32, &[11, 12, 13, 14], 101), None, "another block size");
+        assert_eq!(b.held(8, 16, &[11, 12, 13, 14], 101), None, "another session");
+        assert_eq!(b.held(7, 16, &[11, 12, 13, 14], 130), None, "expired");
+        // The session's next request replaces it; a removed endpoint's bookings go.
+        b.book(7, 1, 16, &[11, 12, 13, 14], 110);
+        assert_eq!(b.held(7, 16, &[11, 12, 13, 14, 15], 111), Some((1, 4)));
+        b.clear(1);
+        assert_eq!(b.held(7, 16, &[11, 12, 13, 14, 15], 111), None);
+    }
+}
