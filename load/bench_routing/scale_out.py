@@ -71,7 +71,7 @@ class Plan:
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m load.bench_routing.scale_out", description=__doc__)
-    p.add_argument("--quick", action="store_true", help="one load (1.1), three shapes (~12 min)")
+    p.add_argument("--quick", action="store_true", help="one load (1.1), three shapes (~8 min)")
     p.add_argument("--shapes", default=None, help="comma list (default: all; quick: system_prompts,rag,zipf)")
     p.add_argument("--seeds", default="0", help="comma list")
     p.add_argument("--loads", default=None, help="shares of the starting engines' capacity (default .8,1.1)")
@@ -185,7 +185,7 @@ def run_one(
     try:
         gateway, add, kube = _start_gateway(gw, ctx, engines.addresses, plan.start, log_dir)
         try:
-            turns, watch, added_at = asyncio.run(
+            turns, watch = asyncio.run(
                 _drive(gateway.base_url, ctx.model, engines.metrics_ports, shape, arrivals, plan, add)
             )
         finally:
@@ -197,7 +197,7 @@ def run_one(
     suite._write_records(log_dir / "records.jsonl", turns)
     records = [r for _, r in turns]
     follow = followups.analyse(turns, plan.warmup_s, config.block_size)
-    return {"gateway": gw.name, **_summary(records, watch, added_at, plan), "followups": follow}
+    return {"gateway": gw.name, **_summary(records, watch, plan), "followups": follow}
 
 
 async def _drive(
@@ -208,9 +208,9 @@ async def _drive(
     arrivals: Sequence[float],
     plan: Plan,
     add: Callable[[], None],
-) -> tuple[list[tuple[RoutedSpec, Record]], dict[str, Any], float]:
-    """The trace open loop with the add at `plan.add_at_s`; each request's spec and record, the engines'
-    report, and the monotonic time the add was made."""
+) -> tuple[list[tuple[RoutedSpec, Record]], dict[str, Any]]:
+    """The trace open loop with the add at `plan.add_at_s`; each request's spec and record, and the
+    engines' report with when each added engine first got busy after the add."""
     target = SplitTarget([base_url], model)
     try:
         prepared = [target.prepare(s) for s in shapes.interleave(shape, len(arrivals))]
@@ -231,12 +231,13 @@ async def _drive(
             None if t is None else round(t - added_at, 2) for t in watch.first_busy[plan.start :]
         ]
         report["add_at_s"] = added_at - begun
-        return target.turns, report, added_at  # type: ignore[return-value]
+        return target.turns, report  # type: ignore[return-value]
     finally:
         target.close()
 
 
-def _summary(records: list[Record], watch: dict[str, Any], added_at: float, plan: Plan) -> dict[str, Any]:
+def _summary(records: list[Record], watch: dict[str, Any], plan: Plan) -> dict[str, Any]:
+    """Per window: requests, errors, hit rate and TTFT; then the engines' view of the add."""
     windows: dict[str, Any] = {}
     for name in WINDOWS:
         rows = [r for r in records if plan.window(r.start) == name]
