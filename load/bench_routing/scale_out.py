@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import shlex
 import sys
 import time
 import urllib.request
@@ -290,20 +289,12 @@ def _capacity(
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    from extproc.models import default_model_dir, served_model_name
+    from extproc.models import default_model_dir
 
     model_dir = default_model_dir()
     stamp = time.strftime("%Y%m%d-%H%M%S")
     log_dir = args.out / f"scale-out-{stamp}-logs"
-    ctx = Context(
-        config=replace(EngineConfig(), num_blocks=args.num_blocks),
-        model=served_model_name(model_dir),
-        model_dir=model_dir,
-        log_dir=log_dir,
-        envoy_concurrency=args.envoy_concurrency,
-        smg_binary=gateways.smg_binary(args.no_smg, args.smg_venv, log_dir),
-        smg_extra=tuple(shlex.split(args.smg_args)),
-    )
+    ctx = suite.context(args, model_dir, log_dir, replace(EngineConfig(), num_blocks=args.num_blocks))
     order = (
         ([suite.SMG] if ctx.smg_binary is not None else []) + [suite.ours(suite.OURS_DEFAULT)] + args.variants
     )

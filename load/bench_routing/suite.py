@@ -465,17 +465,13 @@ def _guarded(
     return {"gateway": gw.name, "failed": failure}
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
-    from extproc.models import default_model_dir, served_model_name
+def context(args: argparse.Namespace, model_dir: Path, log_dir: Path, config: EngineConfig) -> Context:
+    """What every run of a benchmark shares, from its `--no-smg`, `--smg-venv`, `--smg-args` and
+    `--envoy-concurrency` (SMG installed on first use)."""
+    from extproc.models import served_model_name
 
-    model_dir = default_model_dir()
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    log_dir = args.out / f"suite-{stamp}-logs"
-    begun = time.monotonic()
-    vocab = load_vocab(model_dir / "tokenizer.json")
-    ctx = Context(
-        config=EngineConfig(),
+    return Context(
+        config=config,
         model=served_model_name(model_dir),
         model_dir=model_dir,
         log_dir=log_dir,
@@ -483,6 +479,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         smg_binary=gateways.smg_binary(args.no_smg, args.smg_venv, log_dir),
         smg_extra=tuple(shlex.split(args.smg_args)),
     )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    from extproc.models import default_model_dir
+
+    model_dir = default_model_dir()
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    log_dir = args.out / f"suite-{stamp}-logs"
+    begun = time.monotonic()
+    vocab = load_vocab(model_dir / "tokenizer.json")
+    ctx = context(args, model_dir, log_dir, EngineConfig())
     ours_gateways = [ours(p) for p in args.policies] + args.variants
     replica_runs = replica_gateways(ours_gateways, ctx.smg_binary is not None) if args.replicas else []
     results = []
