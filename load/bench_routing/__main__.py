@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
 import shutil
 import sys
 import time
@@ -31,8 +30,8 @@ from typing import Any
 from load.bench import gateways as bench_gateways
 from load.bench_routing import report, trace
 from load.bench_routing.engines import EngineConfig
-from load.bench_routing.gateways import POLICIES, SMG_POLICY, smg_binary
-from load.bench_routing.run import Context, RunSpec, measure_capacity, run_trace
+from load.bench_routing.gateways import POLICIES, SMG_POLICY
+from load.bench_routing.run import Context, RunSpec, measure_capacity, run_context, run_trace
 from load.loadgen.records import json_safe
 from load.loadgen.text import load_vocab
 
@@ -122,22 +121,14 @@ def run_order(policies: Sequence[str], smg: bool) -> list[RunSpec]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    from extproc.models import default_model_dir, served_model_name
+    from extproc.models import default_model_dir
 
     model_dir = default_model_dir()
     stamp = time.strftime("%Y%m%d-%H%M%S")
     log_dir = args.out / f"routing-{stamp}-logs"
     begun = time.monotonic()
     vocab = load_vocab(model_dir / "tokenizer.json")
-    ctx = Context(
-        config=args.config,
-        model=served_model_name(model_dir),
-        model_dir=model_dir,
-        log_dir=log_dir,
-        envoy_concurrency=args.envoy_concurrency,
-        smg_binary=smg_binary(args.no_smg, args.smg_venv, log_dir),
-        smg_extra=tuple(shlex.split(args.smg_args)),
-    )
+    ctx = run_context(args, model_dir, log_dir, args.config)
 
     capacity: dict[str, Any] | None = None
     rate = args.rate

@@ -8,10 +8,12 @@ trace is sent open loop while `EngineWatch` samples the engines; then everything
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import math
 import re
+import shlex
 import sys
 import time
 from collections.abc import Sequence
@@ -54,6 +56,22 @@ class Context:
     envoy_concurrency: int
     smg_binary: Path | None
     smg_extra: tuple[str, ...] = ()
+
+
+def run_context(args: argparse.Namespace, model_dir: Path, log_dir: Path, config: EngineConfig) -> Context:
+    """What every run of a benchmark shares, from its `--no-smg`, `--smg-venv`, `--smg-args` and
+    `--envoy-concurrency` (SMG installed on first use)."""
+    from extproc.models import served_model_name
+
+    return Context(
+        config=config,
+        model=served_model_name(model_dir),
+        model_dir=model_dir,
+        log_dir=log_dir,
+        envoy_concurrency=args.envoy_concurrency,
+        smg_binary=gateways.smg_binary(args.no_smg, args.smg_venv, log_dir),
+        smg_extra=tuple(shlex.split(args.smg_args)),
+    )
 
 
 def _slug(name: str) -> str:

@@ -36,7 +36,7 @@ from load.bench import gateways as bench_gateways
 from load.bench.procs import StartError
 from load.bench_routing import followups, gateways, shapes, suite
 from load.bench_routing.engines import EngineConfig, EngineWatch, start_engines
-from load.bench_routing.run import Context, _ms
+from load.bench_routing.run import Context, _ms, run_context
 from load.bench_routing.target import SplitTarget
 from load.bench_routing.trace import RoutedSpec
 from load.loadgen.records import Record, json_safe
@@ -294,7 +294,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     model_dir = default_model_dir()
     stamp = time.strftime("%Y%m%d-%H%M%S")
     log_dir = args.out / f"scale-out-{stamp}-logs"
-    ctx = suite.context(args, model_dir, log_dir, replace(EngineConfig(), num_blocks=args.num_blocks))
+    ctx = run_context(args, model_dir, log_dir, replace(EngineConfig(), num_blocks=args.num_blocks))
     order = (
         ([suite.SMG] if ctx.smg_binary is not None else []) + [suite.ours(suite.OURS_DEFAULT)] + args.variants
     )

@@ -28,7 +28,6 @@ import argparse
 import asyncio
 import json
 import os
-import shlex
 import shutil
 import sys
 import time
@@ -42,7 +41,7 @@ from load.bench import gateways as bench_gateways
 from load.bench.procs import StartError
 from load.bench_routing import followups, gateways, replicas, shapes, suite_report
 from load.bench_routing.engines import EngineConfig, EngineWatch, start_engines
-from load.bench_routing.run import Context, RunSpec, _ms, _start_gateway, summarize
+from load.bench_routing.run import Context, RunSpec, _ms, _start_gateway, run_context, summarize
 from load.bench_routing.target import SplitTarget
 from load.bench_routing.trace import RoutedSpec
 from load.loadgen.records import Record, json_safe
@@ -465,22 +464,6 @@ def _guarded(
     return {"gateway": gw.name, "failed": failure}
 
 
-def context(args: argparse.Namespace, model_dir: Path, log_dir: Path, config: EngineConfig) -> Context:
-    """What every run of a benchmark shares, from its `--no-smg`, `--smg-venv`, `--smg-args` and
-    `--envoy-concurrency` (SMG installed on first use)."""
-    from extproc.models import served_model_name
-
-    return Context(
-        config=config,
-        model=served_model_name(model_dir),
-        model_dir=model_dir,
-        log_dir=log_dir,
-        envoy_concurrency=args.envoy_concurrency,
-        smg_binary=gateways.smg_binary(args.no_smg, args.smg_venv, log_dir),
-        smg_extra=tuple(shlex.split(args.smg_args)),
-    )
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     from extproc.models import default_model_dir
@@ -490,7 +473,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     log_dir = args.out / f"suite-{stamp}-logs"
     begun = time.monotonic()
     vocab = load_vocab(model_dir / "tokenizer.json")
-    ctx = context(args, model_dir, log_dir, EngineConfig())
+    ctx = run_context(args, model_dir, log_dir, EngineConfig())
     ours_gateways = [ours(p) for p in args.policies] + args.variants
     replica_runs = replica_gateways(ours_gateways, ctx.smg_binary is not None) if args.replicas else []
     results = []
