@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import sys
 import time
 import urllib.request
@@ -36,11 +37,11 @@ from load.bench import gateways as bench_gateways
 from load.bench.procs import StartError
 from load.bench_routing import followups, gateways, shapes, suite
 from load.bench_routing.engines import EngineConfig, EngineWatch, start_engines
-from load.bench_routing.run import Context, _ms, run_context
+from load.bench_routing.run import Context, run_context, summarize
 from load.bench_routing.target import SplitTarget
 from load.bench_routing.trace import RoutedSpec
 from load.loadgen.records import Record, json_safe
-from load.loadgen.runner import open_loop, poisson_arrivals
+from load.loadgen.runner import open_loop
 from load.loadgen.text import load_vocab
 from tests.discovery.fake_kube_api import READY, FakeKubeApi, endpoint_slice
 
@@ -237,17 +238,8 @@ async def _drive(
 
 def _summary(records: list[Record], watch: dict[str, Any], plan: Plan) -> dict[str, Any]:
     """Per window: requests, errors, hit rate and TTFT; then the engines' view of the add."""
-    windows: dict[str, Any] = {}
-    for name in WINDOWS:
-        rows = [r for r in records if plan.window(r.start) == name]
-        ok = [r for r in rows if r.ok]
-        prompt = sum(r.prompt_tokens or 0 for r in ok)
-        windows[name] = {
-            "requests": len(rows),
-            "errors": len(rows) - len(ok),
-            "hit_rate": sum(r.cached_tokens or 0 for r in ok) / prompt if prompt else None,
-            "ttft_ms": _ms([r.ttft for r in ok if r.ttft is not None]),
-        }
+    in_window = {name: [r for r in records if plan.window(r.start) == name] for name in WINDOWS}
+    windows = {name: summarize(rows, 0.0, plan.duration_s, brief=True) for name, rows in in_window.items()}
     served = watch["served"]
     total = sum(served)
     return {
@@ -308,8 +300,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             capacity = _capacity(ctx, name, seed, shape, args)
             for load in args.loads:
                 rate = load * capacity
-                arrivals = [t for t in poisson_arrivals(rate, int(rate * plan.duration_s * 1.5) + 10, seed)]
-                arrivals = [t for t in arrivals if t < plan.duration_s]
+                arrivals = suite.open_loop_arrivals(rate, plan.duration_s, seed)
                 for repeat in range(args.repeats):
                     runs = []
                     for gw in order:
@@ -359,7 +350,7 @@ def _ratio(a: float | None, b: float | None) -> str:
 
 
 def _pct(x: float | None) -> str:
-    return "-" if x is None else f"{100 * x:.1f}"
+    return "-" if x is None or math.isnan(x) else f"{100 * x:.1f}"
 
 
 def markdown(doc: dict[str, Any]) -> str:

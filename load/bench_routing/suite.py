@@ -404,13 +404,18 @@ def run_cell(
         return out
     for load in args.loads:
         rate = load * capacity
-        arrivals = [t for t in poisson_arrivals(rate, int(rate * args.duration * 1.5) + 10, cell.seed)]
-        arrivals = [t for t in arrivals if t < args.duration]
+        arrivals = open_loop_arrivals(rate, args.duration, cell.seed)
         for repeat in range(args.repeats):
             where = f": open loop {load:.0%}"
             runs = _repeat(order, ctx, cell, shape, arrivals, args, where, f"open{int(load * 100)}", repeat)
             out["points"].append({"mode": "open", "load": load, "rate": rate, "repeat": repeat, "runs": runs})
     return out
+
+
+def open_loop_arrivals(rate: float, duration_s: float, seed: int) -> list[float]:
+    """Poisson arrivals at `rate` per second over `duration_s`, drawn from `seed`."""
+    drawn = poisson_arrivals(rate, int(rate * duration_s * 1.5) + 10, seed)
+    return [t for t in drawn if t < duration_s]
 
 
 def _repeat(

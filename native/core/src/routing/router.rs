@@ -387,12 +387,13 @@ impl Router {
                 }
             }
         }
-        if let (Some(residents), Some(key)) = (&self.residents, req.session_key) {
-            residents.routed(session_hash(key), c.id, now);
+        let session = req.session_key.map(session_hash);
+        if let (Some(residents), Some(session)) = (&self.residents, session) {
+            residents.routed(session, c.id, now);
         }
-        if let (Some(bookings), Some(key)) = (&self.session_bookings, req.session_key) {
+        if let (Some(bookings), Some(session)) = (&self.session_bookings, session) {
             if let Some((_, hashes)) = d.chains.iter().find(|(b, _)| *b == c.block_size) {
-                bookings.book(session_hash(key), c.id, c.block_size, hashes, now);
+                bookings.book(session, c.id, c.block_size, hashes, now);
             }
         }
         st.mark_routed();
@@ -746,6 +747,7 @@ impl Router {
             return (chains, holders);
         }
         let root = block_hash::root(req.lora_name, req.cache_salt);
+        let session = self.session_bookings.as_ref().and(req.session_key).map(session_hash);
         for &bs in sizes {
             let hashes = block_hash::prompt_hashes(req.token_ids, bs as usize, root);
             let of_size = |id| is_candidate(id, bs);
@@ -764,8 +766,8 @@ impl Router {
                 }
             }
             // The session's own booking: its last request's prompt, where that went.
-            if let (Some(bookings), Some(key)) = (&self.session_bookings, req.session_key) {
-                if let Some((id, blocks)) = bookings.held(session_hash(key), bs, &hashes, now) {
+            if let (Some(bookings), Some(session)) = (&self.session_bookings, session) {
+                if let Some((id, blocks)) = bookings.held(session, bs, &hashes, now) {
                     if of_size(id) {
                         holders.push((id, blocks));
                     }
