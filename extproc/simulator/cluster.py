@@ -69,6 +69,8 @@ class SimEngine:
     # vLLM's ZMQ KV-event channel, when switched on: one publisher per DP rank, in rank order.
     kv_publishers: list[ZmqKvPublisher] = field(default_factory=list)
     _refusal: asyncio.Task[None] | None = field(default=None, repr=False)
+    restarts: int = 0  # completed `restart` calls
+    _serving: bool = field(default=True, repr=False)
 
     @property
     def core(self) -> EngineCore:
@@ -99,10 +101,33 @@ class SimEngine:
         """Stop the server (connections are refused) or bring it back on the same port."""
         if previous is not None:
             await asyncio.gather(previous, return_exceptions=True)  # one change at a time, in order
-        if refuse:
+        if refuse and self._serving:
             await self.server.stop(None)
-        else:
+            self._serving = False
+        elif not refuse and not self._serving:
             self.server = await _bind(self.servicer, self.host, self.port, self.protocol)
+            self._serving = True
+
+    async def restart(self, down_s: float) -> None:
+        """As the engine's process restarting: every call is cut (streams end with an error, KV-event
+        subscriptions included), the port refuses connections for `down_s` seconds, and the engine comes
+        back with an empty cache, numbering its KV-event batches from 0 on every channel. Returns once it
+        is back (a `refuse` fault set meanwhile keeps the port closed)."""
+        if down_s < 0:
+            raise ValueError("down_s must be zero or positive")
+        previous = self._refusal
+        # Queued with the `refuse` changes, so that neither binds the port while the other holds it.
+        self._refusal = task = asyncio.get_running_loop().create_task(self._restart(down_s, previous))
+        await task
+
+    async def _restart(self, down_s: float, previous: asyncio.Task[None] | None) -> None:
+        await self.set_refusing(True, previous)
+        self.core.restart()
+        for publisher in self.kv_publishers:
+            publisher.restart()
+        await asyncio.sleep(down_s)
+        await self.set_refusing(self.faults.settings.refuse)
+        self.restarts += 1
 
     def _on_refuse(self, refuse: bool) -> None:
         previous = self._refusal
@@ -184,7 +209,7 @@ async def _serve(
     engine = SimEngine(servicer, server, host, servicer.port, protocol)
     core.faults.on_refuse = engine._on_refuse
     if metrics_port is not None:
-        engine.control = ControlServer(core)
+        engine.control = ControlServer(core, engine.restart)
         await engine.control.start(host, metrics_port)
     return engine
 

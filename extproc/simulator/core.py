@@ -262,6 +262,15 @@ class EngineCore:
             return False
         return all([scheduler.flush_cache() for scheduler in self.schedulers])
 
+    def restart(self) -> None:
+        """The engine as a new process: requests dropped, caches empty, KV-event sequences from 0 (the
+        hosting server cuts the calls: `SimEngine.restart`)."""
+        for scheduler in self.schedulers:
+            scheduler.restart()
+        self._requests.clear()
+        self.stats.active = 0
+        self.hub.restart()
+
     # --- load ---------------------------------------------------------------------------------
 
     @property

@@ -2,7 +2,9 @@
 `GET|POST|DELETE /script` (scripted outputs: POST adds rules, checked before the configured ones; DELETE
 forgets the added ones; each answers the rules left, with their remaining counts), and `GET|POST|DELETE
 /timing` (step times and tokens per message, `EngineCore.retime`: POST changes some, DELETE restores the
-start's; each answers the timing now; benchmarks switch it per workload).
+start's; each answers the timing now; benchmarks switch it per workload), and `POST /restart`
+(`{"down_s": 2}`: the engine restarts as a new process would, down that long, answered once it is back:
+`SimEngine.restart`).
 
 Plain asyncio streams, one request per connection: scrapes and fault switches are rare, and the
 simulator stays free of web-framework dependencies.
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from extproc.simulator import metrics
@@ -23,9 +26,13 @@ if TYPE_CHECKING:
 MAX_BODY = 64 * 1024
 
 
+Restart = Callable[[float], Awaitable[None]]
+
+
 class ControlServer:
-    def __init__(self, core: EngineCore) -> None:
+    def __init__(self, core: EngineCore, restart: Restart | None = None) -> None:
         self.core = core
+        self._restart = restart  # the hosting engine's, which owns the server a restart stops
         self._server: asyncio.Server | None = None
         self.port = 0
 
@@ -103,4 +110,13 @@ class ControlServer:
             elif method != "GET":
                 return 405, "application/json", json.dumps({"error": "method not allowed"})
             return 200, "application/json", json.dumps(self.core.timing())
+        if path == "/restart" and method == "POST" and self._restart is not None:
+            options = json.loads(body or "{}")
+            if not isinstance(options, dict):
+                raise ValueError('a JSON object is expected: {"down_s": seconds}')
+            down_s = options.get("down_s", 0.0)
+            if isinstance(down_s, bool) or not isinstance(down_s, int | float):
+                raise ValueError("down_s must be a number of seconds")
+            await self._restart(float(down_s))
+            return 200, "application/json", json.dumps({"restarted": True, "down_s": down_s})
         return 404, "application/json", json.dumps({"error": f"no route {method} {path}"})

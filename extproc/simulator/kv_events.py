@@ -210,6 +210,11 @@ class KvEventHub:
         for listener in self._listeners[rank]:
             listener(events)
 
+    def restart(self) -> None:
+        """A new process: every stream ends and each rank numbers its batches from 0 again."""
+        self.close()
+        self._sequences = [-1] * self.ranks
+
     def close(self) -> None:
         for queue in self._subscribers:
             queue.put_nowait(None)

@@ -222,6 +222,15 @@ class Scheduler:
         self._flush_events()
         return True
 
+    def restart(self) -> None:
+        """As the engine's process starting again: every sequence ends unannounced (its caller went with
+        the old process), the cache is empty and nothing of the old one is published. Counters carry on,
+        so a benchmark can difference them across the restart."""
+        for sequence in [*self.running, *self.waiting]:
+            self.finish(sequence, None, notify=False)
+        self.cache.reset()
+        self._events.clear()  # a new process announces no clearing: its stream simply starts afresh
+
     async def stop(self) -> None:
         if self._task is not None:
             self._task.cancel()

@@ -188,6 +188,12 @@ class ZmqKvPublisher:
         same numbers: both count from the rank's first batch)."""
         hub.add_listener(self.publish, self._dp_rank)
 
+    def restart(self) -> None:
+        """A new process: batches numbered from 0 again, and no history to replay (the sockets stay bound;
+        a subscriber tells the restart by the sequence going back)."""
+        self._sequence = 0
+        self._buffer.clear()
+
     def publish(self, events: list[KvEvent]) -> None:
         sequence = self._sequence
         self._sequence += 1

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import re
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -153,8 +154,10 @@ class EngineWatch:
     sums: list[int] = field(default_factory=list)
     samples: int = 0
     # Per engine, the monotonic time of the first sample that saw it busy (requests in flight, or more
-    # served than at the start); None while it has seen no request.
+    # served than at the start or at its `rewatch`); None while it has seen no request.
     first_busy: list[float | None] = field(default_factory=list)
+    _served: list[float] = field(default_factory=list)  # the last sample's requests served
+    _served_base: list[float] = field(default_factory=list)  # served before what first_busy watches
     start: list[dict[str, float]] = field(default_factory=list)
     end: list[dict[str, float]] = field(default_factory=list)
     _task: asyncio.Task[None] | None = None
@@ -168,6 +171,8 @@ class EngineWatch:
         self.peaks = [0] * len(self.ports)
         self.sums = [0] * len(self.ports)
         self.first_busy = [None] * len(self.ports)
+        self._served = [c.get("vllm:request_success_total", 0.0) for c in self.start]
+        self._served_base = list(self._served)
         self._task = asyncio.create_task(self._poll())
         return self
 
@@ -185,16 +190,19 @@ class EngineWatch:
                 )
                 self.peaks[i] = max(self.peaks[i], flight)
                 self.sums[i] += flight
-                served = counters.get("vllm:request_success_total", 0.0)
-                if self.first_busy[i] is None and (flight or served > self._served_at_start(i)):
+                served = self._served[i] = counters.get("vllm:request_success_total", 0.0)
+                if self.first_busy[i] is None and (flight or served > self._served_base[i]):
                     self.first_busy[i] = time.monotonic()
             if scraped:
                 self.samples += 1
             next_at += self.interval_s
             await asyncio.sleep(max(0.0, next_at - time.monotonic()))
 
-    def _served_at_start(self, i: int) -> float:
-        return self.start[i].get("vllm:request_success_total", 0.0)
+    def rewatch(self, engines: Iterable[int]) -> None:
+        """Watch these engines for their first request anew, from now (after a restart)."""
+        for i in engines:
+            self.first_busy[i] = None
+            self._served_base[i] = self._served[i]
 
     async def __aexit__(self, *exc: object) -> None:
         if self._task is not None:

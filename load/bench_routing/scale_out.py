@@ -1,4 +1,5 @@
-"""Engines joining mid-run (issue 13): the case `fresh_cache_weight` is for, measured for both gateways.
+"""Engines joining mid-run, or restarting (issue 13): the cases `fresh_cache_weight` is for, measured for
+both gateways.
 
 Each run starts `--start + --add` simulated engines. The gateway is told of the first `--start` and, at
 `--add-at` seconds into the trace, of the rest:
@@ -8,13 +9,19 @@ Each run starts `--start + --add` simulated engines. The gateway is told of the 
 - SMG through its worker API (`POST /workers`), with its own warm-up of new workers at its defaults
   (`--worker-warmup-secs` 60, `--worker-warmup-share` 0.25, one hit in 8 diverted to a thin worker).
 
+With `--event restart` no engine is added: at `--add-at` engine 0 restarts (`POST /restart` on the
+simulator: every call on it is cut, its port refuses connections for `--down` seconds, and it comes back
+with an empty cache, numbering its KV-event batches from 0). Both gateways know of all engines all along
+and must notice the restart by themselves: the cut calls, the refused connections, the event streams.
+
 The trace is open loop at each `--loads` share of the starting engines' capacity (SMG's closed-loop
 completions per second on them, or `--rate`): at 1.1 a queue builds before the add that the added
 engines must drain. Every gateway meets the same arrivals and prompts on fresh engines.
 
 Reported per gateway over three windows of arrivals: before the add (after the warm-up), the `--settle`
 seconds after it, and the rest. In each: requests, hit rate, TTFT mean and p90, each over SMG's. Beside
-them: the added engines' share of the requests served, and how long after the add each served its first.
+them: the added (or restarted) engines' share of the requests served, and how long after the add (or
+after the restarted engine was back) each served its first; and the requests that failed.
 
 `python -m load.bench_routing.scale_out [--quick]`; docs/routing-benchmark.md.
 """
@@ -47,11 +54,13 @@ from tests.discovery.fake_kube_api import READY, FakeKubeApi, endpoint_slice
 
 NAMESPACE, SERVICE = "inference", "engines"
 WINDOWS = ("before", "joining", "after")
+EVENTS = ("add", "restart")
 
 
 @dataclass(frozen=True)
 class Plan:
-    """When engines join: `start` known from the beginning, `add` more at `add_at_s`."""
+    """When engines join: `start` known from the beginning, `add` more at `add_at_s`; or, with the event
+    `restart`, engine 0 of `start` restarts then, down `down_s` seconds."""
 
     start: int
     add: int
@@ -59,6 +68,13 @@ class Plan:
     settle_s: float
     warmup_s: float
     duration_s: float
+    event: str = "add"
+    down_s: float = 0.0
+
+    @property
+    def event_engines(self) -> range:
+        """The engines the event is about: those added, or the one restarted."""
+        return range(self.start, self.start + self.add) if self.event == "add" else range(1)
 
     def window(self, start_s: float) -> str | None:
         """The window a request that arrived at `start_s` is measured in (None: the warm-up)."""
@@ -77,7 +93,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--loads", default=None, help="shares of the starting engines' capacity (default .8,1.1)")
     p.add_argument("--rate", type=float, default=None, help="that capacity in requests/s (skips probing)")
     p.add_argument("--start", type=int, default=3, help="engines the gateways know from the start")
-    p.add_argument("--add", type=int, default=1, help="engines added at --add-at")
+    p.add_argument("--add", type=int, default=None, help="engines added at --add-at (default 1; restart: 0)")
+    p.add_argument("--event", choices=EVENTS, default="add", help="what happens at --add-at")
+    p.add_argument("--down", type=float, default=2.0, help="restart: seconds the engine is down")
     p.add_argument("--num-blocks", type=int, default=EngineConfig.num_blocks)
     p.add_argument("--duration", type=float, default=36.0)
     p.add_argument("--warmup", type=float, default=6.0)
@@ -103,10 +121,16 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args.loads = tuple(float(x) for x in (args.loads or ("1.1" if args.quick else "0.8,1.1")).split(","))
     if not args.warmup < args.add_at < args.duration:
         p.error("want --warmup < --add-at < --duration")
-    if args.start < 1 or args.add < 1:
+    if args.add is None:
+        args.add = 1 if args.event == "add" else 0
+    if args.start < 1 or (args.event == "add" and args.add < 1):
         p.error("--start and --add must be at least 1")
+    if args.event == "restart" and (args.add or args.down < 0):
+        p.error("a restart adds no engine (--add 0) and needs --down >= 0")
     args.variants = [suite._variant(v, p) for v in args.variant]
-    args.plan = Plan(args.start, args.add, args.add_at, args.settle, args.warmup, args.duration)
+    args.plan = Plan(
+        args.start, args.add, args.add_at, args.settle, args.warmup, args.duration, args.event, args.down
+    )
     return args
 
 
@@ -127,6 +151,15 @@ def _add_smg_worker(base_url: str, address: str) -> None:
     with urllib.request.urlopen(request, timeout=10) as response:
         if response.status not in (200, 201, 202):
             raise RuntimeError(f"SMG refused worker {address}: {response.status}")
+
+
+def _restart_engine(port: int, down_s: float) -> None:
+    """The simulator's restart control; it answers once the engine is back."""
+    body = json.dumps({"down_s": down_s}).encode()
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/restart", data=body, method="POST")
+    with urllib.request.urlopen(request, timeout=down_s + 30) as response:
+        if response.status != 200:
+            raise RuntimeError(f"the engine on control port {port} did not restart: {response.status}")
 
 
 def _start_gateway(
@@ -184,9 +217,14 @@ def run_one(
     engines = start_engines(config, log_dir)
     try:
         gateway, add, kube = _start_gateway(gw, ctx, engines.addresses, plan.start, log_dir)
+        if plan.event == "restart":
+            port = engines.metrics_ports[0]
+            event: Callable[[], None] = lambda: _restart_engine(port, plan.down_s)  # noqa: E731
+        else:
+            event = add
         try:
             turns, watch = asyncio.run(
-                _drive(gateway.base_url, ctx.model, engines.metrics_ports, shape, arrivals, plan, add)
+                _drive(gateway.base_url, ctx.model, engines.metrics_ports, shape, arrivals, plan, event)
             )
         finally:
             gateway.stop()
@@ -207,30 +245,33 @@ async def _drive(
     shape: shapes.Shape,
     arrivals: Sequence[float],
     plan: Plan,
-    add: Callable[[], None],
+    event: Callable[[], None],
 ) -> tuple[list[tuple[RoutedSpec, Record]], dict[str, Any]]:
-    """The trace open loop with the add at `plan.add_at_s`; each request's spec and record, and the
-    engines' report with when each added engine first got busy after the add."""
+    """The trace open loop with the event (the add, or the restart) at `plan.add_at_s`; each request's
+    spec and record, and the engines' report with when each engine of the event first got busy after
+    it was done (added, or back from its restart)."""
     target = SplitTarget([base_url], model)
     try:
         prepared = [target.prepare(s) for s in shapes.interleave(shape, len(arrivals))]
         async with EngineWatch(ports) as watch:
             begun = time.monotonic()
 
-            async def add_later() -> float:
+            async def event_later() -> tuple[float, float]:
                 await asyncio.sleep(plan.add_at_s)
                 at = time.monotonic()
-                await asyncio.to_thread(add)
-                return at
+                await asyncio.to_thread(event)
+                done = time.monotonic()
+                watch.rewatch(plan.event_engines)  # a restarted engine was busy before
+                return at, done
 
-            adder = asyncio.create_task(add_later())
+            later = asyncio.create_task(event_later())
             await open_loop(target, prepared, arrivals)
-            added_at = await adder
+            at, done = await later
         report = watch.report()
-        report["first_busy_after_add_s"] = [
-            None if t is None else round(t - added_at, 2) for t in watch.first_busy[plan.start :]
-        ]
-        report["add_at_s"] = added_at - begun
+        firsts = [watch.first_busy[i] for i in plan.event_engines]
+        report["first_busy_after_event_s"] = [None if t is None else round(t - done, 2) for t in firsts]
+        report["event_at_s"] = at - begun
+        report["event_took_s"] = done - at
         return target.turns, report  # type: ignore[return-value]
     finally:
         target.close()
@@ -248,9 +289,10 @@ def _summary(records: list[Record], watch: dict[str, Any], plan: Plan) -> dict[s
         "served": served,
         "mean_in_flight": [round(x, 2) for x in watch["mean_in_flight"]],
         "peak_in_flight": watch["peak_in_flight"],
-        "added_share": sum(served[plan.start :]) / total if total else None,
-        "first_busy_after_add_s": watch["first_busy_after_add_s"],
-        "add_late_s": watch["add_at_s"] - plan.add_at_s,
+        "event_share": sum(served[i] for i in plan.event_engines) / total if total else None,
+        "first_busy_after_event_s": watch["first_busy_after_event_s"],
+        "event_late_s": watch["event_at_s"] - plan.add_at_s,
+        "event_took_s": watch["event_took_s"],
         "errors": sum(w["errors"] for w in windows.values()),
     }
 
@@ -357,12 +399,18 @@ def markdown(doc: dict[str, Any]) -> str:
     """One row per run: each window's mean TTFT (and over SMG's), p90 over SMG's and hit rate, then the
     added engines' share and first request. Points where ours is slowest after the add come first."""
     plan = doc["plan"]
+    if plan.get("event", "add") == "restart":
+        title = f"# Restart: {plan['start']} engines, engine 0 restarted at {plan['add_at_s']:.0f} s"
+        title += f" (down {plan['down_s']:g} s)"
+        share, first = "restarted share", "first request after back s"
+    else:
+        title = f"# Scale-out: {plan['start']} engines, {plan['add']} added at {plan['add_at_s']:.0f} s"
+        share, first = "added share", "first request s"
     lines = [
-        f"# Scale-out: {plan['start']} engines, {plan['add']} added at {plan['add_at_s']:.0f} s "
-        f"(joining: the {plan['settle_s']:.0f} s after), {plan['duration_s']:.0f} s runs",
+        f"{title} (joining: the {plan['settle_s']:.0f} s after), {plan['duration_s']:.0f} s runs",
         "",
         "| shape | seed | load | gateway | before ms | joining ms (/SMG, p90 /SMG) "
-        "| after ms (/SMG, p90 /SMG) | hits before / joining / after % | added share | first request s "
+        f"| after ms (/SMG, p90 /SMG) | hits before / joining / after % | {share} | {first} "
         "| errors |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
@@ -393,9 +441,9 @@ def markdown(doc: dict[str, Any]) -> str:
                 else:
                     cells.append(f"{mean:.0f}")
             hits = " / ".join(_pct(w[n]["hit_rate"]) for n in WINDOWS)
-            first = ", ".join("-" if t is None else f"{t:.1f}" for t in run["first_busy_after_add_s"])
+            firsts = ", ".join("-" if t is None else f"{t:.1f}" for t in run["first_busy_after_event_s"])
             lines.append(
-                head + "| " + " | ".join(cells) + f" | {hits} | {_pct(run['added_share'])}% | {first} "
+                head + "| " + " | ".join(cells) + f" | {hits} | {_pct(run['event_share'])}% | {firsts} "
                 f"| {run['errors']} |"
             )
     return "\n".join(lines) + "\n"

@@ -1,6 +1,6 @@
-"""`python -m load.bench_routing.scale_out` end to end on a tiny run: our stack (real simulator and Envoy,
-extproc discovering its engines on the stand-in Kubernetes API) starts with one engine and is told of a
-second mid-run; SMG is left out."""
+"""`python -m load.bench_routing.scale_out` end to end on tiny runs of our stack (real simulator and Envoy,
+extproc discovering its engines on the stand-in Kubernetes API; SMG left out): one engine added to one
+mid-run, and one of two engines restarted mid-run."""
 
 from __future__ import annotations
 
@@ -30,11 +30,32 @@ def test_an_engine_added_mid_run_takes_requests_only_after_the_add(tmp_path: Pat
     assert all(windows[name]["requests"] > 0 for name in ("before", "joining", "after"))
     # The added engine was unknown before the add, and discovery brought it into use within seconds:
     # it served its first request after the add, and a share of the rest.
-    [first] = run["first_busy_after_add_s"]
+    [first] = run["first_busy_after_event_s"]
     assert first is not None and 0 <= first < 3
-    assert run["served"][1] > 0 and 0 < run["added_share"] < 1
+    assert run["served"][1] > 0 and 0 < run["event_share"] < 1
     # Every request of the trace (the warm-up's too) reached exactly one engine.
     assert sum(run["served"]) == run["requests"] >= sum(w["requests"] for w in windows.values())
+
+
+def test_an_engine_restarted_mid_run_is_used_again_and_only_its_cut_calls_fail(tmp_path: Path) -> None:
+    argv = [sys.executable, "-m", "load.bench_routing.scale_out", "--no-smg", "--shapes", "sessions"]
+    argv += ["--rate", "6", "--loads", "1", "--start", "2", "--event", "restart", "--down", "1"]
+    argv += ["--duration", "10", "--warmup", "1", "--add-at", "4", "--settle", "2", "--out", str(tmp_path)]
+    proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=180, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "# Restart: 2 engines, engine 0 restarted at 4 s (down 1 s)" in proc.stdout
+
+    [path] = tmp_path.glob("scale-out-*.json")
+    [point] = json.loads(path.read_text())["points"]
+    [run] = point["runs"]
+    # The run waited out the downtime, and the engine took requests again soon after it was back.
+    assert run["event_took_s"] >= 1.0
+    [first] = run["first_busy_after_event_s"]
+    assert first is not None and 0 <= first < 3
+    # No request lost without an error, none served twice: what the restart cut failed, and requests sent
+    # while the engine was down went to the other one (Envoy's retry past a refused connection).
+    assert sum(run["served"]) + run["errors"] == run["requests"]
+    assert run["errors"] < run["requests"] / 4
 
 
 def test_requests_are_measured_in_the_window_they_arrived_in() -> None:

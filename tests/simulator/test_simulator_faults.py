@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 
 import grpc
 import pytest
+from smg_grpc_proto.generated import common_pb2
 from smg_grpc_proto.generated import vllm_engine_pb2 as pb
 from smg_grpc_proto.generated import vllm_engine_pb2_grpc as pb_grpc
 
@@ -131,6 +132,67 @@ async def test_unhealthy_and_refuse(engine: SimEngine, stub: pb_grpc.VllmEngineS
     # wait_for_ready: the refused connection left gRPC's shared subchannel in reconnect backoff.
     health = await stub.HealthCheck(pb.HealthCheckRequest(), timeout=10, wait_for_ready=True)
     assert health.healthy
+
+
+def prompt_request(request_id: str, prompt: list[int], **sampling: object) -> pb.GenerateRequest:
+    return pb.GenerateRequest(
+        request_id=request_id,
+        tokenized=pb.TokenizedInput(input_ids=prompt),
+        sampling_params=pb.SamplingParams(**sampling),
+        stream=True,
+    )
+
+
+async def first_chunk_cached(stub: pb_grpc.VllmEngineStub, request_id: str, prompt: list[int]) -> int:
+    messages = [m async for m in stub.Generate(prompt_request(request_id, prompt, max_tokens=2))]
+    return messages[0].chunk.cached_tokens
+
+
+async def test_restart_cuts_every_call_and_comes_back_cold(
+    engine: SimEngine, stub: pb_grpc.VllmEngineStub
+) -> None:
+    prompt = [128000] + [9906 + i for i in range(47)]  # 48 tokens: three full blocks of 16
+    assert await first_chunk_cached(stub, "warm", prompt) == 0
+    assert await first_chunk_cached(stub, "hit", prompt) == 32  # the last block is always computed
+    events = stub.SubscribeKvEvents(common_pb2.SubscribeKvEventsRequest())
+    engine.faults.set(slow=50.0)  # 50 ms steps: the stream below is still running at the restart
+    long_call = stub.Generate(prompt_request("long", [128000, 9906], max_tokens=500, ignore_eos=True))
+    await long_call.read()
+    restart = asyncio.create_task(engine.restart(down_s=2.0))
+    # The cut stream ends in an error, never a clean finish, and so does the event subscription.
+    with pytest.raises(grpc.aio.AioRpcError):
+        while await long_call.read() is not grpc.aio.EOF:
+            pass
+    with pytest.raises(grpc.aio.AioRpcError):
+        while await events.read() is not grpc.aio.EOF:
+            pass
+    # While it is down the port refuses connections.
+    async with grpc.aio.insecure_channel(engine.address) as channel:
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await pb_grpc.VllmEngineStub(channel).HealthCheck(pb.HealthCheckRequest(), timeout=1)
+        assert refused.value.code() == grpc.StatusCode.UNAVAILABLE and not restart.done()
+    await restart
+    engine.faults.clear()
+    assert engine.restarts == 1 and engine.stats.active == 0
+    async with grpc.aio.insecure_channel(engine.address) as channel:
+        back = pb_grpc.VllmEngineStub(channel)
+        await back.HealthCheck(pb.HealthCheckRequest(), timeout=10, wait_for_ready=True)
+        events = back.SubscribeKvEvents(common_pb2.SubscribeKvEventsRequest())
+        # Cold: the prompt it held before is computed anew, and its first batch after is numbered 0.
+        assert await first_chunk_cached(back, "cold", prompt) == 0
+        batch = await events.read()
+        assert batch.sequence_number == 0 and batch.events[0].WhichOneof("data") == "stored"
+        events.cancel()
+
+
+async def test_restart_over_http(engine: SimEngine) -> None:
+    status, body = await http(engine, "POST", "/restart", {"down_s": 0.1})
+    assert status == 200 and json.loads(body) == {"restarted": True, "down_s": 0.1}
+    assert engine.restarts == 1
+    for bad in ({"down_s": -1}, {"down_s": "soon"}, [1]):
+        status, body = await http(engine, "POST", "/restart", bad)
+        assert status == 400, body
+    assert engine.restarts == 1
 
 
 async def test_faults_over_http(engine: SimEngine, stub: pb_grpc.VllmEngineStub) -> None:

@@ -153,9 +153,12 @@ async def subscribe(engine: SimEngine) -> AsyncIterator[Subscribers]:
         watched = Subscribers(engine, stub, sub)
 
         async def read_grpc() -> None:
-            async for batch in call:
-                if not batch.load.load_only:
-                    watched.grpc_batches.append(grpc_batch(batch))
+            try:
+                async for batch in call:
+                    if not batch.load.load_only:
+                        watched.grpc_batches.append(grpc_batch(batch))
+            except grpc.aio.AioRpcError:
+                pass  # the engine restarted: the ZMQ channel alone goes on
 
         reader = asyncio.create_task(read_grpc())
         try:
@@ -291,6 +294,36 @@ async def test_replay_resends_missed_batches(watched: Subscribers) -> None:
     live = {zmq_batch(f).sequence: f for f in watched.frames}
     assert all(live[zmq_batch(f).sequence] == f for f in replayed if zmq_batch(f).sequence in live)
     assert await replay(publisher.replay_endpoint, publisher.batches) == []  # nothing newer yet
+
+
+async def test_a_restarted_engine_numbers_its_batches_from_zero(watched: Subscribers) -> None:
+    await generate(watched.stub, PROMPT_A)
+    await watched.settle()
+    publisher = watched.engine.kv_publisher
+    assert publisher is not None and publisher.replay_endpoint is not None
+    before = len(watched.frames)
+    assert zmq_batch(watched.frames[-1]).sequence > 0
+    await watched.engine.restart(down_s=0)
+    async with grpc.aio.insecure_channel(watched.engine.address) as channel:
+        stub = pb_grpc.VllmEngineStub(channel)
+        await stub.HealthCheck(pb.HealthCheckRequest(), timeout=10, wait_for_ready=True)
+        tokens = await generate(stub, PROMPT_A)
+    deadline = time.monotonic() + 5
+    while len(watched.frames) == before:
+        assert time.monotonic() < deadline, "no batch after the restart"
+        await watched.read_zmq()
+    # The same socket, sequences from 0, no clearing announced; the prompt is stored anew, as a
+    # subscriber that missed the restart must see to know that its index is stale.
+    after = [zmq_batch(f) for f in watched.frames[before:]]
+    assert after[0].sequence == 0 and after[0].events[0][:4] == (
+        "stored",
+        watched.engine.core.scheduler.cache.chain_hashes(tokens[: 2 * BLOCK]),
+        None,
+        tokens[: 2 * BLOCK],
+    )
+    # The replay socket keeps nothing from before the restart.
+    replayed = await replay(publisher.replay_endpoint, 0)
+    assert [zmq_batch(f).sequence for f in replayed] == list(range(publisher.batches))
 
 
 # A batch a real vLLM 0.32 engine (CPU, the tiny Llama of load/vllm_engine, 128-token blocks) published on
