@@ -206,17 +206,17 @@ def ask_as(
 
 @pytest.mark.parametrize(
     "routing_config,follows",
-    [('{"book_session_s": 5}', True), (None, False)],
-    ids=["session_booking", "default"],
+    [(None, True), ('{"book_session_s": 0}', False)],
+    ids=["default", "session_booking_off"],
 )
 def test_a_session_turn_sent_during_its_previous_turn_follows_it(
     tmp_path: Path, routing_config: str | None, follows: bool
 ) -> None:
     # A session's next turn arrives while its first is still prefilling (~1.4 s here), before any Stored
     # event: turns that do not wait for the answer (an agent's parallel calls, a client on a clock).
-    # With session booking the router counts the first turn's prompt on its engine for this session,
-    # and the next turn joins it and reads the prompt from the cache; without (the default), the prompt
-    # looks cold everywhere and the turn goes to the idle engine, prefilling it again. That another
+    # With session booking (the default) the router counts the first turn's prompt on its engine for this
+    # session, and the next turn joins it and reads the prompt from the cache; without, the prompt looks
+    # cold everywhere and the turn goes to the idle engine, prefilling it again. That another
     # session does not see the booking is a Rust test (`a_session_turn_follows_its_previous_turn_before_
     # its_events`). Both engines have served before.
     with local_stack(FreePorts(), tmp_path, sim=SLOW_PREFILL, routing_config=routing_config) as s:

@@ -36,6 +36,8 @@ pub struct RouterConfig {
     /// primary for this many seconds, for its own session only; 0 is off. A later request of that
     /// session starting with the prompt counts it as held there before the engine's events show it,
     /// so a turn sent while the previous one is still prefilling follows it (`session_bookings.rs`).
+    /// On by default (5 s): without it, session traffic whose turns overlap collapsed after an
+    /// overload or an engine restart (docs/routing-benchmark.md, session 22).
     pub book_session_s: f64,
     /// Fallback endpoints listed after the primary.
     pub max_fallbacks: usize,
@@ -97,7 +99,7 @@ impl Default for RouterConfig {
             book_cold_s: 0.0,
             book_cold_spread: 1,
             book_cold_spread_share: 0.0,
-            book_session_s: 0.0,
+            book_session_s: 5.0,
             max_fallbacks: 3,
             seed: None,
             spill_enabled: true,

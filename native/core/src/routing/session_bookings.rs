@@ -18,7 +18,8 @@ use super::endpoint_set::EndpointId;
 use super::membership::Tick;
 
 /// Sessions booked at most; past it, expired bookings are dropped, and if none has expired the new one
-/// is not made (a bound on memory: ~40 bytes each).
+/// is not made (a bound on memory: ~40 bytes each). The sweep walks the whole map under the lock, so it
+/// runs at most once per tick: a pool with more live sessions than this does not pay it on every pick.
 const MAX_SESSIONS: usize = 1 << 16;
 
 #[derive(Clone, Copy, Debug)]
@@ -32,14 +33,21 @@ struct Booking {
 
 pub struct SessionBookings {
     lease: Tick,
-    sessions: Mutex<HashMap<u64, Booking>>,
+    state: Mutex<State>,
+}
+
+#[derive(Default)]
+struct State {
+    sessions: HashMap<u64, Booking>,
+    /// The tick of the last sweep for room.
+    swept: Option<Tick>,
 }
 
 impl SessionBookings {
     pub fn new(lease: Tick) -> Self {
         SessionBookings {
             lease,
-            sessions: Mutex::new(HashMap::new()),
+            state: Mutex::new(State::default()),
         }
     }
 
@@ -49,10 +57,14 @@ impl SessionBookings {
         let Some(&last) = hashes.last() else {
             return;
         };
-        let mut sessions = self.lock();
-        if sessions.len() >= MAX_SESSIONS && !sessions.contains_key(&session) {
-            sessions.retain(|_, b| b.until > now);
-            if sessions.len() >= MAX_SESSIONS {
+        let mut state = self.lock();
+        if state.sessions.len() >= MAX_SESSIONS && !state.sessions.contains_key(&session) {
+            if state.swept == Some(now) {
+                return;
+            }
+            state.swept = Some(now);
+            state.sessions.retain(|_, b| b.until > now);
+            if state.sessions.len() >= MAX_SESSIONS {
                 return;
             }
         }
@@ -63,25 +75,25 @@ impl SessionBookings {
             last,
             until: now.saturating_add(self.lease),
         };
-        sessions.insert(session, booking);
+        state.sessions.insert(session, booking);
     }
 
     /// The endpoint `session` is booked on and the blocks it holds there, when the booking is live, of
     /// `block_size`, and `hashes` (a prompt's chain) starts with the booked prompt.
     pub fn held(&self, session: u64, block_size: u32, hashes: &[BlockHash], now: Tick) -> Option<(EndpointId, u32)> {
-        let b = *self.lock().get(&session)?;
+        let b = *self.lock().sessions.get(&session)?;
         let starts_with = b.blocks as usize <= hashes.len() && hashes[b.blocks as usize - 1] == b.last;
         (b.until > now && b.block_size == block_size && starts_with).then_some((b.at, b.blocks))
     }
 
     /// Forgets the bookings on a removed endpoint (its id may be reused).
     pub fn clear(&self, at: EndpointId) {
-        self.lock().retain(|_, b| b.at != at);
+        self.lock().sessions.retain(|_, b| b.at != at);
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Booking>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         // A poisoned lock means a panic mid-insert elsewhere; the map is still consistent.
-        self.sessions.lock().unwrap_or_else(|e| e.into_inner())
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
@@ -105,5 +117,24 @@ mod tests {
         assert_eq!(b.held(7, 16, &[11, 12, 13, 14, 15], 111), Some((1, 4)));
         b.clear(1);
         assert_eq!(b.held(7, 16, &[11, 12, 13, 14, 15], 111), None);
+    }
+
+    #[test]
+    fn past_the_bound_a_new_session_is_booked_only_once_older_bookings_expired() {
+        let b = SessionBookings::new(30);
+        for session in 0..MAX_SESSIONS as u64 {
+            b.book(session, 0, 16, &[session], 100);
+        }
+        let new = MAX_SESSIONS as u64;
+        b.book(new, 0, 16, &[new], 110);
+        assert_eq!(b.held(new, 16, &[new], 111), None, "full of live bookings: not booked");
+        // A booked session still moves its own booking.
+        b.book(5, 1, 16, &[5, 6], 110);
+        assert_eq!(b.held(5, 16, &[5, 6], 111), Some((1, 2)));
+        // Once the first bookings expired, the next new session makes room and is booked.
+        b.book(new, 0, 16, &[new], 131);
+        assert_eq!(b.held(new, 16, &[new], 132), Some((0, 1)));
+        assert_eq!(b.held(0, 16, &[0], 132), None);
+        assert!(b.lock().sessions.len() <= MAX_SESSIONS);
     }
 }
