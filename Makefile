@@ -107,7 +107,7 @@ bench: $(TEST_STAMP) envoy-module ## ours (ext_proc and module paths) vs SMG vs 
 bench-routing: $(TEST_STAMP) ## routing workload suite: 6 shapes, ours vs SMG cache_aware vs round robin (hours; ARGS=--quick: ~20 min)
 	$(BIN)/python -m load.bench_routing.suite $(ARGS)
 
-bench-routing-scale-out: $(TEST_STAMP) ## engines joining mid-run: ours (discovery) vs SMG (worker API), 6 shapes (~25 min; ARGS=--quick: ~8 min)
+bench-routing-scale-out: $(TEST_STAMP) ## engines joining mid-run: ours (discovery) vs SMG (worker API), 6 shapes (~25 min; ARGS=--quick: ~8 min; ARGS="--event restart --start 4": an engine restarting)
 	$(BIN)/python -m load.bench_routing.scale_out $(ARGS)
 
 bench-routing-trace: $(TEST_STAMP) ## issue 6's routing benchmark: all policies vs SMG on one mixed trace (~9 min; ARGS=--quick: ~1.5 min)
