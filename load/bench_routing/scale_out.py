@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import math
 import sys
@@ -217,11 +218,8 @@ def run_one(
     engines = start_engines(config, log_dir)
     try:
         gateway, add, kube = _start_gateway(gw, ctx, engines.addresses, plan.start, log_dir)
-        if plan.event == "restart":
-            port = engines.metrics_ports[0]
-            event: Callable[[], None] = lambda: _restart_engine(port, plan.down_s)  # noqa: E731
-        else:
-            event = add
+        restart = functools.partial(_restart_engine, engines.metrics_ports[0], plan.down_s)
+        event = restart if plan.event == "restart" else add
         try:
             turns, watch = asyncio.run(
                 _drive(gateway.base_url, ctx.model, engines.metrics_ports, shape, arrivals, plan, event)
