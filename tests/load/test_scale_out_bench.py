@@ -8,23 +8,39 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from load.bench_routing.scale_out import Plan
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_an_engine_added_mid_run_takes_requests_only_after_the_add(tmp_path: Path) -> None:
-    argv = [sys.executable, "-m", "load.bench_routing.scale_out", "--no-smg", "--shapes", "no_sharing"]
-    argv += ["--rate", "4", "--loads", "1", "--start", "1", "--add", "1", "--duration", "9"]
-    argv += ["--warmup", "1", "--add-at", "4", "--settle", "2", "--out", str(tmp_path)]
+def run_scale_out(tmp_path: Path, shape: str, *args: str) -> tuple[str, dict[str, Any]]:
+    """One tiny run of ours alone (no SMG) on `shape`, 100% of the given rate: its report and its one run."""
+    argv = [
+        sys.executable,
+        "-m",
+        "load.bench_routing.scale_out",
+        "--no-smg",
+        "--shapes",
+        shape,
+        "--loads",
+        "1",
+    ]
+    argv += [*args, "--warmup", "1", "--add-at", "4", "--settle", "2", "--out", str(tmp_path)]
     proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=180, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "| no_sharing | 0 | 100% | kv_events |" in proc.stdout
-
     [path] = tmp_path.glob("scale-out-*.json")
     [point] = json.loads(path.read_text())["points"]
     [run] = point["runs"]
+    return proc.stdout, run
+
+
+def test_an_engine_added_mid_run_takes_requests_only_after_the_add(tmp_path: Path) -> None:
+    report, run = run_scale_out(
+        tmp_path, "no_sharing", "--rate", "4", "--start", "1", "--add", "1", "--duration", "9"
+    )
+    assert "| no_sharing | 0 | 100% | kv_events |" in report
     assert run["gateway"] == "kv_events" and run["errors"] == 0
     windows = run["windows"]
     assert all(windows[name]["requests"] > 0 for name in ("before", "joining", "after"))
@@ -38,16 +54,21 @@ def test_an_engine_added_mid_run_takes_requests_only_after_the_add(tmp_path: Pat
 
 
 def test_an_engine_restarted_mid_run_is_used_again_and_only_its_cut_calls_fail(tmp_path: Path) -> None:
-    argv = [sys.executable, "-m", "load.bench_routing.scale_out", "--no-smg", "--shapes", "sessions"]
-    argv += ["--rate", "6", "--loads", "1", "--start", "2", "--event", "restart", "--down", "1"]
-    argv += ["--duration", "10", "--warmup", "1", "--add-at", "4", "--settle", "2", "--out", str(tmp_path)]
-    proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=180, check=False)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "# Restart: 2 engines, engine 0 restarted at 4 s (down 1 s)" in proc.stdout
-
-    [path] = tmp_path.glob("scale-out-*.json")
-    [point] = json.loads(path.read_text())["points"]
-    [run] = point["runs"]
+    report, run = run_scale_out(
+        tmp_path,
+        "sessions",
+        "--rate",
+        "6",
+        "--start",
+        "2",
+        "--event",
+        "restart",
+        "--down",
+        "1",
+        "--duration",
+        "10",
+    )
+    assert "# Restart: 2 engines, engine 0 restarted at 4 s (down 1 s)" in report
     # The run waited out the downtime, and the engine took requests again soon after it was back.
     assert run["event_took_s"] >= 1.0
     [first] = run["first_busy_after_event_s"]
