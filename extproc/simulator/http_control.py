@@ -30,7 +30,7 @@ Restart = Callable[[float], Awaitable[None]]
 
 
 class ControlServer:
-    def __init__(self, core: EngineCore, restart: Restart | None = None) -> None:
+    def __init__(self, core: EngineCore, restart: Restart) -> None:
         self.core = core
         self._restart = restart  # the hosting engine's, which owns the server a restart stops
         self._server: asyncio.Server | None = None
@@ -110,7 +110,7 @@ class ControlServer:
             elif method != "GET":
                 return 405, "application/json", json.dumps({"error": "method not allowed"})
             return 200, "application/json", json.dumps(self.core.timing())
-        if path == "/restart" and method == "POST" and self._restart is not None:
+        if path == "/restart" and method == "POST":
             options = json.loads(body or "{}")
             if not isinstance(options, dict):
                 raise ValueError('a JSON object is expected: {"down_s": seconds}')
