@@ -598,9 +598,12 @@ def _engine_retry_policy(opts: EnvoyOptions) -> dict[str, Any]:
         return {"num_retries": 0}
     return {
         # Failures before the engine started answering; a generation is never retried once it streams.
-        # gRPC statuses count only in a trailers-only reply (the engine refused before any message): an
-        # engine that is full (RESOURCE_EXHAUSTED) leaves the request to another one that may have room.
-        "retry_on": "connect-failure,refused-stream,reset-before-request,unavailable,resource-exhausted",
+        # `reset` covers a call the engine accepted and lost before its first byte (a killed or restarted
+        # engine's queued and prefilling requests); a request that kills every engine it reaches can take
+        # down at most 1 + its fallbacks. gRPC statuses count only in a trailers-only reply (the engine
+        # refused before any message): an engine that is full (RESOURCE_EXHAUSTED) leaves the request to
+        # another one that may have room.
+        "retry_on": "connect-failure,refused-stream,reset,unavailable,resource-exhausted",
         "num_retries": opts.engine_retries,
         # Once extproc's list is spent, the policy's round robin must not pick a failed engine again.
         "retry_host_predicate": [

@@ -190,10 +190,10 @@ def test_engines_cluster_retries_with_a_budget_and_ejects_failing_engines() -> N
         assert outlier["enforcing_consecutive_gateway_failure"] == 100
         assert outlier["consecutive_local_origin_failure"] == 3
         assert outlier["max_ejection_percent"] == 50
-    # The fallback route retries only refusals before the engine answered.
+    # The fallback route retries only failures before the engine answered.
     hcm = _hcm(eb.build_bootstrap(eb.EnvoyOptions(engines=("10.0.0.1:1",), engine_retries=1)))
     policy = hcm["route_config"]["virtual_hosts"][0]["routes"][0]["route"]["retry_policy"]
-    retried = "connect-failure,refused-stream,reset-before-request,unavailable,resource-exhausted"
+    retried = "connect-failure,refused-stream,reset,unavailable,resource-exhausted"
     assert policy["retry_on"] == retried
 
 

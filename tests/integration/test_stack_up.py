@@ -93,14 +93,16 @@ def up_stack(tmp_path: Path, free_ports: Any) -> Iterator[tuple[subprocess.Popen
 
 @contextlib.contextmanager
 def running_up(
-    tmp_path: Path, free_ports: Any, *extra: str
+    tmp_path: Path, free_ports: Any, *extra: str, sim: int = 2
 ) -> Iterator[tuple[subprocess.Popen[bytes], int, Path]]:
-    """`extproc up` with two simulated engines (and `extra` flags), serving; killed at the end if still
-    running. Yields the process, the client port and its log."""
+    """`extproc up` with `sim` simulated engines of its own (0: the engines `extra` names) and `extra`
+    flags, serving; killed at the end if still running. Yields the process, the client port and its log."""
     port = free_ports.one()
     argv = [sys.executable, "-m", "extproc", "up", "--port", str(port)]
     argv += ["--admin-port", str(free_ports.one()), "--listen", f"127.0.0.1:{free_ports.one()}"]
-    argv += ["--sim", "2", "--sim-port", str(free_ports.block(2)), "--startup-timeout", str(START_TIMEOUT_S)]
+    argv += ["--startup-timeout", str(START_TIMEOUT_S)]
+    if sim:
+        argv += ["--sim", str(sim), "--sim-port", str(free_ports.block(sim))]
     if "--metrics-port" not in extra:  # not the default 9464: another stack may hold it
         argv += ["--metrics-port", str(free_ports.one())]
     argv += extra

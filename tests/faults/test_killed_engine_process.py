@@ -1,0 +1,113 @@
+"""An engine process killed (SIGKILL: a crash, the OOM killer) while it holds calls it accepted and has
+not answered yet, queued or in prefill. The kernel closes its connections; Envoy sees each call reset
+before a byte of its answer and retries it on the request's fallback (`retry_on: reset`), so the client
+gets its whole answer from another engine instead of a 503. Before that retry, each such call was a
+503 "the selected engine is unavailable".
+
+The engines are `python -m extproc.simulator` processes behind `extproc up`, so the kill is a real one:
+in-process simulated engines can only stop their gRPC server, which ends calls another way."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import re
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from tests.conftest import FreePorts
+from tests.faults.clients import Outcome, tally
+from tests.integration.harness import post_json
+from tests.integration.test_stack_up import REPO, running_up
+
+MODEL = "llama3-default"
+MAX_TOKENS = 8
+
+
+@contextmanager
+def engine_process(ports: FreePorts, faults: dict[str, object]) -> Iterator[tuple[subprocess.Popen[str], str, int]]:
+    """One simulated engine in its own process: the process, its gRPC address and its metrics port."""
+    metrics_port = ports.one()
+    argv = [sys.executable, "-m", "extproc.simulator", "--port", str(ports.one()), "--engines", "1"]
+    argv += ["--metrics-port", str(metrics_port), "--faults", json.dumps(faults)]
+    process = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        assert process.stdout is not None
+        match = re.fullmatch(r"engine 0 listening on (\S+) \(metrics on port \d+\)\n", process.stdout.readline())
+        assert match, "the simulator did not start"
+        yield process, match.group(1), metrics_port
+    finally:
+        process.kill()
+        process.wait()
+
+
+def _metric_sum(metrics_port: int, name: str) -> float:
+    with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name))
+
+
+def _holding(metrics_port: int) -> int:
+    """Requests the engine holds, running or waiting."""
+    running = _metric_sum(metrics_port, "vllm:num_requests_running")
+    return int(running + _metric_sum(metrics_port, "vllm:num_requests_waiting"))
+
+
+def _chat(port: int, i: int, stream: bool) -> Outcome:
+    body = {"model": MODEL, "messages": [{"role": "user", "content": f"request {i}"}], "stream": stream}
+    body |= {"max_tokens": MAX_TOKENS} | ({"stream_options": {"include_usage": True}} if stream else {})
+    started = time.monotonic()
+    conn = post_json(f"http://127.0.0.1:{port}", "/v1/chat/completions", body, timeout=30)
+    try:
+        response = conn.getresponse()
+        raw = response.read().decode()
+    finally:
+        conn.close()
+    error = None
+    if stream and response.status == 200:
+        events = [e.removeprefix("data: ") for e in raw.split("\n\n") if e.strip()]
+        assert events[-1] == "[DONE]", raw
+        error = next((json.loads(e)["error"] for e in events[:-1] if '"error"' in e), None)
+    return Outcome(response.status, error, raw, time.monotonic() - started, started)
+
+
+def _completion_tokens(outcome: Outcome) -> int:
+    if outcome.body.startswith("{"):
+        return json.loads(outcome.body)["usage"]["completion_tokens"]
+    events = [json.loads(e.removeprefix("data: ")) for e in outcome.body.split("\n\n")[:-2]]
+    return next(e["usage"]["completion_tokens"] for e in events if e.get("usage"))
+
+
+def test_calls_a_killed_engine_had_not_answered_are_served_by_the_fallback(tmp_path: Path) -> None:
+    ports = FreePorts()
+    # The killed engine accepts calls and never steps, so every call it holds is open and silent.
+    with engine_process(ports, {"stall": True}) as (killed, killed_address, killed_metrics), engine_process(
+        ports, {}
+    ) as (_, other_address, other_metrics):
+        engines = f"grpc://{killed_address},grpc://{other_address}"
+        # Round robin alternates the engines whatever their loads: two of the four requests land on each.
+        extra = ("--engine", engines, "--routing-policy", "round_robin")
+        with running_up(tmp_path, ports, *extra, sim=0) as (_, port, _), concurrent.futures.ThreadPoolExecutor(
+            4
+        ) as pool:
+            calls = []
+            # Sent one at a time, each placed before the next, so the killed engine holds one unary and
+            # one streamed call whichever engine round robin starts on.
+            for i, stream in enumerate([False, False, True, True]):
+                held = _holding(killed_metrics)
+                calls.append(pool.submit(_chat, port, i, stream))
+                deadline = time.monotonic() + 10
+                while not calls[-1].done() and _holding(killed_metrics) == held:
+                    assert time.monotonic() < deadline, "the request reached neither engine"
+                    time.sleep(0.02)
+            assert _holding(killed_metrics) == 2, "the killed engine does not hold two calls"
+            killed.kill()
+            outcomes = [call.result(timeout=30) for call in calls]
+
+    assert tally(outcomes) == {"200": 4}, [o.body[-200:] for o in outcomes]
+    assert [_completion_tokens(o) for o in outcomes] == [MAX_TOKENS] * 4
