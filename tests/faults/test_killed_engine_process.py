@@ -18,6 +18,7 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 from tests.conftest import FreePorts
@@ -29,18 +30,28 @@ MODEL = "llama3-default"
 MAX_TOKENS = 8
 
 
+LISTENING = re.compile(r"engine 0 listening on (\S+) \(metrics on port \d+\)\n")
+
+
+@dataclass
+class EngineProcess:
+    process: subprocess.Popen[str]
+    address: str
+    metrics_port: int
+
+
 @contextmanager
-def engine_process(ports: FreePorts, faults: dict[str, object]) -> Iterator[tuple[subprocess.Popen[str], str, int]]:
-    """One simulated engine in its own process: the process, its gRPC address and its metrics port."""
+def engine_process(ports: FreePorts, faults: dict[str, object]) -> Iterator[EngineProcess]:
+    """One simulated engine in its own process."""
     metrics_port = ports.one()
     argv = [sys.executable, "-m", "extproc.simulator", "--port", str(ports.one()), "--engines", "1"]
     argv += ["--metrics-port", str(metrics_port), "--faults", json.dumps(faults)]
     process = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
         assert process.stdout is not None
-        match = re.fullmatch(r"engine 0 listening on (\S+) \(metrics on port \d+\)\n", process.stdout.readline())
+        match = LISTENING.fullmatch(process.stdout.readline())
         assert match, "the simulator did not start"
-        yield process, match.group(1), metrics_port
+        yield EngineProcess(process, match.group(1), metrics_port)
     finally:
         process.kill()
         process.wait()
@@ -86,28 +97,31 @@ def _completion_tokens(outcome: Outcome) -> int:
 def test_calls_a_killed_engine_had_not_answered_are_served_by_the_fallback(tmp_path: Path) -> None:
     ports = FreePorts()
     # The killed engine accepts calls and never steps, so every call it holds is open and silent.
-    with engine_process(ports, {"stall": True}) as (killed, killed_address, killed_metrics), engine_process(
-        ports, {}
-    ) as (_, other_address, other_metrics):
-        engines = f"grpc://{killed_address},grpc://{other_address}"
+    with engine_process(ports, {"stall": True}) as killed, engine_process(ports, {}) as other:
         # Round robin alternates the engines whatever their loads: two of the four requests land on each.
-        extra = ("--engine", engines, "--routing-policy", "round_robin")
-        with running_up(tmp_path, ports, *extra, sim=0) as (_, port, _), concurrent.futures.ThreadPoolExecutor(
-            4
-        ) as pool:
+        extra = (
+            "--engine",
+            f"grpc://{killed.address},grpc://{other.address}",
+            "--routing-policy",
+            "round_robin",
+        )
+        pool = concurrent.futures.ThreadPoolExecutor(4)
+        with running_up(tmp_path, ports, *extra, sim=0) as (_, port, _), pool:
             calls = []
             # Sent one at a time, each placed before the next, so the killed engine holds one unary and
             # one streamed call whichever engine round robin starts on.
             for i, stream in enumerate([False, False, True, True]):
-                held = _holding(killed_metrics)
+                held = _holding(killed.metrics_port)
                 calls.append(pool.submit(_chat, port, i, stream))
                 deadline = time.monotonic() + 10
-                while not calls[-1].done() and _holding(killed_metrics) == held:
+                while not calls[-1].done() and _holding(killed.metrics_port) == held:
                     assert time.monotonic() < deadline, "the request reached neither engine"
                     time.sleep(0.02)
-            assert _holding(killed_metrics) == 2, "the killed engine does not hold two calls"
-            killed.kill()
+            assert _holding(killed.metrics_port) == 2, "the killed engine does not hold two calls"
+            killed.process.kill()
             outcomes = [call.result(timeout=30) for call in calls]
+        served_by_other = _metric_sum(other.metrics_port, "vllm:request_success_total")
 
     assert tally(outcomes) == {"200": 4}, [o.body[-200:] for o in outcomes]
     assert [_completion_tokens(o) for o in outcomes] == [MAX_TOKENS] * 4
+    assert served_by_other == 4
