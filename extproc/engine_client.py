@@ -95,11 +95,12 @@ class EngineClient:
         stub = vllm_grpc.VllmEngineStub if protocol == "vllm" else sglang_grpc.SglangSchedulerStub
         self._stub: Any = stub(channel)
 
-    async def healthy(self, timeout_s: float) -> bool:
+    async def healthy(self, timeout_s: float, *, wait_for_ready: bool = True) -> bool:
         # wait_for_ready: a channel between reconnect attempts waits (up to the timeout) rather than failing
-        # at once, so an engine that just came back is not marked down by the tail of its outage.
+        # at once, so an engine that just came back is not marked down by the tail of its outage. Without
+        # it, an engine that refuses connections fails the check at once (UNAVAILABLE).
         reply = await self._stub.HealthCheck(
-            self._pb.HealthCheckRequest(), timeout=timeout_s, wait_for_ready=True
+            self._pb.HealthCheckRequest(), timeout=timeout_s, wait_for_ready=wait_for_ready
         )
         return bool(reply.healthy)
 

@@ -56,6 +56,10 @@ if TYPE_CHECKING:  # imported at run time only when an engine uses ZMQ: it bring
 log = structlog.get_logger("extproc.pool")
 
 HEALTH_INTERVAL_S = 2.0
+# An engine out of rotation is checked this often instead: one that restarts takes requests again within
+# this of being back (at 2 s it waited 2.0-3.6 s with an empty cache while the others ran over). An engine
+# that stays down costs one pending HealthCheck at a time (it waits for the connection up to its timeout).
+UNHEALTHY_INTERVAL_S = 0.5
 HEALTH_TIMEOUT_S = 1.0
 # gRPC's reconnect backoff grows to 120 s by default: an engine that restarts after a few seconds down would
 # stay unreachable (and unhealthy here) long after it is back. Capped well under HEALTH_TIMEOUT_S: a check
@@ -95,8 +99,9 @@ class Engine:
     draining: bool = False
     # Known to the router: configured engines from the start, discovered ones once first registered.
     published: bool = True
-    # A health check of it is under way (a discovered engine's first probe may meet the health loop's).
-    checking: bool = False
+    # Held while a health check of it runs: checks come from the loops, probes and tests at once, and a
+    # check asked for while another runs follows it (so it sees the engine as it is after the ask).
+    check_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     @property
     def protocol(self) -> Protocol | None:
@@ -169,9 +174,9 @@ class EnginePool:
         """Still one of the pool's engines (not removed by discovery while it was being checked)."""
         return any(e is engine for e in self.engines)
 
-    def _probe(self, engine: Engine) -> None:
+    def _probe(self, engine: Engine, *, wait_for_ready: bool = True) -> None:
         """Check `engine` now rather than at the next health round."""
-        task = asyncio.create_task(self._check(engine), name=f"probe {engine.address}")
+        task = asyncio.create_task(self._check(engine, wait_for_ready), name=f"probe {engine.address}")
         self._probes.add(task)
         task.add_done_callback(self._probes.discard)
 
@@ -227,6 +232,7 @@ class EnginePool:
                 break
             await asyncio.sleep(0.2)
         self._tasks.append(asyncio.create_task(self._health_loop(), name=f"health {self.model}"))
+        self._tasks.append(asyncio.create_task(self._unhealthy_loop(), name=f"unhealthy {self.model}"))
         if self.load_interval_s > 0:
             self._tasks.append(asyncio.create_task(self._load_loop(), name=f"loads {self.model}"))
 
@@ -243,6 +249,15 @@ class EnginePool:
 
     def _on_reset(self, address: str) -> None:
         self.gateway.reset_kv_events(self.model, address)
+        # A subscription to an engine in rotation ended (this is the next one starting): most often the
+        # engine went away. Check it now rather than at the next round, so that no request is sent to a
+        # dead engine for up to a whole interval (each would fail over, and count against it); without
+        # waiting for a connection, so that a refused one takes it out at once, where a round's check
+        # waits out two timeouts. A live engine, however slow, is not taken out by a refusal.
+        subscriber = self.kv_event_subscriber(address)
+        engine = next((e for e in self.engines if e.address == address), None)
+        if engine is not None and engine.healthy and subscriber is not None and subscriber.subscriptions > 0:
+            self._probe(engine, wait_for_ready=False)
 
     def kv_event_subscriber(self, address: str) -> NativeKvEventSubscriber | ZmqKvEventSubscriber | None:
         """The engine's KV-event subscription, on whichever channel it uses; None when it has none."""
@@ -282,8 +297,14 @@ class EnginePool:
             await asyncio.sleep(HEALTH_INTERVAL_S)
             await self.check_all()
 
-    async def check_all(self) -> None:
-        await asyncio.gather(*(self._check(e) for e in self.engines))
+    async def _unhealthy_loop(self) -> None:
+        while True:
+            await asyncio.sleep(UNHEALTHY_INTERVAL_S)
+            await self.check_all(only_unhealthy=True)
+
+    async def check_all(self, *, only_unhealthy: bool = False) -> None:
+        engines = [e for e in self.engines if not (only_unhealthy and e.healthy)]
+        await asyncio.gather(*(self._check(e) for e in engines))
         contexts = [e.max_context for e in self.engines if e.healthy and e.max_context]
         if contexts:
             self.gateway.set_max_context(self.model, min(contexts))
@@ -294,24 +315,22 @@ class EnginePool:
             log.warning("engine not usable", model=self.model, engine=engine.address, reason=problem)
         engine.problem = problem
 
-    async def _check(self, engine: Engine) -> None:
-        if engine.checking or (engine.draining and not engine.published):
-            return  # checked already; or discovered not ready: nothing to learn until it is
-        engine.checking = True
-        try:
-            await self._check_once(engine)
-        except grpc.aio.UsageError:
-            if self._known(engine):
-                raise
-            # Removed by discovery mid-check: its channel was closed under the next call.
-        finally:
-            engine.checking = False
+    async def _check(self, engine: Engine, wait_for_ready: bool = True) -> None:
+        async with engine.check_lock:
+            if engine.draining and not engine.published:
+                return  # discovered not ready: nothing to learn until it is
+            try:
+                await self._check_once(engine, wait_for_ready)
+            except grpc.aio.UsageError:
+                if self._known(engine):
+                    raise
+                # Removed by discovery mid-check: its channel was closed under the next call.
 
-    async def _check_once(self, engine: Engine) -> None:
+    async def _check_once(self, engine: Engine, wait_for_ready: bool) -> None:
         healthy = False
         try:
             client = await self._client(engine)
-            healthy = await self._ask_health(engine, client)
+            healthy = await self._ask_health(engine, client, wait_for_ready)
             if healthy and not engine.registered:
                 await self._register(engine, client)
             self._report_problem(engine, None if healthy else "HealthCheck answered healthy=false")
@@ -348,10 +367,10 @@ class EnginePool:
         if engine.published:
             self.gateway.set_health(self.model, engine.address, healthy and not engine.draining)
 
-    async def _ask_health(self, engine: Engine, client: EngineClient) -> bool:
+    async def _ask_health(self, engine: Engine, client: EngineClient, wait_for_ready: bool) -> bool:
         """One health check; a timed-out one of an engine in rotation is asked once more."""
         try:
-            return await client.healthy(HEALTH_TIMEOUT_S)
+            return await client.healthy(HEALTH_TIMEOUT_S, wait_for_ready=wait_for_ready)
         except grpc.aio.AioRpcError as e:
             # One timeout is not a dead engine. Over a live connection it is an engine slow to answer
             # (busy, or warming up): taking it out would refuse requests it serves, every engine at once
@@ -361,7 +380,7 @@ class EnginePool:
             # requests meanwhile fail over to other engines (the router's penalty).
             if e.code() != grpc.StatusCode.DEADLINE_EXCEEDED or not engine.healthy:
                 raise
-            return await client.healthy(HEALTH_TIMEOUT_S)
+            return await client.healthy(HEALTH_TIMEOUT_S, wait_for_ready=wait_for_ready)
 
     async def _client(self, engine: Engine) -> EngineClient:
         if engine.client is None:

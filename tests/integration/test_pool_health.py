@@ -6,13 +6,14 @@ out: the restart lifecycle test saw both); an engine slow every time, or gone, s
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import pytest
 
 from extproc import _native
+from extproc import pool as pool_module
 from extproc.models import default_model_dir
-from extproc.pool import HEALTH_TIMEOUT_S, EnginePool
+from extproc.pool import HEALTH_TIMEOUT_S, UNHEALTHY_INTERVAL_S, EnginePool
 from extproc.simulator import SimCluster, start_engines
 from tests.conftest import default_gateway
 
@@ -90,3 +91,60 @@ async def test_a_check_that_outlives_a_short_outage_keeps_the_engine(
         assert routable(gateway) == [True]
     finally:
         await back.stop(grace=0)
+
+
+@pytest.fixture
+async def rare_rounds(
+    monkeypatch: pytest.MonkeyPatch,
+) -> AsyncIterator[tuple[SimCluster, _native.Gateway, EnginePool]]:
+    """One engine whose pool's full health rounds are a minute apart: whatever takes it out of rotation or
+    brings it back within the tests below is the checks that do not wait for a round."""
+    monkeypatch.setattr(pool_module, "HEALTH_INTERVAL_S", 60.0)
+    cluster = await start_engines(default_model_dir(), count=1, base_port=0)
+    gateway = default_gateway(MODEL)
+    pool = EnginePool.create(gateway, MODEL, [f"grpc://{cluster.addresses[0]}"], load_interval_s=0)
+    try:
+        await pool.start(wait_s=10)
+        yield cluster, gateway, pool
+    finally:
+        await pool.close()
+        await cluster.stop(grace=0)
+
+
+async def seconds_until(condition: Callable[[], bool], within_s: float) -> float:
+    started = asyncio.get_running_loop().time()
+    while not condition():
+        elapsed = asyncio.get_running_loop().time() - started
+        assert elapsed < within_s, f"not within {within_s} s"
+        await asyncio.sleep(0.02)
+    return asyncio.get_running_loop().time() - started
+
+
+async def test_an_engine_back_from_an_outage_is_in_rotation_within_the_unhealthy_interval(
+    rare_rounds: tuple[SimCluster, _native.Gateway, EnginePool],
+) -> None:
+    cluster, gateway, pool = rare_rounds
+    engine = cluster.engines[0]
+    engine.faults.set(refuse=True)
+    await engine.settled()
+    await pool.check_all()
+    assert routable(gateway) == [False]
+    engine.faults.set(refuse=False)
+    await engine.settled()
+    # A check at most UNHEALTHY_INTERVAL_S away, a reconnect of at most 250 ms, and registering again.
+    await seconds_until(lambda: routable(gateway) == [True], UNHEALTHY_INTERVAL_S + 1.0)
+
+
+async def test_an_engine_whose_kv_event_stream_ends_is_checked_at_once(
+    rare_rounds: tuple[SimCluster, _native.Gateway, EnginePool],
+) -> None:
+    cluster, gateway, pool = rare_rounds
+    subscriber = pool.kv_event_subscriber(cluster.addresses[0])
+    assert subscriber is not None
+    await seconds_until(lambda: subscriber.subscriptions == 1, 5.0)
+    restart = asyncio.create_task(cluster.engines[0].restart(2.0))
+    # The stream's end starts the next subscription 0.1 s later (its first backoff), and with it a check.
+    left = await seconds_until(lambda: routable(gateway) == [False], 1.0)
+    await restart
+    assert left < 1.0 and not pool.engines[0].healthy
+    await seconds_until(lambda: routable(gateway) == [True], UNHEALTHY_INTERVAL_S + 1.0)
