@@ -69,6 +69,8 @@ class BackgroundSubscriber:
         self._backoff = backoff or Backoff()
         self._task: asyncio.Task[None] | None = None
         self._closed = False
+        # Set by `wake()`: the backoff between subscriptions ends early.
+        self._woken = asyncio.Event()
         # Subscriptions that ended, and why the last one did (for metrics and tests).
         self.resyncs = 0
         self.last_reason: str | None = None
@@ -76,6 +78,11 @@ class BackgroundSubscriber:
     def start(self) -> None:
         if self._task is None and not self._closed:
             self._task = asyncio.create_task(self._run(), name=f"{self.TASK_NAME} {self.address}")
+
+    def wake(self) -> None:
+        """Subscribe again now if waiting out a backoff (the engine is known to be back), with the
+        backoff started over."""
+        self._woken.set()
 
     async def close(self) -> None:
         """Stops the subscription and waits for its task to end."""
@@ -98,7 +105,10 @@ class BackgroundSubscriber:
             delay = self._retry_delay(attempt)
             attempt += 1
             log.info(self.RESUBSCRIBING, engine=self.address, reason=reason, delay_s=round(delay, 3))
-            await asyncio.sleep(delay)
+            self._woken.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._woken.wait(), delay)
+                attempt = 0
 
     async def _subscription(self) -> str:
         """One subscription; returns why it ended."""

@@ -360,6 +360,11 @@ class EnginePool:
                 dp_size=engine.dp_size,
             )
             self._subscribe(engine)
+            # Back from an outage, its subscription may be waiting out a backoff of seconds, while the
+            # router sends it requests blind to what it caches: subscribe now.
+            subscriber = self.kv_event_subscriber(engine.address)
+            if subscriber is not None:
+                subscriber.wake()
         if not healthy:
             # Whatever comes back (a restart, another build) is registered afresh.
             engine.registered = False

@@ -12,6 +12,7 @@ import pytest
 
 from extproc import _native
 from extproc import pool as pool_module
+from extproc.kv_events import Backoff
 from extproc.models import default_model_dir
 from extproc.pool import HEALTH_TIMEOUT_S, UNHEALTHY_INTERVAL_S, EnginePool
 from extproc.simulator import SimCluster, start_engines
@@ -148,3 +149,21 @@ async def test_an_engine_whose_kv_event_stream_ends_is_checked_at_once(
     await restart
     assert left < 1.0 and not pool.engines[0].healthy
     await seconds_until(lambda: routable(gateway) == [True], UNHEALTHY_INTERVAL_S + 1.0)
+
+
+async def test_an_engine_back_in_rotation_is_subscribed_to_at_once(
+    rare_rounds: tuple[SimCluster, _native.Gateway, EnginePool], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its subscription does not wait out the backoff it was in (made 30 s here after the first retry):
+    without its KV events the router would send it requests blind to what it caches."""
+    cluster, gateway, pool = rare_rounds
+    monkeypatch.setattr(Backoff, "delay", lambda self, attempt: 0.1 if attempt == 0 else 30.0)
+    subscriber = pool.kv_event_subscriber(cluster.addresses[0])
+    assert subscriber is not None
+    await seconds_until(lambda: subscriber.subscriptions == 1, 5.0)
+    await cluster.engines[0].restart(1.0)  # the retry 0.1 s after the stream ended was refused
+    assert subscriber.subscriptions == 2
+    await seconds_until(lambda: routable(gateway) == [True], UNHEALTHY_INTERVAL_S + 1.0)
+    await seconds_until(lambda: subscriber.subscriptions == 3, 0.5)
+    await asyncio.sleep(0.5)
+    assert subscriber.subscriptions == 3, subscriber.last_reason  # and it holds
