@@ -38,10 +38,27 @@ def chat(
     stack: Stack, *, stream: bool, text: str = "hello", max_tokens: int = 8, timeout: float = 60
 ) -> Outcome:
     """One chat completion through Envoy, read to its end."""
-    body = {"model": stack.model, "messages": [{"role": "user", "content": text}], "stream": stream}
-    body |= {"max_tokens": max_tokens}
+    return chat_at(
+        stack.base_url, stack.model, stream=stream, text=text, max_tokens=max_tokens, timeout=timeout
+    )
+
+
+def chat_at(
+    base_url: str,
+    model: str,
+    *,
+    stream: bool,
+    text: str = "hello",
+    max_tokens: int = 8,
+    timeout: float = 60,
+    usage: bool = False,
+) -> Outcome:
+    """One chat completion to the gateway at `base_url`, read to its end; `usage`: a streamed answer
+    ends with its token counts."""
+    body = {"model": model, "messages": [{"role": "user", "content": text}], "stream": stream}
+    body |= {"max_tokens": max_tokens} | ({"stream_options": {"include_usage": True}} if usage else {})
     started = time.monotonic()
-    conn = post_json(stack.base_url, "/v1/chat/completions", body, timeout=timeout)
+    conn = post_json(base_url, "/v1/chat/completions", body, timeout=timeout)
     try:
         response = conn.getresponse()
         raw = response.read().decode()

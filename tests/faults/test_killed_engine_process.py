@@ -19,11 +19,11 @@ import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 from tests.conftest import FreePorts
-from tests.faults.clients import Outcome, tally
-from tests.integration.harness import post_json
+from tests.faults.clients import Outcome, chat_at, tally
 from tests.integration.test_stack_up import REPO, running_up
 
 MODEL = "llama3-default"
@@ -69,24 +69,6 @@ def _holding(metrics_port: int) -> int:
     return int(running + _metric_sum(metrics_port, "vllm:num_requests_waiting"))
 
 
-def _chat(port: int, i: int, stream: bool) -> Outcome:
-    body = {"model": MODEL, "messages": [{"role": "user", "content": f"request {i}"}], "stream": stream}
-    body |= {"max_tokens": MAX_TOKENS} | ({"stream_options": {"include_usage": True}} if stream else {})
-    started = time.monotonic()
-    conn = post_json(f"http://127.0.0.1:{port}", "/v1/chat/completions", body, timeout=30)
-    try:
-        response = conn.getresponse()
-        raw = response.read().decode()
-    finally:
-        conn.close()
-    error = None
-    if stream and response.status == 200:
-        events = [e.removeprefix("data: ") for e in raw.split("\n\n") if e.strip()]
-        assert events[-1] == "[DONE]", raw
-        error = next((json.loads(e)["error"] for e in events[:-1] if '"error"' in e), None)
-    return Outcome(response.status, error, raw, time.monotonic() - started, started)
-
-
 def _completion_tokens(outcome: Outcome) -> int:
     if outcome.body.startswith("{"):
         return json.loads(outcome.body)["usage"]["completion_tokens"]
@@ -112,7 +94,11 @@ def test_calls_a_killed_engine_had_not_answered_are_served_by_the_fallback(tmp_p
             # one streamed call whichever engine round robin starts on.
             for i, stream in enumerate([False, False, True, True]):
                 held = _holding(killed.metrics_port)
-                calls.append(pool.submit(_chat, port, i, stream))
+                base_url, text = f"http://127.0.0.1:{port}", f"request {i}"
+                call = partial(
+                    chat_at, base_url, MODEL, stream=stream, text=text, max_tokens=MAX_TOKENS, usage=stream
+                )
+                calls.append(pool.submit(call))
                 deadline = time.monotonic() + 10
                 while not calls[-1].done() and _holding(killed.metrics_port) == held:
                     assert time.monotonic() < deadline, "the request reached neither engine"
