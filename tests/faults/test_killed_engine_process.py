@@ -15,7 +15,6 @@ import re
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -24,6 +23,7 @@ from pathlib import Path
 
 from tests.conftest import FreePorts
 from tests.faults.clients import Outcome, chat_at, tally
+from tests.integration.exposition import scrape
 from tests.integration.test_stack_up import REPO, running_up
 
 MODEL = "llama3-default"
@@ -57,16 +57,10 @@ def engine_process(ports: FreePorts, faults: dict[str, object]) -> Iterator[Engi
         process.wait()
 
 
-def _metric_sum(metrics_port: int, name: str) -> float:
-    with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5) as response:
-        text = response.read().decode()
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name))
-
-
 def _holding(metrics_port: int) -> int:
     """Requests the engine holds, running or waiting."""
-    running = _metric_sum(metrics_port, "vllm:num_requests_running")
-    return int(running + _metric_sum(metrics_port, "vllm:num_requests_waiting"))
+    metrics = scrape(f"http://127.0.0.1:{metrics_port}")
+    return int(metrics.total("vllm:num_requests_running") + metrics.total("vllm:num_requests_waiting"))
 
 
 def _completion_tokens(outcome: Outcome) -> int:
@@ -106,7 +100,7 @@ def test_calls_a_killed_engine_had_not_answered_are_served_by_the_fallback(tmp_p
             assert _holding(killed.metrics_port) == 2, "the killed engine does not hold two calls"
             killed.process.kill()
             outcomes = [call.result(timeout=30) for call in calls]
-        served_by_other = _metric_sum(other.metrics_port, "vllm:request_success_total")
+        served_by_other = scrape(f"http://127.0.0.1:{other.metrics_port}").total("vllm:request_success_total")
 
     assert tally(outcomes) == {"200": 4}, [o.body[-200:] for o in outcomes]
     assert [_completion_tokens(o) for o in outcomes] == [MAX_TOKENS] * 4

@@ -6,7 +6,7 @@ out: the restart lifecycle test saw both); an engine slow every time, or gone, s
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 
 import pytest
 
@@ -17,6 +17,7 @@ from extproc.models import default_model_dir
 from extproc.pool import HEALTH_TIMEOUT_S, UNHEALTHY_INTERVAL_S, EnginePool
 from extproc.simulator import SimCluster, start_engines
 from tests.conftest import default_gateway
+from tests.integration.harness import until
 
 MODEL = "m"
 
@@ -112,15 +113,6 @@ async def rare_rounds(
         await cluster.stop(grace=0)
 
 
-async def seconds_until(condition: Callable[[], bool], within_s: float) -> float:
-    started = asyncio.get_running_loop().time()
-    while not condition():
-        elapsed = asyncio.get_running_loop().time() - started
-        assert elapsed < within_s, f"not within {within_s} s"
-        await asyncio.sleep(0.02)
-    return asyncio.get_running_loop().time() - started
-
-
 async def test_an_engine_back_from_an_outage_is_in_rotation_within_the_unhealthy_interval(
     rare_rounds: tuple[SimCluster, _native.Gateway, EnginePool],
 ) -> None:
@@ -133,7 +125,7 @@ async def test_an_engine_back_from_an_outage_is_in_rotation_within_the_unhealthy
     engine.faults.set(refuse=False)
     await engine.settled()
     # A check at most UNHEALTHY_INTERVAL_S away, a reconnect of at most 250 ms, and registering again.
-    await seconds_until(lambda: routable(gateway) == [True], UNHEALTHY_INTERVAL_S + 1.0)
+    await until(lambda: routable(gateway) == [True], UNHEALTHY_INTERVAL_S + 1.0)
 
 
 async def test_an_engine_whose_kv_event_stream_ends_is_checked_at_once(
@@ -142,13 +134,13 @@ async def test_an_engine_whose_kv_event_stream_ends_is_checked_at_once(
     cluster, gateway, pool = rare_rounds
     subscriber = pool.kv_event_subscriber(cluster.addresses[0])
     assert subscriber is not None
-    await seconds_until(lambda: subscriber.subscriptions == 1, 5.0)
+    await until(lambda: subscriber.subscriptions == 1, 5.0)
     restart = asyncio.create_task(cluster.engines[0].restart(2.0))
     # The stream's end starts the next subscription 0.1 s later (its first backoff), and with it a check.
-    left = await seconds_until(lambda: routable(gateway) == [False], 1.0)
+    await until(lambda: routable(gateway) == [False], 1.0)
     await restart
-    assert left < 1.0 and not pool.engines[0].healthy
-    await seconds_until(lambda: routable(gateway) == [True], UNHEALTHY_INTERVAL_S + 1.0)
+    assert not pool.engines[0].healthy
+    await until(lambda: routable(gateway) == [True], UNHEALTHY_INTERVAL_S + 1.0)
 
 
 async def test_an_engine_back_in_rotation_is_subscribed_to_at_once(
@@ -160,10 +152,10 @@ async def test_an_engine_back_in_rotation_is_subscribed_to_at_once(
     monkeypatch.setattr(Backoff, "delay", lambda self, attempt: 0.1 if attempt == 0 else 30.0)
     subscriber = pool.kv_event_subscriber(cluster.addresses[0])
     assert subscriber is not None
-    await seconds_until(lambda: subscriber.subscriptions == 1, 5.0)
+    await until(lambda: subscriber.subscriptions == 1, 5.0)
     await cluster.engines[0].restart(1.0)  # the retry 0.1 s after the stream ended was refused
     assert subscriber.subscriptions == 2
-    await seconds_until(lambda: routable(gateway) == [True], UNHEALTHY_INTERVAL_S + 1.0)
-    await seconds_until(lambda: subscriber.subscriptions == 3, 0.5)
+    await until(lambda: routable(gateway) == [True], UNHEALTHY_INTERVAL_S + 1.0)
+    await until(lambda: subscriber.subscriptions == 3, 0.5)
     await asyncio.sleep(0.5)
     assert subscriber.subscriptions == 3, subscriber.last_reason  # and it holds
