@@ -307,7 +307,8 @@ S = TypeVar("S", bound=BackgroundSubscriber)
 
 class Subscriptions(Generic[S]):
     """Subscribers keyed by engine address, started when added and closed when removed, as the pool
-    changes; one per address (adding it again keeps the running one)."""
+    changes; one per address (adding it again keeps the running one, and ends a backoff it is waiting
+    out: the pool adds an engine's subscription again when the engine is back from an outage)."""
 
     def __init__(self) -> None:
         self._subscribers: dict[str, S] = {}
@@ -323,6 +324,8 @@ class Subscriptions(Generic[S]):
             sub = make()
             self._subscribers[address] = sub
             sub.start()
+        else:
+            self._subscribers[address].wake()
         return self._subscribers[address]
 
     async def remove(self, address: str) -> None:

@@ -359,12 +359,9 @@ class EnginePool:
                 block_size=engine.block_size,
                 dp_size=engine.dp_size,
             )
+            # Back from an outage, its subscription may be waiting out a backoff of seconds while the
+            # router sends it requests blind to what it caches: adding it again subscribes now.
             self._subscribe(engine)
-            # Back from an outage, its subscription may be waiting out a backoff of seconds, while the
-            # router sends it requests blind to what it caches: subscribe now.
-            subscriber = self.kv_event_subscriber(engine.address)
-            if subscriber is not None:
-                subscriber.wake()
         if not healthy:
             # Whatever comes back (a restart, another build) is registered afresh.
             engine.registered = False
