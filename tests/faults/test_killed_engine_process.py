@@ -23,6 +23,7 @@ from pathlib import Path
 
 from tests.conftest import FreePorts
 from tests.faults.clients import Outcome, chat_at, tally
+from tests.faults.sse import parse_events
 from tests.integration.exposition import scrape
 from tests.integration.test_stack_up import REPO, running_up
 
@@ -66,8 +67,7 @@ def _holding(metrics_port: int) -> int:
 def _completion_tokens(outcome: Outcome) -> int:
     if outcome.body.startswith("{"):
         return json.loads(outcome.body)["usage"]["completion_tokens"]
-    events = [json.loads(e.removeprefix("data: ")) for e in outcome.body.split("\n\n")[:-2]]
-    return next(e["usage"]["completion_tokens"] for e in events if e.get("usage"))
+    return next(e["usage"]["completion_tokens"] for e in parse_events(outcome.body) if e.get("usage"))
 
 
 def test_calls_a_killed_engine_had_not_answered_are_served_by_the_fallback(tmp_path: Path) -> None:
