@@ -104,10 +104,10 @@ docs: ## regenerate the settings tables in docs/operating.md from extproc/settin
 bench: $(TEST_STAMP) envoy-module ## ours (ext_proc and module paths) vs SMG vs the bare engine, with plots (~25 min; ARGS=--quick: ~4 min)
 	$(BIN)/python -m load.bench $(ARGS)
 
-bench-routing: $(TEST_STAMP) ## routing workload suite: 6 shapes, ours vs SMG cache_aware vs round robin (hours; ARGS=--quick: ~20 min)
+bench-routing: $(TEST_STAMP) ## routing workload suite: 7 shapes, ours vs SMG cache_aware vs round robin (hours; ARGS=--quick: ~20 min)
 	$(BIN)/python -m load.bench_routing.suite $(ARGS)
 
-bench-routing-scale-out: $(TEST_STAMP) ## engines joining mid-run: ours (discovery) vs SMG (worker API), 6 shapes (~25 min; ARGS=--quick: ~8 min; ARGS="--event restart --start 4": an engine restarting)
+bench-routing-scale-out: $(TEST_STAMP) ## engines joining mid-run: ours (discovery) vs SMG (worker API), 7 shapes (~25 min; ARGS=--quick: ~8 min; ARGS="--event restart --start 4": an engine restarting)
 	$(BIN)/python -m load.bench_routing.scale_out $(ARGS)
 
 bench-routing-trace: $(TEST_STAMP) ## issue 6's routing benchmark: all policies vs SMG on one mixed trace (~9 min; ARGS=--quick: ~1.5 min)

@@ -245,7 +245,18 @@ def summarize(
     out["requests_per_s"] = len(done) / span
     out["output_tokens_per_s"] = sum(r.output_tokens or 0 for r in done) / span
     out["error_samples"] = sorted({r.error or "" for r in window if not r.ok})[:5]
+    # Decoding, per request (its answer's pace) and per gap between streamed chunks (where a prefill
+    # on the same engine stalls a decode: the pauses a reader sees).
+    out["tpot_ms"] = _ms([t for r in ok if (t := time_per_output_token(r)) is not None])
+    out["itl_ms"] = _ms([gap for r in ok for gap in r.itl])
     return out
+
+
+def time_per_output_token(r: Record) -> float | None:
+    """Seconds per token after the first: (end to end - TTFT) / (tokens - 1); None below two tokens."""
+    if r.ttft is None or not r.output_tokens or r.output_tokens < 2:
+        return None
+    return (r.latency - r.ttft) / (r.output_tokens - 1)
 
 
 async def smg_index_metrics(port: int) -> dict[str, float]:

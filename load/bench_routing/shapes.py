@@ -14,10 +14,16 @@ policy: running the suite over several seeds runs each shape at several sizes. T
 | `agentic` | a shared tool preamble; each turn appends a tool call and a long tool result |
 | `no_sharing` | nothing: unique single-turn prompts of 0.1-2.5k tokens |
 | `zipf` | 30-120 prefixes (0.4-2k tokens), Zipf popularity (exponent 0.8-1.4), unique suffixes |
+| `long_answers` | 1-4 system prompts (0.2-1.2k tokens); chats whose answers run 64-384 tokens: decode-heavy |
 
 Prompts are random words of the real vocabulary, one token each (`load.loadgen.text`). Every request
 carries its session key in `user` and `shares` names the shared part it starts with (`prompt-2`,
 `doc-4`, `tools`, or `-` for none), for breakdowns and tests. Deterministic by (shape, seed, session).
+
+Every shape but `long_answers` answers in 8-48 tokens, so prefill is what costs time; `long_answers` keeps
+requests decoding for seconds (the bench's engines: ~25 ms a token), so an engine's running requests are
+mostly decodes, its prefills stall them, and its closed loop runs more clients per engine
+(`clients_per_engine`, drawn) to keep several decoding on each engine.
 """
 
 from __future__ import annotations
@@ -32,6 +38,9 @@ from load.loadgen.text import Text, Vocab
 from load.loadgen.workloads import Message
 
 Session = tuple[RoutedSpec, ...]
+
+# Closed-loop clients per engine, unless the shape draws its own (`params["clients_per_engine"]`).
+CLIENTS_PER_ENGINE = 3
 
 
 def _rng(seed: int, *key: object) -> random.Random:
@@ -57,6 +66,11 @@ class Shape:
         if full not in self._texts:
             self._texts[full] = self.vocab.text(_rng(self.seed, self.name, "text", *key), words)
         return self._texts[full]
+
+    @property
+    def clients_per_engine(self) -> int:
+        """Closed-loop clients per engine: the suite's default, or the shape's own draw."""
+        return int(self.params.get("clients_per_engine", CLIENTS_PER_ENGINE))
 
     def session(self, i: int) -> Session:
         return _BUILDERS[self.name](self, i)
@@ -164,6 +178,21 @@ def _zipf(shape: Shape, i: int) -> Session:
     return (shape.spec(messages, f"zipf-{i}", f"prefix-{which}", p["output_tokens"]),)
 
 
+def _long_answers(shape: Shape, i: int) -> Session:
+    p = shape.params
+    rng = _rng(shape.seed, shape.name, "session", i)
+    which = rng.randrange(len(p["prompt_tokens"]))
+    messages = [Message("system", shape.text(p["prompt_tokens"][which], "prompt", which))]
+    out = []
+    for t in range(rng.randint(*p["turns"])):
+        messages.append(Message("user", shape.text(rng.randint(*p["user_tokens"]), "user", i, t)))
+        # Each answer's length drawn apart: requests leave their engines at different times.
+        answer = rng.randint(*p["output_tokens"])
+        out.append(shape.spec(list(messages), f"asker-{i}", f"prompt-{which}", answer))
+        messages.append(Message("assistant", shape.text(answer, "reply", i, t)))
+    return tuple(out)
+
+
 _BUILDERS = {
     "system_prompts": _system_prompts,
     "rag": _rag,
@@ -171,6 +200,7 @@ _BUILDERS = {
     "agentic": _agentic,
     "no_sharing": _no_sharing,
     "zipf": _zipf,
+    "long_answers": _long_answers,
 }
 SHAPES: tuple[str, ...] = tuple(_BUILDERS)
 
@@ -240,6 +270,17 @@ def draw_params(name: str, seed: int) -> tuple[dict[str, Any], int]:
             "output_tokens": out,
         }
         return params, 1
+    if name == "long_answers":
+        # Sized so that a closed loop's decoding histories (clients x up to ~2.5k tokens) fit the
+        # main grid's 16k-token caches beside the shared prompts: decode-heavy, not a preemption test.
+        params = {
+            "prompt_tokens": [rng.randint(200, 1200) for _ in range(rng.randint(1, 4))],
+            "turns": _span(rng, 1, 3),
+            "user_tokens": _span(rng, 20, 200),
+            "output_tokens": _span(rng, 64, 384),
+            "clients_per_engine": rng.randint(4, 8),
+        }
+        return params, rng.randint(16, 48)
     raise ValueError(f"unknown shape {name!r}; known: {', '.join(SHAPES)}")
 
 

@@ -3,9 +3,9 @@ of capacity, several seeds, engine counts and KV capacities; our policies, SMG c
 robin on the same engines and the same arrivals, each run on freshly started engines.
 
 Per (shape, seed, engine config):
-1. Closed loop, `clients_per_engine` x engines clients, each running whole sessions (a session's turns
-   back to back): SMG first, whose completions per second are the shape's capacity (round robin's when
-   SMG is absent), then ours and round robin.
+1. Closed loop, `clients_per_engine` (3, or the shape's own draw) x engines clients, each running whole
+   sessions (a session's turns back to back): SMG first, whose completions per second are the shape's
+   capacity (round robin's when SMG is absent), then ours and round robin.
 2. Open loop at each `--loads` share of that capacity: Poisson arrivals, each the next turn of one of
    the shape's sessions in progress (`shapes.interleave`), the same arrivals and prompts for every
    gateway.
@@ -95,7 +95,6 @@ class Mode:
 
 FULL = Mode(40.0, 8.0, (0, 1, 2), (0.5, 0.7, 0.9, 1.1), (2, 8), (512, 2048))
 QUICK = Mode(14.0, 4.0, (0,), (0.9,), (), ())
-CLIENTS_PER_ENGINE = 3
 
 
 @dataclass(frozen=True)
@@ -275,6 +274,8 @@ def run_one(
         "warmup_ttft_ms": _ms([r.ttft for r in records if r.start < warmup_s and r.ttft is not None]),
         "requests_per_s": summary["requests_per_s"],
         "output_tokens_per_s": summary["output_tokens_per_s"],
+        "tpot_ms": summary["tpot_ms"],
+        "itl_ms": summary["itl_ms"],
         "served": watch["served"],
         "served_max_over_mean": watch["served_max_over_mean"],
         "in_flight_max_over_mean": max(flight) / mean_flight if mean_flight else None,
@@ -335,7 +336,7 @@ async def _drive(
         begun = time.monotonic()
         async with EngineWatch(ports) as watch:
             if arrivals is None:
-                clients = CLIENTS_PER_ENGINE * cell.config.engines
+                clients = shape.clients_per_engine * cell.config.engines
                 await closed_sessions(target, shape, clients, duration_s)
             else:
                 specs = shapes.interleave(shape, len(arrivals))
@@ -520,7 +521,7 @@ def _write(
             "loads": list(args.loads),
             "seeds": list(args.seeds),
             "repeats": args.repeats,
-            "clients_per_engine": CLIENTS_PER_ENGINE,
+            "clients_per_engine": shapes.CLIENTS_PER_ENGINE,
             "engine": asdict(replace(EngineConfig(), time_scale=args.time_scale)),
             "argv": sys.argv[1:],
             "smg_args": args.smg_args,

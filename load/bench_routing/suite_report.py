@@ -81,6 +81,8 @@ def comparisons(doc: dict[str, Any]) -> Iterator[dict[str, Any]]:
                     "p90": _ratio(run["ttft_ms"]["p90"], smg["ttft_ms"]["p90"]),
                     "p99": _ratio(run["ttft_ms"]["p99"], smg["ttft_ms"]["p99"]),
                     "throughput": _ratio(run["requests_per_s"], smg["requests_per_s"]),
+                    "tpot": _ratio(_decode(run, "tpot_ms", "mean"), _decode(smg, "tpot_ms", "mean")),
+                    "itl_p99": _ratio(_decode(run, "itl_ms", "p99"), _decode(smg, "itl_ms", "p99")),
                     "hit_pts": 100 * (run["hit_rate"] - smg["hit_rate"]),
                     "warmup": _ratio(_warmup_mean(run), _warmup_mean(smg)),
                     "measured": _measured(run, smg),
@@ -114,7 +116,7 @@ def merge_repeats(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
         row = dict(same[0])
         values = {
             k: [r[k] for r in same if r[k] is not None]
-            for k in ("mean", "p90", "p99", "throughput", "hit_pts", "warmup")
+            for k in ("mean", "p90", "p99", "throughput", "hit_pts", "warmup", "tpot", "itl_p99")
         }
         for k, v in values.items():
             row[k] = statistics.median(v) if v else None
@@ -127,6 +129,11 @@ def merge_repeats(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
         row["sweep"] = "main" if any(r["sweep"] == "main" for r in same) else same[0]["sweep"]
         out.append(row)
     return out
+
+
+def _decode(run: dict[str, Any], key: str, stat: str) -> float | None:
+    """A decode figure of a run (`tpot_ms` or `itl_ms`); None for results recorded before it was."""
+    return (run.get(key) or {}).get(stat)
 
 
 def _measured(*runs: dict[str, Any]) -> int | None:
@@ -205,10 +212,9 @@ def _f(v: float | None, fmt: str = "{:.0f}") -> str:
 
 
 HEADER = (
-    "| seed | load | gateway | hit % | TTFT mean ms | p90 | p99 | req/s | served max/mean "
-    "| in-flight max/mean | turns kept % | mean/SMG | p90/SMG | hit-SMG pts | warm-up mean ms (/SMG) |\n"
-    + "|---" * 15
-    + "|"
+    "| seed | load | gateway | hit % | TTFT mean ms | p90 | p99 | req/s | TPOT mean ms | ITL p99 ms "
+    "| served max/mean | in-flight max/mean | turns kept % | mean/SMG | p90/SMG | hit-SMG pts | TPOT/SMG "
+    "| warm-up mean ms (/SMG) |\n" + "|---" * 18 + "|"
 )
 
 
@@ -227,15 +233,16 @@ def _rows(cell: dict[str, Any], doc: dict[str, Any]) -> Iterator[str]:
             load += f" run {point.get('repeat', 0) + 1}"
         for r in point["runs"]:
             if "failed" in r:
-                yield f"| {cell['seed']} | {load} | {r['gateway']} | failed to start |" + " |" * 11
+                yield f"| {cell['seed']} | {load} | {r['gateway']} | failed to start |" + " |" * 14
                 continue
             t = r["ttft_ms"]
-            ratios = ["-", "-", "-"]
+            ratios = ["-", "-", "-", "-"]
             if smg is not None and r["gateway"] != "smg":
                 ratios = [
                     _f(_ratio(t["mean"], smg["ttft_ms"]["mean"]), "{:.2f}"),
                     _f(_ratio(t["p90"], smg["ttft_ms"]["p90"]), "{:.2f}"),
                     _f(100 * (r["hit_rate"] - smg["hit_rate"]), "{:+.1f}"),
+                    _f(_ratio(_decode(r, "tpot_ms", "mean"), _decode(smg, "tpot_ms", "mean")), "{:.2f}"),
                 ]
             name = f"**{r['gateway']}**" if r["gateway"] == doc["default_policy"] else r["gateway"]
             cells = [
@@ -247,6 +254,8 @@ def _rows(cell: dict[str, Any], doc: dict[str, Any]) -> Iterator[str]:
                 _f(t["p90"]),
                 _f(t["p99"]),
                 _f(r["requests_per_s"], "{:.2f}"),
+                _f(_decode(r, "tpot_ms", "mean"), "{:.1f}"),
+                _f(_decode(r, "itl_ms", "p99")),
                 _f(r["served_max_over_mean"], "{:.2f}"),
                 _f(r["in_flight_max_over_mean"], "{:.2f}"),
                 _kept(r),
@@ -280,7 +289,8 @@ def markdown(doc: dict[str, Any]) -> str:
         "",
         f"{s['duration_s']:.0f} s runs, first {s['warmup_s']:.0f} s not measured; open-loop loads "
         f"{', '.join(f'{x:.0%}' for x in s['loads'])} of the shape's closed-loop capacity; seeds "
-        f"{', '.join(map(str, s['seeds']))}; {s['clients_per_engine']} closed-loop clients per engine; "
+        f"{', '.join(map(str, s['seeds']))}; {s['clients_per_engine']} closed-loop clients per engine "
+        "(unless a shape's params draw its own); "
         f"time scale {s['engine']['time_scale']}. Ratios: ours over SMG cache_aware on the same engines "
         "and arrivals (TTFT: below 1 is better)."
         + (
@@ -440,7 +450,9 @@ def replicas_markdown(doc: dict[str, Any]) -> list[str]:
 
 COMBINED_HEADER = (
     "| shape | seed | engines x blocks | load | gateway | runs | mean/SMG median (range) | p90/SMG "
-    "| hit-SMG pts median (worst) | req/s /SMG | measured requests |\n" + "|---" * 11 + "|"
+    "| hit-SMG pts median (worst) | req/s /SMG | TPOT/SMG | ITL p99/SMG | measured requests |\n"
+    + "|---" * 13
+    + "|"
 )
 
 
@@ -471,6 +483,8 @@ def combined_markdown(docs: Sequence[dict[str, Any]], names: Sequence[str]) -> s
             _f(r["p90"], "{:.2f}"),
             _f(r["hit_pts"], "{:+.1f}") + worst_hit,
             _f(r["throughput"], "{:.2f}"),
+            _f(r["tpot"], "{:.2f}"),
+            _f(r["itl_p99"], "{:.2f}"),
             _f(r["measured"], "{}") + (" (thin)" if _thin(r) else ""),
         ]
         lines.append("| " + " | ".join(cells) + " |")

@@ -131,6 +131,36 @@ def test_zipf_popularity_is_skewed_over_many_prefixes(vocab: Vocab, seed: int) -
         )
 
 
+@pytest.mark.parametrize("seed", SEEDS)
+def test_long_answers_are_decode_heavy_chats_on_a_few_shared_prompts(vocab: Vocab, seed: int) -> None:
+    shape = shapes.make_shape("long_answers", vocab, seed)
+    p = shape.params
+    assert 1 <= len(p["prompt_tokens"]) <= 4
+    assert 4 <= shape.clients_per_engine <= 8, "more clients per engine than the prefill shapes' 3"
+    sessions = [shape.session(i) for i in range(80)]
+    firsts = {_first(t) for s in sessions for t in s}
+    assert len(firsts) <= len(p["prompt_tokens"]), "every chat starts with one of the shared prompts"
+    answers = [t.max_tokens for s in sessions for t in s]
+    lo, hi = p["output_tokens"]
+    assert 64 <= lo and hi <= 384 and all(lo <= n <= hi for n in answers)
+    assert min(answers) >= 64 > 48, "longer than every other shape's answers"
+    assert len(set(answers)) > 10, "answer lengths vary request by request"
+    for s in sessions:
+        assert len({t.user for t in s}) == 1 and len({_first(t) for t in s}) == 1
+        _assert_grows(s)
+        # The history re-sends an answer as long as the one asked for (its first word, re-encoded without
+        # its leading space, can take a few tokens).
+        for a, b in itertools.pairwise(s):
+            assert a.max_tokens <= len(b.messages[len(a.messages)].text.ids) <= a.max_tokens + 3
+    assert max(len(s) for s in sessions) > 1 or p["turns"] == (1, 1)
+
+
+def test_the_prefill_shapes_keep_three_closed_loop_clients_per_engine(vocab: Vocab) -> None:
+    for name in shapes.SHAPES:
+        if name != "long_answers":
+            assert shapes.make_shape(name, vocab, 0).clients_per_engine == shapes.CLIENTS_PER_ENGINE == 3
+
+
 def test_interleave_keeps_each_sessions_turns_in_order(vocab: Vocab) -> None:
     shape = shapes.make_shape("system_prompts", vocab, 3)
     specs = shapes.interleave(shape, 150)
@@ -332,3 +362,41 @@ def test_repeats_rerun_every_point_on_the_same_arrivals_into_their_own_logs(
     labels = [(name, label) for name, _, label in calls]
     assert len(set(labels)) == len(labels) == 8, "no repeat overwrites another's logs"
     assert ("smg", "open50-r1") in labels and ("kv_events", "closed") in labels
+
+
+def test_rows_and_comparisons_report_decoding_beside_ttft() -> None:
+    smg, ours = _run("smg", 100, 200, 0.9), _run("kv_events", 90, 190, 0.9)
+    smg["tpot_ms"], smg["itl_ms"] = {"mean": 30.0}, {"p99": 400.0}
+    ours["tpot_ms"], ours["itl_ms"] = {"mean": 36.0}, {"p99": 200.0}
+    cell = _main_cell("long_answers", [{"mode": "closed", "load": None, "rate": None, "runs": [smg, ours]}])
+    doc = {"ours": [{"name": "kv_events"}], "cells": [cell], "default_policy": "kv_events"}
+    [row] = suite_report.comparisons(doc)
+    assert row["tpot"] == pytest.approx(1.2) and row["itl_p99"] == pytest.approx(0.5)
+    header = suite_report.HEADER.splitlines()[0]
+    line = list(suite_report._rows(cell, doc))[1]
+    cells = dict(zip(header.split("|")[1:-1], line.split("|")[1:-1], strict=True))
+    decoding = (cells[" TPOT mean ms "], cells[" ITL p99 ms "], cells[" TPOT/SMG "])
+    assert decoding == (" 36.0 ", " 200 ", " 1.20 ")
+    # Results recorded before decoding was measured have no such figures.
+    del ours["tpot_ms"], ours["itl_ms"]
+    [row] = suite_report.comparisons(doc)
+    assert row["tpot"] is None and row["itl_p99"] is None
+
+
+def test_a_runs_summary_measures_each_answers_pace_and_its_stalls() -> None:
+    from load.bench_routing.run import summarize
+    from load.loadgen.records import Record
+
+    def record(start: float, ttft: float, latency: float, tokens: int, itl: list[float]) -> Record:
+        return Record("long_answers", True, start, latency, ttft, itl, 200, None, 100, tokens, 0)
+
+    records = [
+        # 101 tokens, 3 s after the first: 30 ms a token; one gap is a 0.5 s stall.
+        record(5.0, 0.1, 3.1, 101, [0.025] * 99 + [0.5]),
+        record(6.0, 0.2, 0.2, 1, []),  # one token: no pace to measure
+        record(1.0, 0.1, 1.1, 11, [0.1] * 10),  # in the warm-up: left out
+    ]
+    out = summarize(records, warmup_s=4.0, end_s=20.0)
+    assert out["tpot_ms"]["count"] == 1 and out["tpot_ms"]["mean"] == pytest.approx(30.0)
+    assert out["itl_ms"]["count"] == 100
+    assert out["itl_ms"]["p50"] == pytest.approx(25.0) and out["itl_ms"]["p99"] > 25.0
