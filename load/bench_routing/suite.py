@@ -41,7 +41,15 @@ from load.bench import gateways as bench_gateways
 from load.bench.procs import StartError
 from load.bench_routing import followups, gateways, replicas, shapes, suite_report
 from load.bench_routing.engines import EngineConfig, EngineWatch, start_engines
-from load.bench_routing.run import Context, RunSpec, _ms, _start_gateway, run_context, summarize
+from load.bench_routing.run import (
+    Context,
+    RunSpec,
+    _ms,
+    _start_gateway,
+    run_context,
+    summarize,
+    time_per_output_token,
+)
 from load.bench_routing.target import SplitTarget
 from load.bench_routing.trace import RoutedSpec
 from load.loadgen.records import Record, json_safe
@@ -315,6 +323,8 @@ def _write_records(path: Path, turns: Sequence[tuple[Any, Record]]) -> None:
                 "error": r.error,
                 "prompt_tokens": r.prompt_tokens,
                 "cached_tokens": r.cached_tokens,
+                "output_tokens": r.output_tokens,
+                "tpot": time_per_output_token(r),
                 "session": getattr(spec, "user", ""),
                 "messages": len(spec.messages),
             }
