@@ -1,4 +1,4 @@
-"""The workload suite's six shapes of prefix sharing (issue 13), each a generator of sessions.
+"""The workload suite's shapes (issue 13): six of prefix sharing and one decode-heavy, as session generators.
 
 A shape is a stream of sessions; a session is one or more requests (turns) sent in order, each turn
 re-sending the whole history. Every parameter that sets a shape's size (how many prompts or documents,
