@@ -29,7 +29,7 @@ mostly decodes, its prefills stall them, and its closed loop runs more clients p
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -104,19 +104,29 @@ def interleave(shape: Shape, count: int) -> list[RoutedSpec]:
 # The shapes' builders: session i of the shape.
 
 
-def _system_prompts(shape: Shape, i: int) -> Session:
+def _chat_on_a_shared_prompt(
+    shape: Shape, i: int, user: str, answer: Callable[[random.Random], tuple[int, int]]
+) -> Session:
+    """Session i: a chat on one of the shape's shared system prompts; `answer` draws each turn's
+    max_tokens and the length of the reply its history re-sends."""
     p = shape.params
     rng = _rng(shape.seed, shape.name, "session", i)
     which = rng.randrange(len(p["prompt_tokens"]))
-    system = shape.text(p["prompt_tokens"][which], "prompt", which)
-    turns = rng.randint(*p["turns"])
-    messages = [Message("system", system)]
+    messages = [Message("system", shape.text(p["prompt_tokens"][which], "prompt", which))]
     out = []
-    for t in range(turns):
+    for t in range(rng.randint(*p["turns"])):
         messages.append(Message("user", shape.text(rng.randint(*p["user_tokens"]), "user", i, t)))
-        out.append(shape.spec(list(messages), f"user-{i}", f"prompt-{which}", p["output_tokens"]))
-        messages.append(Message("assistant", shape.text(rng.randint(*p["reply_tokens"]), "reply", i, t)))
+        max_tokens, reply = answer(rng)
+        out.append(shape.spec(list(messages), f"{user}-{i}", f"prompt-{which}", max_tokens))
+        messages.append(Message("assistant", shape.text(reply, "reply", i, t)))
     return tuple(out)
+
+
+def _system_prompts(shape: Shape, i: int) -> Session:
+    p = shape.params
+    return _chat_on_a_shared_prompt(
+        shape, i, "user", lambda rng: (p["output_tokens"], rng.randint(*p["reply_tokens"]))
+    )
 
 
 def _rag(shape: Shape, i: int) -> Session:
@@ -179,18 +189,13 @@ def _zipf(shape: Shape, i: int) -> Session:
 
 
 def _long_answers(shape: Shape, i: int) -> Session:
-    p = shape.params
-    rng = _rng(shape.seed, shape.name, "session", i)
-    which = rng.randrange(len(p["prompt_tokens"]))
-    messages = [Message("system", shape.text(p["prompt_tokens"][which], "prompt", which))]
-    out = []
-    for t in range(rng.randint(*p["turns"])):
-        messages.append(Message("user", shape.text(rng.randint(*p["user_tokens"]), "user", i, t)))
-        # Each answer's length drawn apart: requests leave their engines at different times.
-        answer = rng.randint(*p["output_tokens"])
-        out.append(shape.spec(list(messages), f"asker-{i}", f"prompt-{which}", answer))
-        messages.append(Message("assistant", shape.text(answer, "reply", i, t)))
-    return tuple(out)
+    def answer(rng: random.Random) -> tuple[int, int]:
+        # Each answer's length drawn apart (requests leave their engines at different times), and the
+        # history re-sends one as long.
+        n = rng.randint(*shape.params["output_tokens"])
+        return n, n
+
+    return _chat_on_a_shared_prompt(shape, i, "asker", answer)
 
 
 _BUILDERS = {
