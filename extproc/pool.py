@@ -304,6 +304,8 @@ class EnginePool:
 
     async def check_all(self, *, only_unhealthy: bool = False) -> None:
         engines = [e for e in self.engines if not (only_unhealthy and e.healthy)]
+        if not engines:
+            return  # nothing checked, nothing changed (the unhealthy loop, every 0.5 s on a healthy pool)
         await asyncio.gather(*(self._check(e) for e in engines))
         contexts = [e.max_context for e in self.engines if e.healthy and e.max_context]
         if contexts:
