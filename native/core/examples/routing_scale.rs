@@ -160,6 +160,7 @@ fn ranking(n: usize) {
                             in_flight_requests: requests,
                             in_flight_tokens: u64::from(requests) * 1500,
                             prefill_tokens: u64::from(rng.next() % 3000),
+                            prefilling_requests: 0,
                             engine: EngineLoad::default(),
                         },
                         cached_blocks: if rng.next().is_multiple_of(8) {

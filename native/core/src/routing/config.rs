@@ -48,6 +48,10 @@ pub struct RouterConfig {
     pub spill_enabled: bool,
     pub spill_abs: u32,
     pub spill_ratio: f64,
+    /// What the spill gate counts as an endpoint's requests: every request on it (`requests`, the
+    /// default) or only those still waiting for their first token (`prefilling`; `Load::
+    /// awaiting_first_token`).
+    pub spill_counts: SpillCounts,
     /// Affinity policies: what one request already on an endpoint adds to its expected wait, in
     /// prefill tokens (see `policy/affinity.rs`).
     pub request_cost_tokens: u32,
@@ -89,6 +93,15 @@ pub struct RouterConfig {
     pub prefix_source: String,
 }
 
+/// What the spill gate counts (`RouterConfig::spill_counts`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SpillCounts {
+    #[default]
+    Requests,
+    Prefilling,
+}
+
 impl Default for RouterConfig {
     fn default() -> Self {
         RouterConfig {
@@ -105,6 +118,7 @@ impl Default for RouterConfig {
             spill_enabled: true,
             spill_abs: 8,
             spill_ratio: 1.5,
+            spill_counts: SpillCounts::Requests,
             request_cost_tokens: 16,
             uncached_weight: 3.0,
             holder_slack_tokens: 0,

@@ -55,6 +55,7 @@ pub struct EndpointState {
     in_flight_requests: AtomicU32,
     in_flight_tokens: AtomicU64,
     in_flight_prefill: AtomicU64,
+    in_flight_prefilling: AtomicU32,
     running: AtomicU32,
     waiting: AtomicU32,
     max_running: AtomicU32,
@@ -90,6 +91,7 @@ impl EndpointState {
             in_flight_requests: AtomicU32::new(0),
             in_flight_tokens: AtomicU64::new(0),
             in_flight_prefill: AtomicU64::new(0),
+            in_flight_prefilling: AtomicU32::new(0),
             running: AtomicU32::new(0),
             waiting: AtomicU32::new(0),
             max_running: AtomicU32::new(0),
@@ -160,6 +162,7 @@ impl EndpointState {
             in_flight_requests: self.in_flight_requests.load(Ordering::Relaxed),
             in_flight_tokens: self.in_flight_tokens.load(Ordering::Relaxed),
             prefill_tokens: self.in_flight_prefill.load(Ordering::Relaxed),
+            prefilling_requests: self.in_flight_prefilling.load(Ordering::Relaxed),
             engine: EngineLoad {
                 running: self.running.load(Ordering::Relaxed),
                 waiting: self.waiting.load(Ordering::Relaxed),
@@ -210,13 +213,15 @@ impl EndpointState {
 }
 
 /// A request in flight on an endpoint: counted from creation until drop, whatever path the request
-/// takes (completion, error, client disconnect, panic), so the accounting cannot leak. Its expected
-/// prefill work counts until the first token (`first_token`) or the drop, whichever comes first.
+/// takes (completion, error, client disconnect, panic), so the accounting cannot leak. It counts as
+/// prefilling, with its expected prefill work, until the first token (`first_token`) or the drop,
+/// whichever comes first.
 #[must_use = "the request counts as in flight only while this guard lives"]
 pub struct InFlight {
     endpoint: Arc<EndpointState>,
     tokens: u64,
     prefill: u64,
+    prefilling: bool,
     /// The request is the probe of a half-open endpoint: the slot frees when it ends.
     probe: Option<u64>,
 }
@@ -227,11 +232,13 @@ impl InFlight {
         endpoint.in_flight_requests.fetch_add(1, Ordering::Relaxed);
         endpoint.in_flight_tokens.fetch_add(tokens, Ordering::Relaxed);
         endpoint.in_flight_prefill.fetch_add(prefill, Ordering::Relaxed);
+        endpoint.in_flight_prefilling.fetch_add(1, Ordering::Relaxed);
         endpoint.changed();
         InFlight {
             endpoint,
             tokens,
             prefill,
+            prefilling: true,
             probe: None,
         }
     }
@@ -253,13 +260,15 @@ impl InFlight {
         }
     }
 
-    /// Stops counting the prefill work; whether there was any.
+    /// Stops counting the request as prefilling; whether it still was.
     fn take_prefill(&mut self) -> bool {
-        let prefill = std::mem::take(&mut self.prefill);
-        if prefill > 0 {
-            self.endpoint.in_flight_prefill.fetch_sub(prefill, Ordering::Relaxed);
+        if !std::mem::take(&mut self.prefilling) {
+            return false;
         }
-        prefill > 0
+        let prefill = std::mem::take(&mut self.prefill);
+        self.endpoint.in_flight_prefill.fetch_sub(prefill, Ordering::Relaxed);
+        self.endpoint.in_flight_prefilling.fetch_sub(1, Ordering::Relaxed);
+        true
     }
 }
 

@@ -52,6 +52,8 @@ pub struct Load {
     /// Uncached prompt tokens of those requests that have no first token yet: prefill work the
     /// endpoint still has to do for this gateway.
     pub prefill_tokens: u64,
+    /// Those of `in_flight_requests` that have no first token yet.
+    pub prefilling_requests: u32,
     pub engine: EngineLoad,
 }
 
@@ -66,6 +68,13 @@ impl Load {
     /// engine's queued uncached tokens.
     pub fn prefill_backlog(&self) -> u64 {
         self.prefill_tokens.max(u64::from(self.engine.waiting_uncached_tokens))
+    }
+
+    /// Requests still waiting for their first token: the larger of our own count and the engine's
+    /// queue (`max(prefilling, waiting)`). A request past its first token only decodes, which delays a
+    /// new prompt's first token by a step's share, not by a prefill.
+    pub fn awaiting_first_token(&self) -> u32 {
+        self.prefilling_requests.max(self.engine.waiting)
     }
 
     /// Requests queued rather than running: `max(waiting, in_flight - running)`.
@@ -86,13 +95,14 @@ mod tests {
             in_flight_requests: 5,
             in_flight_tokens: 0,
             prefill_tokens: 0,
+            prefilling_requests: 2,
             engine: EngineLoad {
                 running: 2,
                 waiting: 1,
                 ..Default::default()
             },
         };
-        assert_eq!((l.requests(), l.queue()), (5, 3));
+        assert_eq!((l.requests(), l.queue(), l.awaiting_first_token()), (5, 3, 2));
         let busy_elsewhere = Load {
             in_flight_requests: 1,
             engine: EngineLoad {
@@ -102,7 +112,10 @@ mod tests {
             },
             ..l
         };
-        assert_eq!((busy_elsewhere.requests(), busy_elsewhere.queue()), (12, 4));
+        assert_eq!(
+            (busy_elsewhere.requests(), busy_elsewhere.queue(), busy_elsewhere.awaiting_first_token()),
+            (12, 4, 4)
+        );
     }
 
     #[test]

@@ -81,11 +81,7 @@ impl Affinity {
     pub fn from_config(source: PrefixSource, cfg: &RouterConfig) -> Self {
         Affinity {
             source,
-            gate: SpillGate {
-                enabled: cfg.spill_enabled,
-                abs: cfg.spill_abs,
-                ratio: cfg.spill_ratio,
-            },
+            gate: SpillGate::from_config(cfg),
             request_cost: cfg.request_cost_tokens,
             uncached_weight: cfg.uncached_weight,
             holder_slack: cfg.holder_slack_tokens,
@@ -138,7 +134,7 @@ impl Affinity {
     pub fn rank_top(&self, ctx: &PickContext<'_>, k: usize) -> Vec<usize> {
         let c = ctx.candidates;
         let n = c.len();
-        let min = SpillGate::min_requests(c);
+        let min = self.gate.min_requests(c);
         // The holder band's longest kept prefix (a pass only when the band is on).
         let longest = if self.holder_slack > 0 {
             (0..n)
@@ -206,6 +202,7 @@ struct RankKey(bool, u64, Reverse<u32>, (u32, u64));
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::routing::config::SpillCounts;
     use crate::routing::policy::testing::cand;
     use crate::routing::rng::Rng;
 
@@ -220,6 +217,7 @@ mod tests {
                 enabled: true,
                 abs,
                 ratio: 1.5,
+                counts: SpillCounts::Requests,
             },
             request_cost,
             uncached_weight,
@@ -365,6 +363,7 @@ mod selection_tests {
     use proptest::prelude::*;
 
     use super::*;
+    use crate::routing::config::SpillCounts;
     use crate::routing::load::{EngineLoad, Load};
     use crate::routing::rng::Rng;
 
@@ -405,6 +404,7 @@ mod selection_tests {
                         in_flight_requests: requests,
                         in_flight_tokens: u64::from(tokens_k) * 100,
                         prefill_tokens: prefill * 50,
+                        prefilling_requests: 0,
                         engine: EngineLoad {
                             waiting: waiting * 3,
                             ..Default::default()
@@ -437,7 +437,7 @@ mod selection_tests {
             }
             let a = Affinity {
                 source: PrefixSource::Events,
-                gate: SpillGate { enabled: gate, abs, ratio: 1.5 },
+                gate: SpillGate { enabled: gate, abs, ratio: 1.5, counts: SpillCounts::Requests },
                 request_cost,
                 uncached_weight: weight,
                 holder_slack: 0,

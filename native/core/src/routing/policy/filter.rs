@@ -1,36 +1,57 @@
 //! Filters that run before scoring. Health and Envoy's subset hint are applied by the router when it
 //! builds the candidates; here is the spill gate.
 //!
-//! Spill gate: with `r_e` an endpoint's requests (`Load::requests`) and `m = min_e r_e`, the endpoint
-//! is skipped when `r_e > m + abs` and `r_e > m * ratio`. Cache affinity then never piles more than a
-//! bounded excess of work on the endpoint holding a popular prefix; skipped endpoints stay usable as
-//! the last fallbacks.
+//! Spill gate: with `r_e` an endpoint's requests (`Load::requests`, or with `spill_counts =
+//! "prefilling"` only those without a first token, `Load::awaiting_first_token`) and `m = min_e r_e`,
+//! the endpoint is skipped when `r_e > m + abs` and `r_e > m * ratio`. Cache affinity then never piles
+//! more than a bounded excess of work on the endpoint holding a popular prefix; skipped endpoints stay
+//! usable as the last fallbacks.
 
 use super::picker::load_key;
 use super::Candidate;
+use crate::routing::config::{RouterConfig, SpillCounts};
+use crate::routing::load::Load;
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct SpillGate {
     pub enabled: bool,
     pub abs: u32,
     pub ratio: f64,
+    pub counts: SpillCounts,
 }
 
 impl SpillGate {
+    pub fn from_config(cfg: &RouterConfig) -> Self {
+        SpillGate {
+            enabled: cfg.spill_enabled,
+            abs: cfg.spill_abs,
+            ratio: cfg.spill_ratio,
+            counts: cfg.spill_counts,
+        }
+    }
+
+    /// The requests the gate counts on an endpoint with `load`.
+    pub fn requests(&self, load: &Load) -> u32 {
+        match self.counts {
+            SpillCounts::Requests => load.requests(),
+            SpillCounts::Prefilling => load.awaiting_first_token(),
+        }
+    }
+
     /// Candidate indices split into (kept, spilled); `kept` is never empty.
     pub fn split(&self, candidates: &[Candidate]) -> (Vec<usize>, Vec<usize>) {
-        let min = Self::min_requests(candidates);
+        let min = self.min_requests(candidates);
         (0..candidates.len()).partition(|&i| self.keeps(&candidates[i], min))
     }
 
     /// The fewest requests on any candidate: `keeps`'s `min`.
-    pub fn min_requests(candidates: &[Candidate]) -> u32 {
-        candidates.iter().map(|c| c.load.requests()).min().unwrap_or(0)
+    pub fn min_requests(&self, candidates: &[Candidate]) -> u32 {
+        candidates.iter().map(|c| self.requests(&c.load)).min().unwrap_or(0)
     }
 
     /// Whether `c` passes the gate when the least loaded candidate has `min` requests.
     pub fn keeps(&self, c: &Candidate, min: u32) -> bool {
-        self.keeps_requests(c.load.requests(), min)
+        self.keeps_requests(self.requests(&c.load), min)
     }
 
     /// Whether an endpoint with `r` requests passes the gate when the least loaded has `min`.
@@ -77,6 +98,7 @@ mod tests {
             enabled: true,
             abs: 4,
             ratio: 1.5,
+            counts: SpillCounts::Requests,
         };
         let c = [cand(0, 10, 0), cand(1, 14, 0), cand(2, 15, 0), cand(3, 16, 0)];
         // min 10: kept while r <= 14 or r <= 15.
@@ -94,6 +116,7 @@ mod tests {
                     enabled: true,
                     abs,
                     ratio,
+                    counts: SpillCounts::Requests,
                 };
                 for min in (0..200).chain([u32::MAX - 3, u32::MAX]) {
                     match gate.first_spilled(min) {
@@ -110,6 +133,7 @@ mod tests {
             enabled: false,
             abs: 0,
             ratio: 1.0,
+            counts: SpillCounts::Requests,
         };
         assert_eq!(off.first_spilled(3), None);
     }

@@ -91,11 +91,7 @@ fn weighted(cfg: &RouterConfig) -> Result<Box<dyn Policy>, RoutingError> {
     };
     Ok(Box::new(Weighted {
         scorers,
-        gate: SpillGate {
-            enabled: cfg.spill_enabled,
-            abs: cfg.spill_abs,
-            ratio: cfg.spill_ratio,
-        },
+        gate: SpillGate::from_config(cfg),
         source,
     }))
 }

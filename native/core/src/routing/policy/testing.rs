@@ -13,6 +13,7 @@ pub fn cand(id: usize, requests: u32, cached: u32) -> Candidate {
             in_flight_requests: requests,
             in_flight_tokens: 0,
             prefill_tokens: 0,
+            prefilling_requests: 0,
             engine: EngineLoad::default(),
         },
         cached_blocks: cached,
