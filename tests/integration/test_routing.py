@@ -308,3 +308,54 @@ def test_a_fresh_engine_takes_a_shared_prompt_from_its_holder(
         for i in range(2, 5):
             third = ask(client, s, f"Question {i}?")
             assert (third.usage.prompt_tokens_details.cached_tokens or 0) >= 600, f"request {i} missed"
+
+
+# Answers that decode for seconds: a 20 ms step, hundreds of tokens.
+SLOW_DECODE = SimOptions(itl_ms=20.0)
+
+
+@pytest.mark.parametrize(
+    "routing_config,stays",
+    [('{"spill_abs": 2}', False), ('{"spill_abs": 2, "spill_counts": "prefilling"}', True)],
+    ids=["gate_counts_requests", "gate_counts_prefilling"],
+)
+def test_a_prompt_joins_its_holder_while_the_holder_only_decodes(
+    tmp_path: Path, routing_config: str, stays: bool
+) -> None:
+    # The holder of the ~700-token system prompt streams three long answers on it, each past its first
+    # token; the other engine is idle. A fourth request on the prompt: a spill gate (slack 2) counting
+    # every request skips the holder (3 > 0 + 2), so the idle engine prefills the prompt again;
+    # counting only requests still waiting for a first token, the holder has none and keeps the
+    # request, which hits its cache.
+    with local_stack(FreePorts(), tmp_path, sim=SLOW_DECODE, routing_config=routing_config) as s:
+        client = s.openai()
+        serve_every_engine(client, s)
+        before = counts(s)
+        ask(client, s, "Question zero?")
+        holder = engine_that_took(s, before)
+        time.sleep(0.5)  # its Stored events reach the router
+
+        streams = []
+        try:
+            before = counts(s)
+            for i in range(3):
+                stream = client.chat.completions.create(
+                    model=s.model,
+                    messages=[{"role": "system", "content": SYSTEM}, {"role": "user", "content": f"Essay {i}?"}],
+                    max_tokens=400,
+                    stream=True,
+                    extra_body={"ignore_eos": True},
+                )
+                next(iter(stream))  # the first token is out: the answer only decodes now
+                streams.append(stream)
+            assert landed(s, before)[holder] == 3, "the long answers went to the prompt's holder"
+
+            before = counts(s)
+            reply = ask(client, s, "Question four?")
+            arrived = landed(s, before)
+            cached = reply.usage.prompt_tokens_details.cached_tokens or 0
+            assert arrived[holder] == (1 if stays else 0), arrived
+            assert (cached >= 600) == stays, cached
+        finally:
+            for stream in streams:
+                stream.close()

@@ -319,4 +319,27 @@ mod tests {
         let st = EndpointState::new("h:9#2", 0, 16, 8);
         assert_eq!((&*st.address, &*st.engine, st.rank), ("h:9#2", "h:9", Some(2)));
     }
+
+    #[test]
+    fn a_request_prefills_until_its_first_token_or_its_end() {
+        let st = Arc::new(EndpointState::new("h:9", 0, 16, 8));
+        let counts = |st: &EndpointState| {
+            let l = st.load();
+            (l.in_flight_requests, l.prefilling_requests, l.prefill_tokens)
+        };
+        let mut cached = InFlight::begin(st.clone(), 64, 0);
+        let mut uncached = InFlight::begin(st.clone(), 64, 48);
+        let ends_early = InFlight::begin(st.clone(), 32, 32);
+        assert_eq!(counts(&st), (3, 3, 80));
+        // A fully cached prompt is still prefilling until its first token.
+        cached.first_token();
+        assert_eq!(counts(&st), (3, 2, 80));
+        uncached.first_token();
+        uncached.first_token();
+        assert_eq!(counts(&st), (3, 1, 32));
+        drop(ends_early);
+        assert_eq!(counts(&st), (2, 0, 0));
+        drop((cached, uncached));
+        assert_eq!(counts(&st), (0, 0, 0));
+    }
 }

@@ -113,7 +113,11 @@ mod tests {
             ..l
         };
         assert_eq!(
-            (busy_elsewhere.requests(), busy_elsewhere.queue(), busy_elsewhere.awaiting_first_token()),
+            (
+                busy_elsewhere.requests(),
+                busy_elsewhere.queue(),
+                busy_elsewhere.awaiting_first_token()
+            ),
             (12, 4, 4)
         );
     }

@@ -4,12 +4,13 @@
 //! (`Router::route`'s shortlist, issue 13).
 //!
 //! Two orders of the same entries:
-//! - by wait: `prefill_backlog + request_cost x requests`, then requests, in-flight tokens, tie. This is
-//!   the cache-affinity ranking (`policy/affinity.rs`) of the endpoints that hold nothing of the prompt:
+//! - by wait: `prefill_backlog + request_cost x requests`, then the gate's load key (`SpillGate::
+//!   load_key`: the requests the spill gate counts, requests, in-flight tokens), tie. This is the
+//!   cache-affinity ranking (`policy/affinity.rs`) of the endpoints that hold nothing of the prompt:
 //!   their expected wait is this plus `uncached_weight x prompt tokens`, the same term for all of them,
 //!   and their cached blocks are all 0, so their ranking keys are ordered as these.
-//! - by load: requests, in-flight tokens, tie: the least loaded (the spill gate's minimum) and the
-//!   order of spilled endpoints, which the ranking orders by load alone.
+//! - by load: the gate's load key, tie: the least loaded (the spill gate's minimum) and the order of
+//!   spilled endpoints, which the ranking orders by that key alone.
 //!
 //! And the fresh endpoints (nothing cached, nothing on them: `EndpointState::fresh`) by wait: the
 //! ranking prices their misses at `fresh_cache_weight`, the same term for all of them, so they too are
@@ -27,12 +28,14 @@ use std::sync::{Mutex, MutexGuard};
 use super::endpoint::EndpointState;
 use super::endpoint_set::EndpointId;
 use super::load::Load;
+use super::policy::filter::{GateLoadKey, SpillGate};
+use super::policy::WaitOrder;
 use super::rng::Rng;
 
-/// (wait, requests, in-flight tokens, tie, id).
-type WaitKey = (u64, u32, u64, u64, EndpointId);
-/// (requests, in-flight tokens, tie, id).
-type LoadKey = (u32, u64, u64, EndpointId);
+/// (wait, the gate's load key, tie, id).
+type WaitKey = (u64, GateLoadKey, u64, EndpointId);
+/// (the gate's load key, tie, id).
+type LoadKey = (GateLoadKey, u64, EndpointId);
 
 /// An endpoint's expected wait before the request's own prefill, in tokens: its prefill backlog plus
 /// `request_cost` per request on it (`policy/affinity.rs` adds the request's uncached tokens).
@@ -53,27 +56,25 @@ pub struct Entry {
     /// Nothing cached and nothing on it (`EndpointState::fresh`).
     pub fresh: bool,
     wait: u64,
+    /// `SpillGate::load_key` of its load.
+    gate_key: GateLoadKey,
 }
 
 impl Entry {
     fn wait_key(&self, id: EndpointId) -> WaitKey {
-        (
-            self.wait,
-            self.load.requests(),
-            self.load.in_flight_tokens,
-            self.tie,
-            id,
-        )
+        (self.wait, self.gate_key, self.tie, id)
     }
 
     fn load_key(&self, id: EndpointId) -> LoadKey {
-        (self.load.requests(), self.load.in_flight_tokens, self.tie, id)
+        (self.gate_key, self.tie, id)
     }
 }
 
 /// The orders of one router's endpoints, behind one lock.
 pub struct LoadOrder {
     request_cost: u32,
+    /// What the spill gate counts: its count leads the load keys.
+    gate: SpillGate,
     orders: Mutex<Orders>,
 }
 
@@ -90,10 +91,11 @@ pub struct Orders {
 }
 
 impl LoadOrder {
-    /// `request_cost`: the affinity policy's `request_cost_tokens`; `seed`: of the tie draws.
-    pub fn new(request_cost: u32, seed: u64) -> Self {
+    /// `order`: the affinity policy's request cost and spill gate; `seed`: of the tie draws.
+    pub fn new(order: WaitOrder, seed: u64) -> Self {
         LoadOrder {
-            request_cost,
+            request_cost: order.request_cost,
+            gate: order.gate,
             orders: Mutex::new(Orders {
                 entries: Vec::new(),
                 by_wait: BTreeSet::new(),
@@ -118,6 +120,7 @@ impl LoadOrder {
             let load = st.load();
             let entry = Entry {
                 wait: base_wait(&load, self.request_cost),
+                gate_key: self.gate.load_key(&load),
                 load,
                 address_hash: st.address_hash,
                 tie: o.ties.next_u64(),
@@ -194,9 +197,9 @@ impl Orders {
         self.entries.get(id).and_then(Option::as_ref)
     }
 
-    /// `(id, requests)` by wait, least first.
+    /// `(id, requests the gate counts)` by wait, least first.
     pub fn by_wait(&self) -> impl Iterator<Item = (EndpointId, u32)> + '_ {
-        self.by_wait.iter().map(|&(_, requests, _, _, id)| (id, requests))
+        self.by_wait.iter().map(|&(_, (gated, ..), _, id)| (id, gated))
     }
 
     /// The fresh endpoints' ids by wait, least first.
@@ -204,11 +207,12 @@ impl Orders {
         self.fresh.iter().map(|&(.., id)| id)
     }
 
-    /// `(id, requests)` by load from `min_requests` requests on, least first.
+    /// `(id, requests the gate counts)` by load (the gate's load key) from `min_requests` gated
+    /// requests on, least first.
     pub fn by_load(&self, min_requests: u32) -> impl Iterator<Item = (EndpointId, u32)> + '_ {
         self.by_load
-            .range((min_requests, 0, 0, 0)..)
-            .map(|&(requests, _, _, id)| (id, requests))
+            .range(((min_requests, 0, 0), 0, 0)..)
+            .map(|&((gated, ..), _, id)| (id, gated))
     }
 
     /// The distinct block sizes of the listed endpoints, ascending (0: unknown).
@@ -222,8 +226,22 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
+    use crate::routing::config::SpillCounts;
     use crate::routing::endpoint::InFlight;
     use crate::routing::load::EngineLoad;
+
+    /// The load order of an affinity policy with `request_cost` and the default spill gate.
+    fn order(request_cost: u32) -> WaitOrder {
+        WaitOrder {
+            request_cost,
+            gate: SpillGate {
+                enabled: true,
+                abs: 8,
+                ratio: 1.5,
+                counts: SpillCounts::Requests,
+            },
+        }
+    }
 
     fn endpoint(order: &Arc<LoadOrder>, id: EndpointId, block_size: u32) -> Arc<EndpointState> {
         let st =
@@ -242,7 +260,7 @@ mod tests {
 
     #[test]
     fn requests_starting_prefilled_and_ending_move_their_endpoint() {
-        let order = Arc::new(LoadOrder::new(16, 1));
+        let order = Arc::new(LoadOrder::new(order(16), 1));
         let a = endpoint(&order, 0, 16);
         let b = endpoint(&order, 1, 16);
         // A: one request with 100 tokens to prefill (wait 100 + 16); B idle.
@@ -264,7 +282,7 @@ mod tests {
 
     #[test]
     fn engine_reports_count_as_the_ranking_counts_them() {
-        let order = Arc::new(LoadOrder::new(16, 1));
+        let order = Arc::new(LoadOrder::new(order(16), 1));
         let a = endpoint(&order, 0, 16);
         let b = endpoint(&order, 1, 16);
         let _ours = InFlight::begin(b.clone(), 10, 0);
@@ -285,7 +303,7 @@ mod tests {
 
     #[test]
     fn unhealthy_endpoints_are_unlisted_until_healthy_again() {
-        let order = Arc::new(LoadOrder::new(16, 1));
+        let order = Arc::new(LoadOrder::new(order(16), 1));
         let a = endpoint(&order, 0, 16);
         let _b = endpoint(&order, 1, 32);
         assert_eq!(order.lock().block_sizes().collect::<Vec<_>>(), vec![16, 32]);
@@ -303,7 +321,7 @@ mod tests {
 
     #[test]
     fn a_removed_endpoint_leaves_its_id_to_the_next() {
-        let order = Arc::new(LoadOrder::new(16, 1));
+        let order = Arc::new(LoadOrder::new(order(16), 1));
         let old = endpoint(&order, 0, 16);
         let late = InFlight::begin(old.clone(), 5, 5);
         order.remove(&old);
@@ -319,7 +337,7 @@ mod tests {
 
     #[test]
     fn every_update_draws_a_new_tie() {
-        let order = Arc::new(LoadOrder::new(16, 1));
+        let order = Arc::new(LoadOrder::new(order(16), 1));
         let a = endpoint(&order, 0, 16);
         let first = order.lock().tie(0);
         drop(InFlight::begin(a.clone(), 5, 0));

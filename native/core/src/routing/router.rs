@@ -9,7 +9,7 @@ use std::time::Instant;
 use prost::Message;
 
 use super::block_hash::{self, BlockHash};
-use super::config::{RouterConfig, SpillCounts};
+use super::config::RouterConfig;
 use super::endpoint::{rank_name, split_name, EndpointState, InFlight};
 use super::endpoint_set::{EndpointId, EndpointSet, MAX_ENDPOINTS};
 use super::error::RoutingError;
@@ -208,7 +208,7 @@ impl Router {
         });
         let wait_order = policy
             .wait_order()
-            .map(|w| (w, Arc::new(LoadOrder::new(w.request_cost, seed ^ 0x5eed))));
+            .map(|w| (w, Arc::new(LoadOrder::new(w, seed ^ 0x5eed))));
         let session_bookings = (config.book_session_s > 0.0 && policy.prefix_source() == PrefixSource::Events)
             .then(|| SessionBookings::new((config.book_session_s * 10.0).ceil() as Tick));
         Ok(Router {
@@ -498,8 +498,8 @@ impl Router {
     /// order, fewer than `shortlist_from` healthy endpoints, a subset hint (it may exclude most of
     /// them), data-parallel ranks (their fallbacks walk the whole ranking), a sheddable request
     /// (shedding reads every queue), no endpoint that its penalty lets in, or more than
-    /// `SHORTLIST_SKIPS` ejected or spilled endpoints in the way, or resident sessions priced or a spill
-    /// gate counting prefilling requests only (the load order does not include them).
+    /// `SHORTLIST_SKIPS` ejected or spilled endpoints in the way, or resident sessions priced (the load
+    /// order does not include them).
     fn shortlist<'t>(
         &self,
         table: &'t Table,
@@ -508,12 +508,7 @@ impl Router {
         now: Tick,
     ) -> Option<Decision<'t>> {
         let (wait, order) = self.wait_order.as_ref()?;
-        if req.subset.is_some()
-            || self.residents.is_some()
-            || table.ranks > 0
-            || self.may_shed(req)
-            || wait.gate.counts != SpillCounts::Requests
-        {
+        if req.subset.is_some() || self.residents.is_some() || table.ranks > 0 || self.may_shed(req) {
             return None;
         }
         let orders = order.lock();

@@ -4,6 +4,7 @@
 use std::time::Instant;
 
 use super::*;
+use crate::routing::config::SpillCounts;
 use crate::routing::penalty::Failure;
 
 const B: u32 = 4;
@@ -64,6 +65,7 @@ fn random_router(g: &mut Lcg, seed: u64) -> (Router, Vec<InFlight>) {
         spill_enabled: g.chance(80),
         spill_abs: g.below(4) as u32,
         spill_ratio: g.pick(&[1.0, 1.5, 2.0]),
+        spill_counts: g.pick(&[SpillCounts::Requests, SpillCounts::Prefilling]),
         request_cost_tokens: g.pick(&[0, 1, 16, 40]),
         uncached_weight: g.pick(&[1.0, 2.0, 3.0]),
         holder_slack_tokens: g.pick(&[0, 0, 8, 64]),

@@ -54,8 +54,7 @@
 
 use std::cmp::{Ordering, Reverse};
 
-use super::filter::SpillGate;
-use super::picker::load_key;
+use super::filter::{GateLoadKey, SpillGate};
 use super::{Candidate, PickContext, PrefixSource, WaitOrder};
 use crate::routing::config::RouterConfig;
 use crate::routing::load_order::base_wait;
@@ -157,7 +156,10 @@ impl Affinity {
                 };
                 (self.expected_wait(&c[i]).saturating_sub(slack), c[i].cached_blocks)
             };
-            (RankKey(spilled, wait, Reverse(cached), load_key(&c[i])), i)
+            (
+                RankKey(spilled, wait, Reverse(cached), self.gate.load_key(&c[i].load)),
+                i,
+            )
         };
         let cmp = |a: &(RankKey, usize), b: &(RankKey, usize)| -> Ordering {
             a.0.cmp(&b.0)
@@ -197,7 +199,7 @@ const SCAN_AT_MOST: usize = 16;
 /// A candidate's place, before its random tie break: kept before spilled; kept ones by expected wait,
 /// then more cached blocks, then load; spilled ones (wait and cached zero) by load.
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-struct RankKey(bool, u64, Reverse<u32>, (u32, u64));
+struct RankKey(bool, u64, Reverse<u32>, GateLoadKey);
 
 #[cfg(test)]
 mod tests {
@@ -375,12 +377,12 @@ mod selection_tests {
             (
                 a.expected_wait(&c[i]),
                 std::cmp::Reverse(c[i].cached_blocks),
-                load_key(&c[i]),
+                a.gate.load_key(&c[i].load),
                 c[i].tie,
                 c[i].id,
             )
         });
-        spilled.sort_unstable_by_key(|&i| (load_key(&c[i]), c[i].tie, c[i].id));
+        spilled.sort_unstable_by_key(|&i| (a.gate.load_key(&c[i].load), c[i].tie, c[i].id));
         order.extend(spilled);
         order
     }
@@ -395,16 +397,17 @@ mod selection_tests {
             prop_oneof![Just(0u32), Just(16)],
             0..2u32,
             0..3u64,
+            0..3u32,
         )
             .prop_map(
-                |(requests, tokens_k, prefill, cached, block_size, waiting, tie)| Candidate {
+                |(requests, tokens_k, prefill, cached, block_size, waiting, tie, prefilling)| Candidate {
                     id: 0,
                     address_hash: 0,
                     load: Load {
                         in_flight_requests: requests,
                         in_flight_tokens: u64::from(tokens_k) * 100,
                         prefill_tokens: prefill * 50,
-                        prefilling_requests: 0,
+                        prefilling_requests: prefilling.min(requests),
                         engine: EngineLoad {
                             waiting: waiting * 3,
                             ..Default::default()
@@ -431,13 +434,14 @@ mod selection_tests {
             abs in 0..4u32,
             request_cost in 0..40u32,
             weight in prop_oneof![Just(1.0), Just(2.0), Just(0.5)],
+            counts in prop_oneof![Just(SpillCounts::Requests), Just(SpillCounts::Prefilling)],
         ) {
             for (i, c) in candidates.iter_mut().enumerate() {
                 c.id = i * 97;
             }
             let a = Affinity {
                 source: PrefixSource::Events,
-                gate: SpillGate { enabled: gate, abs, ratio: 1.5, counts: SpillCounts::Requests },
+                gate: SpillGate { enabled: gate, abs, ratio: 1.5, counts },
                 request_cost,
                 uncached_weight: weight,
                 holder_slack: 0,

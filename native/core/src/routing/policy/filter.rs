@@ -12,6 +12,9 @@ use super::Candidate;
 use crate::routing::config::{RouterConfig, SpillCounts};
 use crate::routing::load::Load;
 
+/// (requests the gate counts, requests, in-flight tokens): `SpillGate::load_key`.
+pub type GateLoadKey = (u32, u32, u64);
+
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct SpillGate {
     pub enabled: bool,
@@ -36,6 +39,14 @@ impl SpillGate {
             SpillCounts::Requests => load.requests(),
             SpillCounts::Prefilling => load.awaiting_first_token(),
         }
+    }
+
+    /// The load order of the affinity ranking's ties and spilled endpoints: the requests the gate
+    /// counts, then every request, then in-flight tokens. With the gate counting every request it is
+    /// the plain load order (`picker::load_key`); the router's load order keeps the same key, so that
+    /// its walks find the gate's least loaded and its spilled endpoints in ranking order.
+    pub fn load_key(&self, load: &Load) -> GateLoadKey {
+        (self.requests(load), load.requests(), load.in_flight_tokens)
     }
 
     /// Candidate indices split into (kept, spilled); `kept` is never empty.
@@ -106,6 +117,33 @@ mod tests {
         let idle = [cand(0, 0, 0), cand(1, 4, 0), cand(2, 5, 0)];
         assert_eq!(gate.split(&idle), (vec![0, 1], vec![2]));
         assert_eq!(SpillGate { enabled: false, ..gate }.split(&idle).1, Vec::<usize>::new());
+    }
+
+    #[test]
+    fn a_gate_counting_prefilling_requests_ignores_decoding_ones() {
+        let requests = SpillGate {
+            enabled: true,
+            abs: 4,
+            ratio: 1.5,
+            counts: SpillCounts::Requests,
+        };
+        let prefilling = SpillGate {
+            counts: SpillCounts::Prefilling,
+            ..requests
+        };
+        // Endpoint 0 decodes 12 answers and prefills 1 prompt; endpoint 1 prefills 2 of its 2.
+        let mut decoding = cand(0, 13, 0);
+        decoding.load.prefilling_requests = 1;
+        let mut idle = cand(1, 2, 0);
+        idle.load.prefilling_requests = 2;
+        let c = [decoding, idle];
+        assert_eq!(requests.split(&c), (vec![1], vec![0]));
+        assert_eq!(prefilling.split(&c), (vec![0, 1], vec![]));
+        // The engine's own queue counts too (other gateways' requests waiting to start).
+        let mut queued = decoding;
+        queued.load.engine.waiting = 9;
+        assert_eq!(prefilling.requests(&queued.load), 9);
+        assert_eq!(prefilling.split(&[queued, idle]), (vec![1], vec![0]));
     }
 
     #[test]
