@@ -341,7 +341,10 @@ def test_a_prompt_joins_its_holder_while_the_holder_only_decodes(
             for i in range(3):
                 stream = client.chat.completions.create(
                     model=s.model,
-                    messages=[{"role": "system", "content": SYSTEM}, {"role": "user", "content": f"Essay {i}?"}],
+                    messages=[
+                        {"role": "system", "content": SYSTEM},
+                        {"role": "user", "content": f"Essay {i}?"},
+                    ],
                     max_tokens=400,
                     stream=True,
                     extra_body={"ignore_eos": True},
