@@ -42,6 +42,17 @@ def serve_every_engine(client: openai.OpenAI, stack: Stack) -> None:
     assert landed(stack, before) == [1] * len(before), "each fresh engine takes one request"
 
 
+def a_holder_of_the_prompt(client: openai.OpenAI, stack: Stack) -> int:
+    """Every engine serves once (none is fresh after), then one request on SYSTEM: the engine that took
+    it, once its Stored events have reached the router."""
+    serve_every_engine(client, stack)
+    before = counts(stack)
+    ask(client, stack, "Question zero?")
+    holder = engine_that_took(stack, before)
+    time.sleep(0.5)
+    return holder
+
+
 def counts(stack: Stack) -> list[int]:
     return [e.stats.generate_requests for e in stack.engines.engines]
 
@@ -113,11 +124,7 @@ def test_a_prefix_group_stays_on_its_holder_while_it_prefills_other_work(
     # before (a fresh one would take the follow-up at either weight).
     with local_stack(FreePorts(), tmp_path, sim=SLOW_PREFILL, routing_config=routing_config) as s:
         client = s.openai()
-        serve_every_engine(client, s)
-        before = counts(s)
-        ask(client, s, "Question zero?")
-        holder = engine_that_took(s, before)
-        time.sleep(0.5)  # the holder's Stored events reach the router
+        holder = a_holder_of_the_prompt(client, s)
 
         busy = threading.Thread(target=ask, args=(client, s, "Summarize this. " + LONG_TAIL))
         before = counts(s)
@@ -329,11 +336,7 @@ def test_a_prompt_joins_its_holder_while_the_holder_only_decodes(
     # request, which hits its cache.
     with local_stack(FreePorts(), tmp_path, sim=SLOW_DECODE, routing_config=routing_config) as s:
         client = s.openai()
-        serve_every_engine(client, s)
-        before = counts(s)
-        ask(client, s, "Question zero?")
-        holder = engine_that_took(s, before)
-        time.sleep(0.5)  # its Stored events reach the router
+        holder = a_holder_of_the_prompt(client, s)
 
         streams = []
         try:
