@@ -7,7 +7,6 @@
 //! more than a bounded excess of work on the endpoint holding a popular prefix; skipped endpoints stay
 //! usable as the last fallbacks.
 
-use super::picker::load_key;
 use super::Candidate;
 use crate::routing::config::{RouterConfig, SpillCounts};
 use crate::routing::load::Load;
@@ -88,14 +87,6 @@ impl SpillGate {
         }
         Some(r)
     }
-}
-
-/// The least loaded of `indices` (which must not be empty).
-pub fn least_loaded(candidates: &[Candidate], indices: &[usize]) -> usize {
-    *indices
-        .iter()
-        .min_by_key(|&&i| load_key(&candidates[i]))
-        .expect("non-empty")
 }
 
 #[cfg(test)]
