@@ -119,6 +119,11 @@ impl EndpointState {
         }
     }
 
+    /// Its load order's keys count prefilling requests (`LoadOrder::counts_prefilling`).
+    fn order_counts_prefilling(&self) -> bool {
+        self.order.as_ref().is_some_and(|o| o.counts_prefilling())
+    }
+
     pub fn is_removed(&self) -> bool {
         self.removed.load(Ordering::Relaxed)
     }
@@ -255,7 +260,10 @@ impl InFlight {
 
     /// The engine sent its first token: the prompt is prefilled. Later calls do nothing.
     pub fn first_token(&mut self) {
-        if self.take_prefill() {
+        let had_prefill = self.prefill > 0;
+        // The load order ranks by the prefill tokens, and by the prefilling count only when the spill
+        // gate counts it: otherwise a cached request's first token changes nothing it ranks by.
+        if self.take_prefill() && (had_prefill || self.endpoint.order_counts_prefilling()) {
             self.endpoint.changed();
         }
     }

@@ -25,10 +25,11 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Mutex, MutexGuard};
 
+use super::config::SpillCounts;
 use super::endpoint::EndpointState;
 use super::endpoint_set::EndpointId;
 use super::load::Load;
-use super::policy::filter::{GateLoadKey, SpillGate};
+use super::policy::filter::GateLoadKey;
 use super::policy::WaitOrder;
 use super::rng::Rng;
 
@@ -72,9 +73,8 @@ impl Entry {
 
 /// The orders of one router's endpoints, behind one lock.
 pub struct LoadOrder {
-    request_cost: u32,
-    /// What the spill gate counts: its count leads the load keys.
-    gate: SpillGate,
+    /// The policy's request cost (the wait) and spill gate (whose count leads the load keys).
+    order: WaitOrder,
     orders: Mutex<Orders>,
 }
 
@@ -94,8 +94,7 @@ impl LoadOrder {
     /// `order`: the affinity policy's request cost and spill gate; `seed`: of the tie draws.
     pub fn new(order: WaitOrder, seed: u64) -> Self {
         LoadOrder {
-            request_cost: order.request_cost,
-            gate: order.gate,
+            order,
             orders: Mutex::new(Orders {
                 entries: Vec::new(),
                 by_wait: BTreeSet::new(),
@@ -119,8 +118,8 @@ impl LoadOrder {
         if st.healthy() {
             let load = st.load();
             let entry = Entry {
-                wait: base_wait(&load, self.request_cost),
-                gate_key: self.gate.load_key(&load),
+                wait: base_wait(&load, self.order.request_cost),
+                gate_key: self.order.gate.load_key(&load),
                 load,
                 address_hash: st.address_hash,
                 tie: o.ties.next_u64(),
@@ -130,6 +129,12 @@ impl LoadOrder {
             };
             o.list(st.id, entry);
         }
+    }
+
+    /// Whether the keys count prefilling requests (`spill_counts = "prefilling"`): only then does a
+    /// request's first token move its endpoint when it had no prefill tokens counted.
+    pub fn counts_prefilling(&self) -> bool {
+        self.order.gate.counts == SpillCounts::Prefilling
     }
 
     /// `st` left the router: unlisted, and its later updates (requests still in flight) ignored.
@@ -226,9 +231,9 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
-    use crate::routing::config::SpillCounts;
     use crate::routing::endpoint::InFlight;
     use crate::routing::load::EngineLoad;
+    use crate::routing::policy::filter::SpillGate;
 
     /// The load order of an affinity policy with `request_cost` and the default spill gate.
     fn order(request_cost: u32) -> WaitOrder {
