@@ -317,6 +317,29 @@ def test_a_fresh_engine_takes_a_shared_prompt_from_its_holder(
             assert (third.usage.prompt_tokens_details.cached_tokens or 0) >= 600, f"request {i} missed"
 
 
+@pytest.mark.parametrize("probe,copies", [("hi", True), (f"hi {SYSTEM[:200]}", False)], ids=["short", "long"])
+def test_an_engine_that_served_only_a_short_probe_is_still_fresh(tmp_path: Path, probe: str, copies: bool) -> None:
+    # A readiness probe shorter than a block (~11 tokens of "hi" in the chat template) caches no full
+    # block, so its engine publishes no event: it is as new as before and stays fresh. A longer probe
+    # caches blocks there, and its events say so. At the fresh weight 0 the first SYSTEM request goes to
+    # a fresh engine, and the second goes to the other engine if that one is still fresh (a copy), else
+    # joins the first's idle engine for the cached prompt.
+    with local_stack(FreePorts(), tmp_path, routing_config='{"fresh_cache_weight": 0}') as s:
+        client = s.openai()
+        client.chat.completions.create(model=s.model, messages=[{"role": "user", "content": probe}], max_tokens=2)
+        time.sleep(0.5)  # any Stored events reach the router
+
+        before = counts(s)
+        ask(client, s, "Question zero?")
+        holder = engine_that_took(s, before)
+        time.sleep(0.5)
+
+        before = counts(s)
+        ask(client, s, "Question one?")
+        arrived = landed(s, before)
+        assert arrived[holder] == (0 if copies else 1), arrived
+
+
 # Answers that decode for seconds: a 20 ms step, hundreds of tokens.
 SLOW_DECODE = SimOptions(itl_ms=20.0)
 

@@ -68,8 +68,8 @@ pub struct EndpointState {
     order: Option<Arc<LoadOrder>>,
     /// The router dropped the endpoint (`LoadOrder::remove`).
     removed: AtomicBool,
-    /// The router has sent it a request (`fresh_cache_weight`: an engine that publishes no events is
-    /// fresh only until then).
+    /// The router has sent it a prompt of at least one full block (`fresh_cache_weight`: an engine
+    /// whose events show nothing, and that has published none, is fresh only until then).
     routed_once: AtomicBool,
     /// Its events show no cached block (true until its first batch), and whether it publishes events:
     /// copies of its `EventState`'s, so that a pick and the load order read them without its lock.
@@ -178,7 +178,7 @@ impl EndpointState {
         }
     }
 
-    /// Whether a request was ever routed to it.
+    /// Whether a prompt of a full block or more was ever routed to it.
     pub fn routed_once(&self) -> bool {
         self.routed_once.load(Ordering::Relaxed)
     }

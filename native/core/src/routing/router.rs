@@ -396,7 +396,11 @@ impl Router {
                 bookings.book(session, c.id, c.block_size, hashes, now);
             }
         }
-        st.mark_routed();
+        // A prompt shorter than a block caches no full block (and the engine publishes no Stored event
+        // for it): a readiness probe or a one-word question leaves a fresh engine fresh.
+        if c.prompt_tokens >= c.block_size {
+            st.mark_routed();
+        }
         Ok(Pick {
             primary: st.address.clone(),
             fallbacks: self.fallbacks(&d.states, &d.ranking),

@@ -1198,6 +1198,20 @@ fn a_fresh_engine_takes_a_busy_holders_request_once_and_then_holds_something() {
 }
 
 #[test]
+fn a_prompt_shorter_than_a_block_leaves_its_engine_fresh() {
+    // A readiness probe caches no full block, so its engine publishes no Stored event: it is as new as
+    // before. A prompt of one block or more may be cached there, and until its events say what the
+    // engine holds, it is fresh no more.
+    let r = router("kv_events", 1);
+    let st = r.read_table().get(&addr(0)).unwrap().clone();
+    let idle = Load::default();
+    drop(r.pick(&vec![7; B as usize - 1], None).unwrap());
+    assert!(st.fresh(&idle), "a probe cached nothing");
+    drop(r.pick(&prompt(1, 1), None).unwrap());
+    assert!(!st.fresh(&idle), "a full block may be cached there");
+}
+
+#[test]
 fn an_engine_that_publishes_is_fresh_while_its_events_show_nothing() {
     let r = router("kv_events", 1);
     let st = r.read_table().get(&addr(0)).unwrap().clone();

@@ -38,12 +38,13 @@
 //!    follow their history.
 //! 5. Fresh engines (`fresh_cache_weight`, 0.25): on an endpoint whose events show nothing cached and
 //!    that has nothing on it (a new or restarted engine; one that publishes no events only until its
-//!    first request), the uncached tokens count at this weight instead. A miss there evicts nothing
-//!    and delays nobody, and its copy of a shared prefix serves later requests: without it the first
-//!    holders of a tool preamble keep every new session while engines started beside them stay empty
-//!    (the suite's agentic shape on 8 engines: served max/mean 2.2 against SMG's 1.5-2.1). An engine
-//!    is fresh until its events show a block (or, without events, until its first request), so about
-//!    one request per engine moves, follow-ups included. Why 0.25 and not 0: an idle holder still
+//!    first request of a block or more), the uncached tokens count at this weight instead. A miss
+//!    there evicts nothing and delays nobody, and its copy of a shared prefix serves later requests:
+//!    without it the first holders of a tool preamble keep every new session while engines started
+//!    beside them stay empty (the suite's agentic shape on 8 engines: served max/mean 2.2 against
+//!    SMG's 1.5-2.1). An engine is fresh until its events show a block (or, without events, until its
+//!    first request of a full block: a readiness probe shorter than a block caches nothing and
+//!    publishes nothing), so about one request per engine moves, follow-ups included. Why 0.25 and not 0: an idle holder still
 //!    keeps a request whose uncached part there is under a quarter of the prompt (a short question
 //!    after a cached system prompt), and 0.25 measured as well as 0 on the agentic shape
 //!    (docs/routing-benchmark.md, "Fresh engines").
