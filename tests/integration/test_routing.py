@@ -318,7 +318,9 @@ def test_a_fresh_engine_takes_a_shared_prompt_from_its_holder(
 
 
 @pytest.mark.parametrize("probe,copies", [("hi", True), (f"hi {SYSTEM[:200]}", False)], ids=["short", "long"])
-def test_an_engine_that_served_only_a_short_probe_is_still_fresh(tmp_path: Path, probe: str, copies: bool) -> None:
+def test_an_engine_that_served_only_a_short_probe_is_still_fresh(
+    tmp_path: Path, probe: str, copies: bool
+) -> None:
     # A readiness probe shorter than a block (~11 tokens of "hi" in the chat template) caches no full
     # block, so its engine publishes no event: it is as new as before and stays fresh. A longer probe
     # caches blocks there, and its events say so. At the fresh weight 0 the first SYSTEM request goes to
@@ -326,7 +328,9 @@ def test_an_engine_that_served_only_a_short_probe_is_still_fresh(tmp_path: Path,
     # joins the first's idle engine for the cached prompt.
     with local_stack(FreePorts(), tmp_path, routing_config='{"fresh_cache_weight": 0}') as s:
         client = s.openai()
-        client.chat.completions.create(model=s.model, messages=[{"role": "user", "content": probe}], max_tokens=2)
+        client.chat.completions.create(
+            model=s.model, messages=[{"role": "user", "content": probe}], max_tokens=2
+        )
         time.sleep(0.5)  # any Stored events reach the router
 
         before = counts(s)
