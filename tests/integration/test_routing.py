@@ -42,15 +42,19 @@ def serve_every_engine(client: openai.OpenAI, stack: Stack) -> None:
     assert landed(stack, before) == [1] * len(before), "each fresh engine takes one request"
 
 
-def a_holder_of_the_prompt(client: openai.OpenAI, stack: Stack) -> int:
-    """Every engine serves once (none is fresh after), then one request on SYSTEM: the engine that took
-    it, once its Stored events have reached the router."""
-    serve_every_engine(client, stack)
+def the_engine_asked_first(client: openai.OpenAI, stack: Stack) -> int:
+    """One request on SYSTEM: the engine that took it, once its Stored events have reached the router."""
     before = counts(stack)
     ask(client, stack, "Question zero?")
     holder = engine_that_took(stack, before)
     time.sleep(0.5)
     return holder
+
+
+def a_holder_of_the_prompt(client: openai.OpenAI, stack: Stack) -> int:
+    """Every engine serves once (none is fresh after), then the engine that takes a request on SYSTEM."""
+    serve_every_engine(client, stack)
+    return the_engine_asked_first(client, stack)
 
 
 def counts(stack: Stack) -> list[int]:
@@ -299,10 +303,7 @@ def test_a_fresh_engine_takes_a_shared_prompt_from_its_holder(
     # what comes after). Once both hold something, the prompt's requests go to a holder either way.
     with local_stack(FreePorts(), tmp_path, routing_config=routing_config) as s:
         client = s.openai()
-        before = counts(s)
-        ask(client, s, "Question zero?")
-        holder = engine_that_took(s, before)
-        time.sleep(0.5)  # its Stored events reach the router
+        holder = the_engine_asked_first(client, s)
 
         before = counts(s)
         second = ask(client, s, "Question one?")
@@ -333,11 +334,7 @@ def test_an_engine_that_served_only_a_short_probe_is_still_fresh(
         )
         time.sleep(0.5)  # any Stored events reach the router
 
-        before = counts(s)
-        ask(client, s, "Question zero?")
-        holder = engine_that_took(s, before)
-        time.sleep(0.5)
-
+        holder = the_engine_asked_first(client, s)
         before = counts(s)
         ask(client, s, "Question one?")
         arrived = landed(s, before)

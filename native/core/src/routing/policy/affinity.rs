@@ -44,10 +44,10 @@
 //!    beside them stay empty (the suite's agentic shape on 8 engines: served max/mean 2.2 against
 //!    SMG's 1.5-2.1). An engine is fresh until its events show a block (or, without events, until its
 //!    first request of a full block: a readiness probe shorter than a block caches nothing and
-//!    publishes nothing), so about one request per engine moves, follow-ups included. Why 0.25 and not 0: an idle holder still
-//!    keeps a request whose uncached part there is under a quarter of the prompt (a short question
-//!    after a cached system prompt), and 0.25 measured as well as 0 on the agentic shape
-//!    (docs/routing-benchmark.md, "Fresh engines").
+//!    publishes nothing), so about one request per engine moves, follow-ups included. Why 0.25 and
+//!    not 0: an idle holder still keeps a request whose uncached part there is under a quarter of the
+//!    prompt (a short question after a cached system prompt), and 0.25 measured as well as 0 on the
+//!    agentic shape (docs/routing-benchmark.md, "Fresh engines").
 //! 6. Fallbacks: the rest of that order, then the spilled endpoints by load.
 //!
 //! Prefill dominates time to first token, and an engine busy prefilling a long uncached prompt delays
