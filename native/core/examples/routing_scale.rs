@@ -174,6 +174,7 @@ fn ranking(n: usize) {
                         tie: u64::from(rng.next()),
                         residents: 0,
                         fresh: false,
+                        underused: false,
                     }
                 })
                 .collect()

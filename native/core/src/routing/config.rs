@@ -78,6 +78,18 @@ pub struct RouterConfig {
     /// nobody, so only its own prefill counts; a hot shared prefix is copied to an idle new engine
     /// rather than queued on its busy holders (`policy/affinity.rs`).
     pub fresh_cache_weight: Option<f64>,
+    /// Affinity policies: an endpoint whose recent requests (`demand_window_s`) are below this share of
+    /// the candidates' mean is underused, and a new request (no live session booking: a session's first
+    /// turn, or one without a session key) prices its uncached tokens there at 0; 0 (the default) is
+    /// off. A lasting imbalance means the prefixes the busy engines hold draw more traffic than they
+    /// serve well, and a copy on the underused engine is worth its prefill: a few hot system prompts
+    /// started on fewer engines than the pool has (cold booking) stay there otherwise, because at light
+    /// load no holder's queue outweighs a long prompt's prefill (`policy/affinity.rs`, point 6). With
+    /// it on, picks rank every endpoint (no shortlist).
+    pub underused_share: f64,
+    /// The window of `underused_share`'s recent requests, in seconds: each request's weight decays by
+    /// `exp(-age / window)`.
+    pub demand_window_s: f64,
     /// Load shedding: when every candidate has at least this many queued requests (`Load::queue`), a
     /// sheddable request (negative priority) is refused (HTTP 429) instead of queued deeper; 0 never sheds.
     pub shed_queue_depth: u32,
@@ -125,6 +137,8 @@ impl Default for RouterConfig {
             resident_session_tokens: 0,
             resident_window_s: 5.0,
             fresh_cache_weight: Some(0.25),
+            underused_share: 0.0,
+            demand_window_s: 5.0,
             shed_queue_depth: 0,
             objectives: BTreeMap::new(),
             default_priority: 0,
@@ -177,6 +191,12 @@ impl RouterConfig {
         }
         if self.fresh_cache_weight.is_some_and(|w| !(w >= 0.0 && w.is_finite())) {
             return bad("fresh_cache_weight must be zero or positive");
+        }
+        if !(0.0..=1.0).contains(&self.underused_share) {
+            return bad("underused_share must be between 0 and 1");
+        }
+        if !(self.demand_window_s > 0.0 && self.demand_window_s.is_finite()) {
+            return bad("demand_window_s must be positive");
         }
         if self.book_cold_spread == 0 {
             return bad("book_cold_spread must be at least 1");

@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use xxhash_rust::xxh3::xxh3_64;
 
+use super::demand::RecentRequests;
 use super::endpoint_set::EndpointId;
 use super::events::EventState;
 use super::load::{EngineLoad, Load};
@@ -75,6 +76,8 @@ pub struct EndpointState {
     /// copies of its `EventState`'s, so that a pick and the load order read them without its lock.
     events_empty: AtomicBool,
     publishing: AtomicBool,
+    /// Requests sent to it lately (`underused_share`); counted only when that setting is on.
+    pub recent: RecentRequests,
 }
 
 impl EndpointState {
@@ -104,6 +107,7 @@ impl EndpointState {
             routed_once: AtomicBool::new(false),
             events_empty: AtomicBool::new(true),
             publishing: AtomicBool::new(false),
+            recent: RecentRequests::default(),
         }
     }
 
@@ -187,6 +191,15 @@ impl EndpointState {
         if !self.routed_once() {
             self.routed_once.store(true, Ordering::Relaxed);
             self.changed();
+        }
+    }
+
+    /// A prompt of `prompt_tokens` was sent to it (a pick's primary, or a fallback that answered). A
+    /// prompt shorter than a block caches no full block, and the engine publishes no Stored event for
+    /// it: a readiness probe or a one-word question leaves a fresh engine fresh.
+    pub fn sent_prompt(&self, prompt_tokens: u64) {
+        if prompt_tokens >= u64::from(self.block_size()) {
+            self.mark_routed();
         }
     }
 

@@ -9,12 +9,14 @@
 //! - `policy/`: filters → weighted scorers → picker, policies registered by name.
 //! - `penalty`: failures streams report, which eject an endpoint for a growing backoff.
 //! - `load_order`: the healthy endpoints by expected wait and by load, kept current, for large pools.
+//! - `demand`: each endpoint's requests over a recent window (the underused-endpoint test).
 //! - `residents`: the sessions whose last request went to each endpoint, within a window.
 //! - `router`: endpoints, health, loads, in-flight accounting, the pick.
 
 pub mod block_hash;
 pub mod config;
 pub mod cursor;
+pub mod demand;
 pub mod endpoint;
 pub mod endpoint_set;
 pub mod engine_map;

@@ -176,7 +176,14 @@ pub struct Router {
     shortlist_from: usize,
     /// Sessions resident per endpoint, tracked when the policy prices them (`resident_session_tokens`).
     residents: Option<Residents>,
+    /// The window of each endpoint's recent requests, in ticks, when underused endpoints are priced
+    /// (`underused_share`); 0: off, and nothing is counted.
+    demand_window: Tick,
 }
+
+/// The candidates' mean recent requests below which no endpoint counts as underused: a trickle of
+/// traffic is no imbalance worth a copy.
+const UNDERUSED_MIN_MEAN: f64 = 2.0;
 
 /// From this many healthy endpoints on, a policy with a `wait_order` ranks a shortlist (`Router::
 /// shortlist`); below it, every endpoint (a scan of a few dozen costs less than the walks).
@@ -225,6 +232,11 @@ impl Router {
             session_bookings,
             residents: (config.resident_session_tokens > 0)
                 .then(|| Residents::new((config.resident_window_s * 10.0).ceil() as Tick)),
+            demand_window: if config.underused_share > 0.0 {
+                ((config.demand_window_s * 10.0).ceil() as Tick).max(1)
+            } else {
+                0
+            },
             config,
             table: RwLock::new(Table::default()),
             rng: Rng::new(seed),
@@ -396,10 +408,9 @@ impl Router {
                 bookings.book(session, c.id, c.block_size, hashes, now);
             }
         }
-        // A prompt shorter than a block caches no full block (and the engine publishes no Stored event
-        // for it): a readiness probe or a one-word question leaves a fresh engine fresh.
-        if c.prompt_tokens >= c.block_size {
-            st.mark_routed();
+        st.sent_prompt(u64::from(c.prompt_tokens));
+        if self.demand_window > 0 {
+            st.recent.add(now, self.demand_window);
         }
         Ok(Pick {
             primary: st.address.clone(),
@@ -453,6 +464,7 @@ impl Router {
             });
         }
         drop(orders);
+        self.mark_underused(req, &states, &mut candidates, now);
         if candidates.is_empty() {
             return Err(NoRoute::NoEndpoint);
         }
@@ -502,8 +514,8 @@ impl Router {
     /// order, fewer than `shortlist_from` healthy endpoints, a subset hint (it may exclude most of
     /// them), data-parallel ranks (their fallbacks walk the whole ranking), a sheddable request
     /// (shedding reads every queue), no endpoint that its penalty lets in, or more than
-    /// `SHORTLIST_SKIPS` ejected or spilled endpoints in the way, or resident sessions priced (the load
-    /// order does not include them).
+    /// `SHORTLIST_SKIPS` ejected or spilled endpoints in the way, or resident sessions or underused
+    /// endpoints priced (the load order does not include them).
     fn shortlist<'t>(
         &self,
         table: &'t Table,
@@ -512,7 +524,12 @@ impl Router {
         now: Tick,
     ) -> Option<Decision<'t>> {
         let (wait, order) = self.wait_order.as_ref()?;
-        if req.subset.is_some() || self.residents.is_some() || table.ranks > 0 || self.may_shed(req) {
+        if req.subset.is_some()
+            || self.residents.is_some()
+            || self.demand_window > 0
+            || table.ranks > 0
+            || self.may_shed(req)
+        {
             return None;
         }
         let orders = order.lock();
@@ -624,6 +641,7 @@ impl Router {
                 tie: e.tie,
                 residents: 0,
                 fresh: fresh_priced && e.fresh,
+                underused: false,
             });
             states.push(st);
         }
@@ -646,6 +664,37 @@ impl Router {
             },
             wanted,
         )
+    }
+
+    /// Marks the candidates underused for a new request (`underused_share`): those whose recent
+    /// requests are below that share of the candidates' mean, once the mean is `UNDERUSED_MIN_MEAN`.
+    /// A request whose session has a live booking is a follow-up, and follows its history.
+    fn mark_underused(
+        &self,
+        req: &PickRequest<'_>,
+        states: &[&Arc<EndpointState>],
+        candidates: &mut [Candidate],
+        now: Tick,
+    ) {
+        if self.demand_window == 0 || candidates.is_empty() {
+            return;
+        }
+        let follow_up = match (&self.session_bookings, req.session_key) {
+            (Some(bookings), Some(key)) => bookings.live(session_hash(key), now),
+            _ => false,
+        };
+        if follow_up {
+            return;
+        }
+        let recent: Vec<f64> = states.iter().map(|st| st.recent.at(now, self.demand_window)).collect();
+        let mean = recent.iter().sum::<f64>() / recent.len() as f64;
+        if mean < UNDERUSED_MIN_MEAN {
+            return;
+        }
+        let below = self.config.underused_share * mean;
+        for (c, r) in candidates.iter_mut().zip(recent) {
+            c.underused = r < below;
+        }
     }
 
     /// Whether the request is shed when every candidate's queue is full.
@@ -799,7 +848,13 @@ impl Router {
         table
             .resolve(address, rank)
             .or_else(|| table.resolve(address, None))
-            .map(|st| InFlight::begin(st.clone(), tokens, tokens))
+            .map(|st| {
+                st.sent_prompt(tokens);
+                if self.demand_window > 0 {
+                    st.recent.add(self.now(), self.demand_window);
+                }
+                InFlight::begin(st.clone(), tokens, tokens)
+            })
     }
 
     /// Applies one `KvEventBatch` (protobuf bytes) from the event stream of the engine at `address`, and

@@ -1212,6 +1212,20 @@ fn a_prompt_shorter_than_a_block_leaves_its_engine_fresh() {
 }
 
 #[test]
+fn a_fallback_that_answered_is_fresh_no_more_after_a_full_block() {
+    // Envoy sent the request to a fallback (`Router::begin`): the prompt is prefilled there as on a
+    // primary. An engine that publishes no events is fresh only until it was sent a full block, by
+    // either path; a probe shorter than a block leaves it fresh.
+    let r = router("kv_events", 2);
+    let st = r.read_table().get(&addr(1)).unwrap().clone();
+    let idle = Load::default();
+    drop(r.begin(&addr(1), None, u64::from(B) - 1).unwrap());
+    assert!(st.fresh(&idle), "a probe cached nothing");
+    drop(r.begin(&addr(1), None, u64::from(B)).unwrap());
+    assert!(!st.fresh(&idle), "a full block may be cached there");
+}
+
+#[test]
 fn an_engine_that_publishes_is_fresh_while_its_events_show_nothing() {
     let r = router("kv_events", 1);
     let st = r.read_table().get(&addr(0)).unwrap().clone();
@@ -1247,4 +1261,50 @@ fn an_engine_that_publishes_is_fresh_while_its_events_show_nothing() {
     );
     assert!(r.reset_kv_events(&addr(0)));
     assert!(st.fresh(&idle));
+}
+
+#[test]
+fn an_underused_engine_takes_new_requests_and_follow_ups_keep_their_history() {
+    // Endpoint 0 holds a 10-block preamble; endpoints 1 and 2 hold other prompts (not fresh). Lately 0
+    // was sent 7 requests, 1 three, 2 none: mean 3.3, and 2 is under half of it. A new session on the
+    // preamble waits 3 x 8 uncached tokens on idle 0 and 3 x 48 elsewhere; underused, 2 prices its
+    // uncached tokens at 0. A follow-up of a session booked on 0 stays there.
+    let route = |underused_share: f64| {
+        let r = router_with(
+            "kv_events",
+            3,
+            RouterConfig {
+                seed: Some(5),
+                underused_share,
+                ..Default::default()
+            },
+        );
+        let preamble = prompt(1, 10);
+        for (i, p) in [(0, &preamble), (1, &prompt(2, 10)), (2, &prompt(3, 10))] {
+            let batch = stored_batch(0, p, i as i64 + 1);
+            assert_eq!(r.apply_kv_events(&addr(i), &batch).outcome.kind(), "applied");
+        }
+        let turn = |s: u32, blocks: u32| [preamble.clone(), prompt(10 + s, blocks)].concat();
+        // Session "s" starts before any imbalance (mean under 2): the holder takes it.
+        let first = r.pick(&turn(0, 2), Some("s")).unwrap().primary.to_string();
+        for (i, n) in [(0, 6), (1, 3)] {
+            for _ in 0..n {
+                drop(r.begin(&addr(i), None, 8).unwrap());
+            }
+        }
+        let follow_up = r.pick(&turn(0, 4), Some("s")).unwrap().primary.to_string();
+        let new = r.pick(&turn(1, 2), Some("t")).unwrap().primary.to_string();
+        (first, follow_up, new)
+    };
+    assert_eq!(
+        route(0.0),
+        (addr(0), addr(0), addr(0)),
+        "off: the holder keeps the preamble"
+    );
+    assert_eq!(route(0.5), (addr(0), addr(0), addr(2)));
+    // At a share of 0.25 (0.83) nobody is under it but the idle engine 2, still; at 0 it is off.
+    assert_eq!(route(0.25).2, addr(2));
+    assert!(RouterConfig::from_json(r#"{"underused_share": 1.5}"#).is_err());
+    assert!(RouterConfig::from_json(r#"{"demand_window_s": 0}"#).is_err());
+    assert_eq!(RouterConfig::default().underused_share, 0.0);
 }

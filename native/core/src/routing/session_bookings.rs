@@ -86,6 +86,11 @@ impl SessionBookings {
         (b.until > now && b.block_size == block_size && starts_with).then_some((b.at, b.blocks))
     }
 
+    /// Whether `session` has a live booking (a request of it was routed within the lease).
+    pub fn live(&self, session: u64, now: Tick) -> bool {
+        self.lock().sessions.get(&session).is_some_and(|b| b.until > now)
+    }
+
     /// Forgets the bookings on a removed endpoint (its id may be reused).
     pub fn clear(&self, at: EndpointId) {
         self.lock().sessions.retain(|_, b| b.at != at);
@@ -112,6 +117,7 @@ mod tests {
         assert_eq!(b.held(7, 32, &[11, 12, 13, 14], 101), None, "another block size");
         assert_eq!(b.held(8, 16, &[11, 12, 13, 14], 101), None, "another session");
         assert_eq!(b.held(7, 16, &[11, 12, 13, 14], 130), None, "expired");
+        assert!(b.live(7, 129) && !b.live(7, 130) && !b.live(8, 101));
         // The session's next request replaces it; a removed endpoint's bookings go.
         b.book(7, 1, 16, &[11, 12, 13, 14], 110);
         assert_eq!(b.held(7, 16, &[11, 12, 13, 14, 15], 111), Some((1, 4)));

@@ -48,7 +48,16 @@
 //!    not 0: an idle holder still keeps a request whose uncached part there is under a quarter of the
 //!    prompt (a short question after a cached system prompt), and 0.25 measured as well as 0 on the
 //!    agentic shape (docs/routing-benchmark.md, "Fresh engines").
-//! 6. Fallbacks: the rest of that order, then the spilled endpoints by load.
+//! 6. Underused engines (`underused_share`, off by default): for a new request (no live session
+//!    booking), an endpoint whose requests over the last `demand_window_s` (decayed) are below that
+//!    share of the candidates' mean prices the uncached tokens at 0: only its backlog counts. The
+//!    expected wait judges one request; a copy of a hot prefix pays off over the requests after it.
+//!    At light load a holder's queue never outweighs a long prompt's prefill at any positive weight
+//!    (session 13 measured 0.5 and 1 as no change), so a few hot system prompts started on fewer
+//!    engines than the pool has (cold booking) stay there, and the other engines idle. An engine that
+//!    lasts underused takes new requests (copying what they share) until its demand reaches the share;
+//!    follow-ups keep their history (their session's booking marks them as not new).
+//! 7. Fallbacks: the rest of that order, then the spilled endpoints by load.
 //!
 //! Prefill dominates time to first token, and an engine busy prefilling a long uncached prompt delays
 //! every request behind it: a cache hit there can cost more than a miss on an idle engine.
@@ -106,6 +115,7 @@ impl Affinity {
     /// holding none of it; the rest is the endpoint's `base_wait`, the router's load order.
     pub fn expected_wait(&self, c: &Candidate) -> u64 {
         let weight = match self.fresh_weight {
+            _ if c.underused => 0.0,
             Some(w) if c.fresh => w,
             _ => self.uncached_weight,
         };
@@ -421,6 +431,7 @@ mod selection_tests {
                     tie,
                     residents: 0,
                     fresh: false,
+                    underused: false,
                 },
             )
     }

@@ -61,6 +61,10 @@ pub struct Candidate {
     /// The endpoint is fresh (`fresh_cache_weight`): its events show no cached block and nothing is on
     /// it. Set only when that setting is on.
     pub fresh: bool,
+    /// The endpoint is underused for this request (`underused_share`): a new request, and the
+    /// endpoint's recent requests are below that share of the candidates' mean. Set only when that
+    /// setting is on.
+    pub underused: bool,
 }
 
 impl Candidate {

@@ -23,6 +23,7 @@ pub fn cand(id: usize, requests: u32, cached: u32) -> Candidate {
         tie: 0,
         residents: 0,
         fresh: false,
+        underused: false,
     }
 }
 
