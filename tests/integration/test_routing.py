@@ -341,6 +341,42 @@ def test_an_engine_that_served_only_a_short_probe_is_still_fresh(
         assert arrived[holder] == (0 if copies else 1), arrived
 
 
+@pytest.mark.parametrize(
+    "routing_config,copies",
+    [('{"underused_share": 0.5, "demand_window_s": 60}', True), (None, False)],
+    ids=["underused_share", "default"],
+)
+def test_an_underused_engine_takes_a_new_session_and_a_follow_up_keeps_its_history(
+    tmp_path: Path, routing_config: str | None, copies: bool
+) -> None:
+    # Both engines serve once; then every request shares SYSTEM (~700 tokens), and its holder takes
+    # them: the other engine is sent nothing more. Until the mean over the window reaches 2 requests
+    # nothing counts as underused. By session B's request the holder was sent 5 and the other 1, under
+    # half the mean of 3. Session A's second turn follows its history (its first went to the holder a
+    # moment ago); session B's first request, new, goes to the underused engine with the setting, which
+    # prefills SYSTEM there, and by default to the holder for the cached prompt.
+    with local_stack(FreePorts(), tmp_path, routing_config=routing_config) as s:
+        client = s.openai()
+        holder = a_holder_of_the_prompt(client, s)
+        before = counts(s)
+        a = ["Task A: list the rules."]
+        reply = ask_as(client, s, "session-a", a)
+        ask(client, s, "Question one?")
+        assert landed(s, before)[holder] == 2, "the holder keeps the prompt until the imbalance shows"
+        time.sleep(0.5)
+
+        a += [reply.choices[0].message.content or "", "Now the first three."]
+        before = counts(s)
+        follow_up = ask_as(client, s, "session-a", a)
+        assert landed(s, before)[holder] == 1, "A's second turn left its history"
+        assert (follow_up.usage.prompt_tokens_details.cached_tokens or 0) >= 600
+
+        before = counts(s)
+        b = ask_as(client, s, "session-b", ["Task B: count the rules."])
+        assert landed(s, before)[holder] == (0 if copies else 1)
+        assert ((b.usage.prompt_tokens_details.cached_tokens or 0) >= 600) != copies
+
+
 # Answers that decode for seconds: a 20 ms step, hundreds of tokens.
 SLOW_DECODE = SimOptions(itl_ms=20.0)
 
