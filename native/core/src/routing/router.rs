@@ -408,10 +408,7 @@ impl Router {
                 bookings.book(session, c.id, c.block_size, hashes, now);
             }
         }
-        st.sent_prompt(u64::from(c.prompt_tokens));
-        if self.demand_window > 0 {
-            st.recent.add(now, self.demand_window);
-        }
+        self.sent(st, u64::from(c.prompt_tokens), now);
         Ok(Pick {
             primary: st.address.clone(),
             fallbacks: self.fallbacks(&d.states, &d.ranking),
@@ -464,10 +461,10 @@ impl Router {
             });
         }
         drop(orders);
-        self.mark_underused(req, &states, &mut candidates, now);
         if candidates.is_empty() {
             return Err(NoRoute::NoEndpoint);
         }
+        self.mark_underused(req, &states, &mut candidates, now);
         if let Some(residents) = &self.residents {
             let own = req.session_key.map(session_hash);
             if let Some(counts) = residents.for_new_session(candidates.iter().map(|c| c.id), own, now) {
@@ -668,7 +665,8 @@ impl Router {
 
     /// Marks the candidates underused for a new request (`underused_share`): those whose recent
     /// requests are below that share of the candidates' mean, once the mean is `UNDERUSED_MIN_MEAN`.
-    /// A request whose session has a live booking is a follow-up, and follows its history.
+    /// A request whose session has a live booking is a follow-up, and follows its history. `candidates`
+    /// is not empty.
     fn mark_underused(
         &self,
         req: &PickRequest<'_>,
@@ -676,7 +674,7 @@ impl Router {
         candidates: &mut [Candidate],
         now: Tick,
     ) {
-        if self.demand_window == 0 || candidates.is_empty() {
+        if self.demand_window == 0 {
             return;
         }
         let follow_up = match (&self.session_bookings, req.session_key) {
@@ -849,12 +847,19 @@ impl Router {
             .resolve(address, rank)
             .or_else(|| table.resolve(address, None))
             .map(|st| {
-                st.sent_prompt(tokens);
-                if self.demand_window > 0 {
-                    st.recent.add(self.now(), self.demand_window);
-                }
+                self.sent(st, tokens, self.now());
                 InFlight::begin(st.clone(), tokens, tokens)
             })
+    }
+
+    /// A prompt of `prompt_tokens` goes to `st`, as a pick's primary or a fallback that answered: its
+    /// freshness (`EndpointState::sent_prompt`), and its recent requests when underused endpoints are
+    /// priced.
+    fn sent(&self, st: &EndpointState, prompt_tokens: u64, now: Tick) {
+        st.sent_prompt(prompt_tokens);
+        if self.demand_window > 0 {
+            st.recent.add(now, self.demand_window);
+        }
     }
 
     /// Applies one `KvEventBatch` (protobuf bytes) from the event stream of the engine at `address`, and
