@@ -14,6 +14,10 @@
 //!    Then 1,000 and 10,000 endpoints again with 3% of them just added (`fresh` column): they publish
 //!    events but hold nothing, so each pick's shortlist walks the fresh ones and they take a share of
 //!    the picks (printed below the row).
+//!    Then 64, 1,000 and 10,000 endpoints with underused endpoints priced (`{"book_cold_s": 2,
+//!    "underused_share": 0.5}`), each endpoint first sent 0 to 8 requests: 14 to 2,200 of them
+//!    underused, so a pick's shortlist reads them from the recent-requests order (up to 256) or walks
+//!    the wait order for them (more).
 //!    Memory: allocator bytes the filled index added (both indexes, every endpoint's engine-hash map)
 //!    over distinct indexed blocks and over memberships; and the precise index's own tables per block
 //!    (`IndexStats::index_bytes`).
@@ -56,14 +60,32 @@ fn cfg() -> RouterConfig {
     }
 }
 
+/// With underused endpoints priced: the pair docs/routing.md recommends for shared prompts.
+fn underused_cfg() -> RouterConfig {
+    RouterConfig {
+        book_cold_s: 2.0,
+        underused_share: 0.5,
+        ..cfg()
+    }
+}
+
 /// Whole picks at `n` endpoints with a filled index; prints latency and memory. The last `fresh`
 /// endpoints publish events but hold nothing (engines just added): fresh whenever idle, so every pick's
-/// shortlist walks them and they take a share of the picks.
-fn whole_picks(n: usize, fresh: usize) {
-    let router = Router::new("kv_events", cfg()).unwrap();
+/// shortlist walks them and they take a share of the picks. `underused`: with `underused_cfg`, each
+/// endpoint first sent 0 to 8 requests (uniformly; mean 4, so 2 in 9 are under half of it).
+fn whole_picks(n: usize, fresh: usize, underused: bool) {
+    let router = Router::new("kv_events", if underused { underused_cfg() } else { cfg() }).unwrap();
     router
         .set_endpoints((0..n).map(|i| (addr(i), BLOCK as u32)).collect())
         .unwrap();
+    if underused {
+        let mut rng = Lcg(4);
+        for e in 0..n {
+            for _ in 0..rng.next() % 9 {
+                drop(router.begin(&addr(e), None, 0));
+            }
+        }
+    }
     let before = LIVE.load(Ordering::Relaxed);
     let per_endpoint = prompts_per_endpoint(n);
     let mut rng = Lcg(1);
@@ -235,11 +257,15 @@ fn main() {
         "index B/blk"
     );
     for n in [16, 64, 128, 1_000, 10_000].into_iter().filter(wanted) {
-        whole_picks(n, 0);
+        whole_picks(n, 0, false);
     }
     // A scale-out: 3% of the pool just added (300 of 10,000).
     for n in [1_000, 10_000].into_iter().filter(wanted) {
-        whole_picks(n, n * 3 / 100);
+        whole_picks(n, n * 3 / 100, false);
+    }
+    println!("with underused endpoints priced ({{\"book_cold_s\": 2, \"underused_share\": 0.5}}), 2 in 9 underused:");
+    for n in [64, 1_000, 10_000].into_iter().filter(wanted) {
+        whole_picks(n, 0, true);
     }
     println!("\nkv_events ranking alone, synthetic candidates (1 in 8 holding a prefix):");
     println!(

@@ -79,13 +79,12 @@ pub struct RouterConfig {
     /// rather than queued on its busy holders (`policy/affinity.rs`).
     pub fresh_cache_weight: Option<f64>,
     /// Affinity policies: an endpoint whose recent requests (`demand_window_s`) are below this share of
-    /// the candidates' mean is underused, and a new request (no live session booking: a session's first
+    /// the healthy endpoints' mean is underused, and a new request (no live session booking: a session's first
     /// turn, or one without a session key) prices its uncached tokens there at 0; 0 (the default) is
     /// off. A lasting imbalance means the prefixes the busy engines hold draw more traffic than they
     /// serve well, and a copy on the underused engine is worth its prefill: a few hot system prompts
     /// started on fewer engines than the pool has (cold booking) stay there otherwise, because at light
-    /// load no holder's queue outweighs a long prompt's prefill (`policy/affinity.rs`, point 6). With
-    /// it on, picks rank every endpoint (no shortlist).
+    /// load no holder's queue outweighs a long prompt's prefill (`policy/affinity.rs`, point 6).
     pub underused_share: f64,
     /// The window of `underused_share`'s recent requests, in seconds: each request's weight decays by
     /// `exp(-age / window)`.

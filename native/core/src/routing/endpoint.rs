@@ -150,9 +150,11 @@ impl EndpointState {
         self.healthy.load(Ordering::Relaxed)
     }
 
-    pub fn set_healthy(&self, h: bool) {
-        self.healthy.store(h, Ordering::Relaxed);
+    /// Whether it was healthy before.
+    pub fn set_healthy(&self, h: bool) -> bool {
+        let was = self.healthy.swap(h, Ordering::Relaxed);
         self.changed();
+        was
     }
 
     pub fn set_engine_load(&self, l: &EngineLoad) {

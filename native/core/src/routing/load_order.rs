@@ -16,6 +16,13 @@
 //! ranking prices their misses at `fresh_cache_weight`, the same term for all of them, so they too are
 //! ordered as these keys.
 //!
+//! And, when underused endpoints are priced (`with_demand`), the underused ones by wait: the ranking
+//! prices their misses at 0, so they too are ordered as these keys. Which are underused changes with
+//! time (counts decay, the pool's mean moves): they are the endpoints whose recent requests' level
+//! (`demand.rs`) is below a cut, and a third order, every endpoint by level, finds those that cross
+//! when a pick moves the cut. Levels do not move with time and the cut moves a little at each pick, so
+//! few cross at a time.
+//!
 //! The tie: a number each endpoint draws anew at every update of its entry. The affinity ranking breaks
 //! ties with it (then by id), whichever way the router ranks (shortlist or every endpoint), so the two
 //! decide alike; a random draw per pick and endpoint would need every tied endpoint looked at. An
@@ -37,6 +44,19 @@ use super::rng::Rng;
 type WaitKey = (u64, GateLoadKey, u64, EndpointId);
 /// (the gate's load key, tie, id).
 type LoadKey = (GateLoadKey, u64, EndpointId);
+/// (recent requests' level as `ordered` bits, id): below `(ordered(cut), 0)` is below the cut.
+type RecentKey = (u64, EndpointId);
+
+/// `x`'s bits in an order that sorts as the numbers do: a negative number's flipped whole, a positive
+/// one's with its sign bit set.
+fn ordered(x: f64) -> u64 {
+    let bits = x.to_bits();
+    if bits >> 63 == 1 {
+        !bits
+    } else {
+        bits | 1 << 63
+    }
+}
 
 /// An endpoint's expected wait before the request's own prefill, in tokens: its prefill backlog plus
 /// `request_cost` per request on it (`policy/affinity.rs` adds the request's uncached tokens).
@@ -56,6 +76,8 @@ pub struct Entry {
     pub failing: bool,
     /// Nothing cached and nothing on it (`EndpointState::fresh`).
     pub fresh: bool,
+    /// Its recent requests' level (`demand.rs`; `-inf` when they are not counted).
+    pub recent: f64,
     wait: u64,
     /// `SpillGate::load_key` of its load.
     gate_key: GateLoadKey,
@@ -69,6 +91,10 @@ impl Entry {
     fn load_key(&self, id: EndpointId) -> LoadKey {
         (self.gate_key, self.tie, id)
     }
+
+    fn recent_key(&self, id: EndpointId) -> RecentKey {
+        (ordered(self.recent), id)
+    }
 }
 
 /// The orders of one router's endpoints, behind one lock.
@@ -78,6 +104,16 @@ pub struct LoadOrder {
     orders: Mutex<Orders>,
 }
 
+/// The orders of `underused_share` (`LoadOrder::with_demand`).
+struct Demand {
+    /// Listed endpoints by their recent requests, fewest first.
+    by_recent: BTreeSet<RecentKey>,
+    /// The level below which an endpoint is underused, as of the last pick that priced them.
+    cut: f64,
+    /// The listed endpoints below `cut`, by wait.
+    below_by_wait: BTreeSet<WaitKey>,
+}
+
 pub struct Orders {
     /// Listed endpoints (present and healthy), by id.
     entries: Vec<Option<Entry>>,
@@ -85,6 +121,8 @@ pub struct Orders {
     by_load: BTreeSet<LoadKey>,
     /// The fresh ones of `by_wait`.
     fresh: BTreeSet<WaitKey>,
+    /// The underused endpoints by wait (`None`: not kept, underused endpoints are not priced).
+    demand: Option<Demand>,
     /// Listed endpoints per block size.
     block_sizes: BTreeMap<u32, usize>,
     ties: Rng,
@@ -100,10 +138,21 @@ impl LoadOrder {
                 by_wait: BTreeSet::new(),
                 by_load: BTreeSet::new(),
                 fresh: BTreeSet::new(),
+                demand: None,
                 block_sizes: BTreeMap::new(),
                 ties: Rng::new(seed),
             }),
         }
+    }
+
+    /// Keeps the underused endpoints by wait as well (`Orders::underused_by_wait`).
+    pub fn with_demand(self) -> Self {
+        self.lock().demand = Some(Demand {
+            by_recent: BTreeSet::new(),
+            cut: f64::NEG_INFINITY,
+            below_by_wait: BTreeSet::new(),
+        });
+        self
     }
 
     /// Brings `st`'s entry up to date with its load, health, block size and penalty (read under the
@@ -126,6 +175,7 @@ impl LoadOrder {
                 block_size: st.block_size(),
                 failing: st.penalty.failing(),
                 fresh: st.fresh(&load),
+                recent: st.recent.level(),
             };
             o.list(st.id, entry);
         }
@@ -162,6 +212,12 @@ impl Orders {
         if e.fresh {
             self.fresh.remove(&e.wait_key(id));
         }
+        if let Some(d) = &mut self.demand {
+            d.by_recent.remove(&e.recent_key(id));
+            if e.recent < d.cut {
+                d.below_by_wait.remove(&e.wait_key(id));
+            }
+        }
         if let Some(n) = self.block_sizes.get_mut(&e.block_size) {
             *n -= 1;
             if *n == 0 {
@@ -179,6 +235,12 @@ impl Orders {
         self.by_load.insert(e.load_key(id));
         if e.fresh {
             self.fresh.insert(e.wait_key(id));
+        }
+        if let Some(d) = &mut self.demand {
+            d.by_recent.insert(e.recent_key(id));
+            if e.recent < d.cut {
+                d.below_by_wait.insert(e.wait_key(id));
+            }
         }
         *self.block_sizes.entry(e.block_size).or_default() += 1;
     }
@@ -212,6 +274,40 @@ impl Orders {
         self.fresh.iter().map(|&(.., id)| id)
     }
 
+    /// Moves the underused endpoints' cut to `level` (`demand.rs`): those whose recent requests'
+    /// level is below it are underused. Only the endpoints between the old cut and the new move.
+    pub fn cut_underused(&mut self, level: f64) {
+        let Some(d) = &mut self.demand else {
+            return;
+        };
+        let (low, high) = (d.cut.min(level), d.cut.max(level));
+        let crossing: Vec<EndpointId> = d
+            .by_recent
+            .range((ordered(low), 0)..(ordered(high), 0))
+            .map(|&(_, id)| id)
+            .collect();
+        for id in crossing {
+            let Some(e) = self.entries.get(id).and_then(Option::as_ref) else {
+                continue;
+            };
+            if level > d.cut {
+                d.below_by_wait.insert(e.wait_key(id));
+            } else {
+                d.below_by_wait.remove(&e.wait_key(id));
+            }
+        }
+        d.cut = level;
+    }
+
+    /// `(id, requests the gate counts)` of the underused endpoints (below the last cut) by wait, least
+    /// first; none when not kept (`LoadOrder::with_demand`).
+    pub fn underused_by_wait(&self) -> impl Iterator<Item = (EndpointId, u32)> + '_ {
+        self.demand
+            .iter()
+            .flat_map(|d| d.below_by_wait.iter())
+            .map(|&(_, (gated, ..), _, id)| (id, gated))
+    }
+
     /// `(id, requests the gate counts)` by load (the gate's load key) from `min_requests` gated
     /// requests on, least first.
     pub fn by_load(&self, min_requests: u32) -> impl Iterator<Item = (EndpointId, u32)> + '_ {
@@ -231,6 +327,7 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
+    use crate::routing::demand::level_of;
     use crate::routing::endpoint::InFlight;
     use crate::routing::load::EngineLoad;
     use crate::routing::policy::filter::SpillGate;
@@ -338,6 +435,62 @@ mod tests {
         assert_eq!(waits(&order), vec![(0, 0)]);
         assert_eq!(order.lock().tie(0), tie, "the new endpoint's entry is untouched");
         drop(new);
+    }
+
+    #[test]
+    fn the_underused_endpoints_follow_the_cut_in_wait_order() {
+        let order = Arc::new(LoadOrder::new(order(16), 1).with_demand());
+        let eps: Vec<_> = (0..3).map(|i| endpoint(&order, i, 16)).collect();
+        // 3, 0 and 1 requests lately; the next update lists the counts. Endpoint 2 has a request on it.
+        for (st, n) in eps.iter().zip([3, 0, 1]) {
+            for _ in 0..n {
+                st.recent.add(1.0, 10, 50);
+            }
+            order.update(st);
+        }
+        let _on_2 = InFlight::begin(eps[2].clone(), 10, 0);
+        let below = |count| {
+            let mut o = order.lock();
+            o.cut_underused(level_of(count, 10, 50));
+            o.underused_by_wait().map(|(id, _)| id).collect::<Vec<_>>()
+        };
+        assert_eq!(below(2.0), vec![1, 2], "by wait");
+        assert_eq!(below(0.5), vec![1], "the cut lowered");
+        assert_eq!(below(5.0).len(), 3, "raised past all");
+        assert_eq!(below(1.0), vec![1]);
+        // Ten windows later the counts have faded: the same count is a higher level, all are below it.
+        let mut o = order.lock();
+        o.cut_underused(level_of(1.0, 510, 50));
+        assert_eq!(o.underused_by_wait().count(), 3);
+        o.cut_underused(level_of(2.0, 10, 50));
+        drop(o);
+        // A request ending on 2 moves it in the wait order; more requests on 1 move it past the cut.
+        drop(_on_2);
+        assert_eq!(
+            order
+                .lock()
+                .underused_by_wait()
+                .map(|(id, _)| id)
+                .collect::<Vec<_>>()
+                .len(),
+            2
+        );
+        for _ in 0..4 {
+            eps[1].recent.add(1.0, 10, 50);
+        }
+        order.update(&eps[1]);
+        assert_eq!(
+            order.lock().underused_by_wait().map(|(id, _)| id).collect::<Vec<_>>(),
+            vec![2]
+        );
+        // An unhealthy endpoint is unlisted.
+        eps[2].set_healthy(false);
+        assert_eq!(order.lock().underused_by_wait().count(), 0);
+        // Without `with_demand` none is kept.
+        let plain = Arc::new(LoadOrder::new(self::order(16), 1));
+        let _st = endpoint(&plain, 0, 16);
+        plain.lock().cut_underused(f64::INFINITY);
+        assert_eq!(plain.lock().underused_by_wait().count(), 0);
     }
 
     #[test]

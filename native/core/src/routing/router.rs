@@ -10,6 +10,7 @@ use prost::Message;
 
 use super::block_hash::{self, BlockHash};
 use super::config::RouterConfig;
+use super::demand::{self, RecentRequests};
 use super::endpoint::{rank_name, split_name, EndpointState, InFlight};
 use super::endpoint_set::{EndpointId, EndpointSet, MAX_ENDPOINTS};
 use super::error::RoutingError;
@@ -179,10 +180,15 @@ pub struct Router {
     /// The window of each endpoint's recent requests, in ticks, when underused endpoints are priced
     /// (`underused_share`); 0: off, and nothing is counted.
     demand_window: Tick,
+    /// The requests sent to the healthy endpoints lately, decayed as each endpoint's count: their sum,
+    /// kept as they change (an endpoint leaving or rejoining the pool takes its count along), for the
+    /// mean in O(1). A race between a pick and a health change may leave it slightly off; the error
+    /// fades with the window.
+    pool_recent: RecentRequests,
 }
 
-/// The candidates' mean recent requests below which no endpoint counts as underused: a trickle of
-/// traffic is no imbalance worth a copy.
+/// The healthy endpoints' mean recent requests below which no endpoint counts as underused: a trickle
+/// of traffic is no imbalance worth a copy.
 const UNDERUSED_MIN_MEAN: f64 = 2.0;
 
 /// From this many healthy endpoints on, a policy with a `wait_order` ranks a shortlist (`Router::
@@ -213,9 +219,15 @@ impl Router {
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_nanos() as u64)
         });
-        let wait_order = policy
-            .wait_order()
-            .map(|w| (w, Arc::new(LoadOrder::new(w, seed ^ 0x5eed))));
+        let demand_window = if config.underused_share > 0.0 {
+            ((config.demand_window_s * 10.0).ceil() as Tick).max(1)
+        } else {
+            0
+        };
+        let wait_order = policy.wait_order().map(|w| {
+            let order = LoadOrder::new(w, seed ^ 0x5eed);
+            (w, Arc::new(if demand_window > 0 { order.with_demand() } else { order }))
+        });
         let session_bookings = (config.book_session_s > 0.0 && policy.prefix_source() == PrefixSource::Events)
             .then(|| SessionBookings::new((config.book_session_s * 10.0).ceil() as Tick));
         Ok(Router {
@@ -232,11 +244,8 @@ impl Router {
             session_bookings,
             residents: (config.resident_session_tokens > 0)
                 .then(|| Residents::new((config.resident_window_s * 10.0).ceil() as Tick)),
-            demand_window: if config.underused_share > 0.0 {
-                ((config.demand_window_s * 10.0).ceil() as Tick).max(1)
-            } else {
-                0
-            },
+            demand_window,
+            pool_recent: RecentRequests::default(),
             config,
             table: RwLock::new(Table::default()),
             rng: Rng::new(seed),
@@ -275,6 +284,9 @@ impl Router {
                 .collect();
             for &id in &gone {
                 if let Some(st) = t.slots[id].take() {
+                    if st.healthy() {
+                        self.leaves_pool(&st, true);
+                    }
                     t.by_address.remove(&st.address);
                     if let Some((_, order)) = &self.wait_order {
                         order.remove(&st);
@@ -337,7 +349,9 @@ impl Router {
         let table = self.read_table();
         let mut known = false;
         for st in table.engine(address) {
-            st.set_healthy(healthy);
+            if st.set_healthy(healthy) != healthy {
+                self.leaves_pool(st, !healthy);
+            }
             known = true;
         }
         known
@@ -464,7 +478,11 @@ impl Router {
         if candidates.is_empty() {
             return Err(NoRoute::NoEndpoint);
         }
-        self.mark_underused(req, &states, &mut candidates, now);
+        if let Some(below) = self.underused_below(req, healthy, now) {
+            for (c, st) in candidates.iter_mut().zip(&states) {
+                c.underused = st.recent.level() < below;
+            }
+        }
         if let Some(residents) = &self.residents {
             let own = req.session_key.map(session_hash);
             if let Some(counts) = residents.for_new_session(candidates.iter().map(|c| c.id), own, now) {
@@ -502,7 +520,8 @@ impl Router {
     /// Ranks a shortlist (`load_order.rs`): the endpoints holding the prompt's first block, the least
     /// loaded endpoint (the spill gate's minimum), the first `1 + max_fallbacks` candidates holding
     /// none of it in the policy's wait order among those the gate keeps, as many fresh ones when fresh
-    /// endpoints are priced, and as many spilled ones in load order when the kept ones are too few. The
+    /// endpoints are priced, as many underused ones (in wait order) when those are, and as many
+    /// spilled ones in load order when the kept ones are too few. The
     /// policy orders each group as those orders do (`WaitOrder`), so the shortlist's first
     /// `1 + max_fallbacks` are every candidate's: the same decision as `rank_all` (router_tests:
     /// `a_shortlist_decides_as_ranking_every_endpoint`).
@@ -511,8 +530,8 @@ impl Router {
     /// order, fewer than `shortlist_from` healthy endpoints, a subset hint (it may exclude most of
     /// them), data-parallel ranks (their fallbacks walk the whole ranking), a sheddable request
     /// (shedding reads every queue), no endpoint that its penalty lets in, or more than
-    /// `SHORTLIST_SKIPS` ejected or spilled endpoints in the way, or resident sessions or underused
-    /// endpoints priced (the load order does not include them).
+    /// `SHORTLIST_SKIPS` ejected or spilled endpoints in the way, or resident sessions priced (the
+    /// load order does not include them).
     fn shortlist<'t>(
         &self,
         table: &'t Table,
@@ -521,17 +540,16 @@ impl Router {
         now: Tick,
     ) -> Option<Decision<'t>> {
         let (wait, order) = self.wait_order.as_ref()?;
-        if req.subset.is_some()
-            || self.residents.is_some()
-            || self.demand_window > 0
-            || table.ranks > 0
-            || self.may_shed(req)
-        {
+        if req.subset.is_some() || self.residents.is_some() || table.ranks > 0 || self.may_shed(req) {
             return None;
         }
-        let orders = order.lock();
+        let mut orders = order.lock();
         if orders.len() < self.shortlist_from {
             return None;
+        }
+        let below = self.underused_below(req, orders.len(), now);
+        if let Some(below) = below {
+            orders.cut_underused(below);
         }
         let state = |id: EndpointId| table.slots.get(id).and_then(Option::as_ref);
         // Listed endpoints are healthy; a candidate is one its penalty lets in (some is, or `None`):
@@ -572,20 +590,31 @@ impl Router {
         let k = 1 + self.config.max_fallbacks;
         let mut ids: Vec<EndpointId> = holders.iter().map(|&(id, _)| id).collect();
         ids.push(least);
-        let mut found = 0;
-        for (id, requests) in orders.by_wait() {
-            if found == k {
-                break;
+        // The first k endpoints of a walk (with the requests the gate counts) that hold nothing of the
+        // prompt (ranked by their own keys, the holders are all in already), that the gate keeps and
+        // their penalty lets in; how many it found.
+        let mut first_kept = |walk: &mut dyn Iterator<Item = (EndpointId, u32)>, ids: &mut Vec<EndpointId>| {
+            let mut found = 0;
+            for (id, requests) in walk {
+                if found == k {
+                    break;
+                }
+                if holds(id).is_some() {
+                    continue;
+                }
+                if !kept(requests) || !admitted(id) {
+                    skip()?;
+                    continue;
+                }
+                ids.push(id);
+                found += 1;
             }
-            if holds(id).is_some() {
-                continue; // ranked by its own key; the holders are all in already
-            }
-            if !kept(requests) || !admitted(id) {
-                skip()?;
-                continue;
-            }
-            ids.push(id);
-            found += 1;
+            Some(found)
+        };
+        let found = first_kept(&mut orders.by_wait(), &mut ids)?;
+        // Underused endpoints rank by their wait alone (uncached tokens count 0 there).
+        if below.is_some() {
+            first_kept(&mut orders.underused_by_wait(), &mut ids)?;
         }
         // The first k endpoints of a walk that hold nothing of the prompt and that their penalty lets in.
         let mut first_k = |walk: &mut dyn Iterator<Item = EndpointId>, ids: &mut Vec<EndpointId>| {
@@ -638,7 +667,7 @@ impl Router {
                 tie: e.tie,
                 residents: 0,
                 fresh: fresh_priced && e.fresh,
-                underused: false,
+                underused: below.is_some_and(|b| e.recent < b),
             });
             states.push(st);
         }
@@ -663,35 +692,32 @@ impl Router {
         )
     }
 
-    /// Marks the candidates underused for a new request (`underused_share`): those whose recent
-    /// requests are below that share of the candidates' mean, once the mean is `UNDERUSED_MIN_MEAN`.
-    /// A request whose session has a live booking is a follow-up, and follows its history. `candidates`
-    /// is not empty.
-    fn mark_underused(
-        &self,
-        req: &PickRequest<'_>,
-        states: &[&Arc<EndpointState>],
-        candidates: &mut [Candidate],
-        now: Tick,
-    ) {
-        if self.demand_window == 0 {
-            return;
+    /// The level of recent requests (`demand.rs`) below which an endpoint is underused for this
+    /// request: `underused_share` of the mean over the `healthy` endpoints. `None` when none is: the
+    /// setting is off, the request is a follow-up (its session has a live booking: it follows its
+    /// history), or the mean is below `UNDERUSED_MIN_MEAN`.
+    fn underused_below(&self, req: &PickRequest<'_>, healthy: usize, now: Tick) -> Option<f64> {
+        if self.demand_window == 0 || healthy == 0 {
+            return None;
         }
-        let follow_up = match (&self.session_bookings, req.session_key) {
-            (Some(bookings), Some(key)) => bookings.live(session_hash(key), now),
-            _ => false,
-        };
-        if follow_up {
-            return;
+        if let (Some(bookings), Some(key)) = (&self.session_bookings, req.session_key) {
+            if bookings.live(session_hash(key), now) {
+                return None;
+            }
         }
-        let recent: Vec<f64> = states.iter().map(|st| st.recent.at(now, self.demand_window)).collect();
-        let mean = recent.iter().sum::<f64>() / recent.len() as f64;
-        if mean < UNDERUSED_MIN_MEAN {
-            return;
-        }
-        let below = self.config.underused_share * mean;
-        for (c, r) in candidates.iter_mut().zip(recent) {
-            c.underused = r < below;
+        let mean = self.pool_recent.at(now, self.demand_window) / healthy as f64;
+        (mean >= UNDERUSED_MIN_MEAN)
+            .then(|| demand::level_of(self.config.underused_share * mean, now, self.demand_window))
+    }
+
+    /// `st` leaves the healthy pool (`leaves`) or rejoins it: the pool's recent requests lose or regain
+    /// its count.
+    fn leaves_pool(&self, st: &EndpointState, leaves: bool) {
+        if self.demand_window > 0 {
+            let now = self.now();
+            let count = st.recent.at(now, self.demand_window);
+            let sign = if leaves { -1.0 } else { 1.0 };
+            self.pool_recent.add(sign * count, now, self.demand_window);
         }
     }
 
@@ -858,7 +884,8 @@ impl Router {
     fn sent(&self, st: &EndpointState, prompt_tokens: u64, now: Tick) {
         st.sent_prompt(prompt_tokens);
         if self.demand_window > 0 {
-            st.recent.add(now, self.demand_window);
+            st.recent.add(1.0, now, self.demand_window);
+            self.pool_recent.add(1.0, now, self.demand_window);
         }
     }
 

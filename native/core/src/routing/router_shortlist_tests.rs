@@ -74,6 +74,7 @@ fn random_router(g: &mut Lcg, seed: u64) -> (Router, Vec<InFlight>) {
         book_cold_spread: g.pick(&[1, 1, 2]),
         book_cold_spread_share: g.pick(&[0.0, 0.0, 0.02, 0.5]),
         fresh_cache_weight: g.pick(&[None, Some(0.0), Some(0.25), Some(1.0)]),
+        underused_share: g.pick(&[0.0, 0.0, 0.5, 1.0]),
         ..Default::default()
     };
     let mut r = Router::new(policy, cfg).unwrap();
@@ -112,6 +113,10 @@ fn random_router(g: &mut Lcg, seed: u64) -> (Router, Vec<InFlight>) {
     let ejecting = if g.chance(10) { 95 } else { 10 };
     let mut guards = Vec::new();
     for i in 0..n {
+        // Requests sent lately and ended (`underused_share`'s counts): a mean of about 4.
+        for _ in 0..g.below(6) {
+            drop(r.begin(&addr(i), None, 0).unwrap());
+        }
         for _ in 0..g.below(4) {
             let mut guard = r.begin(&addr(i), None, g.pick(&[0, 64, 128])).unwrap();
             if g.chance(50) {
@@ -186,6 +191,63 @@ fn a_shortlist_decides_as_ranking_every_endpoint() {
         2 * shortlisted < candidates,
         "{shortlisted} shortlisted of {candidates}"
     );
+}
+
+#[test]
+fn a_large_pool_shortlists_its_underused_endpoints_few_or_many() {
+    // 1,000 endpoints, each with one request in flight; lately the busy ones were sent more, and 10 or
+    // 600 were not (more than `SHORTLIST_SKIPS`: the walk of the underused ones is not the budget's
+    // business, they are the walk). Either way the mean is
+    // about 5 requests, the idle ones (1) are under half of it, and a new request on a prefix that 900
+    // holds goes to an idle one without backlog: 16 for its request, its uncached tokens at 0, against
+    // 16 + 3 x 8 on the holder.
+    for (idle, busy_sent) in [(10usize, 4usize), (600, 10)] {
+        let r = pool(
+            1_000,
+            RouterConfig {
+                seed: Some(8),
+                max_fallbacks: 2,
+                underused_share: 0.5,
+                ..Default::default()
+            },
+        );
+        served(&r);
+        for i in idle..1_000 {
+            for _ in 0..busy_sent {
+                drop(r.begin(&addr(i), None, 0).unwrap());
+            }
+        }
+        // Every third idle endpoint has no backlog; the others 64 or 128 prompt tokens to prefill.
+        let held: Vec<InFlight> = (0..1_000)
+            .map(|i| {
+                let backlog = if i < idle { (i as u64 % 3) * 64 } else { 0 };
+                r.begin(&addr(i), None, backlog).unwrap()
+            })
+            .collect();
+        let root = block_hash::root(None, None);
+        let t = tokens(1, 2, 0);
+        let id = r.read_table().get(&addr(900)).unwrap().id;
+        r.events
+            .insert(id, &block_hash::prompt_hashes(&t, B as usize, root)[..PREFIX], 0);
+        let req = PickRequest {
+            token_ids: &t,
+            ..Default::default()
+        };
+        let table = r.read_table();
+        let (clock, now) = (Instant::now(), r.now());
+        let short = r.shortlist(&table, &req, clock, now).expect("a shortlist");
+        let all = r.rank_all(&table, &req, clock, now).unwrap();
+        assert_eq!(outcome(&r, &short, 3), outcome(&r, &all, 3), "{idle} idle");
+        assert!(
+            short.candidates.len() <= 1 + 1 + 3 + 3,
+            "{idle} idle: {}",
+            short.candidates.len()
+        );
+        let primary = short.states[short.ranking[0]].address.to_string();
+        let i = (0..idle).find(|&i| addr(i) == primary);
+        assert!(i.is_some_and(|i| i % 3 == 0), "{idle} idle: {primary}");
+        drop((table, held));
+    }
 }
 
 /// Marks every endpoint as routed to before (a pool that has served): none publishes events, so none

@@ -1308,3 +1308,47 @@ fn an_underused_engine_takes_new_requests_and_follow_ups_keep_their_history() {
     assert!(RouterConfig::from_json(r#"{"demand_window_s": 0}"#).is_err());
     assert_eq!(RouterConfig::default().underused_share, 0.0);
 }
+
+#[test]
+fn an_engine_leaving_the_pool_takes_its_requests_out_of_the_mean() {
+    // Lately 0 was sent 12 requests, 1 two and 2 four: mean 6, and 1 is under half of it. With 0
+    // unhealthy or removed, its requests leave the pool's count with it: mean 3, and none is.
+    let r = router_with(
+        "kv_events",
+        3,
+        RouterConfig {
+            seed: Some(5),
+            underused_share: 0.5,
+            ..Default::default()
+        },
+    );
+    for (i, n) in [(0, 12), (1, 2), (2, 4)] {
+        for _ in 0..n {
+            drop(r.begin(&addr(i), None, 8).unwrap());
+        }
+    }
+    let underused = |r: &Router| -> Vec<String> {
+        let t = prompt(1, 4);
+        let req = PickRequest {
+            token_ids: &t,
+            ..Default::default()
+        };
+        let table = r.read_table();
+        let d = r.rank_all(&table, &req, std::time::Instant::now(), r.now()).unwrap();
+        let mut names: Vec<String> = (0..d.candidates.len())
+            .filter(|&i| d.candidates[i].underused)
+            .map(|i| d.states[i].address.to_string())
+            .collect();
+        names.sort();
+        names
+    };
+    assert_eq!(underused(&r), [addr(1)]);
+    r.set_health(&addr(0), false);
+    assert_eq!(underused(&r), Vec::<String>::new());
+    // A repeated report takes nothing more out; back in the pool, its requests count again.
+    r.set_health(&addr(0), false);
+    r.set_health(&addr(0), true);
+    assert_eq!(underused(&r), [addr(1)]);
+    r.set_endpoints(vec![(addr(1), B), (addr(2), B)]).unwrap();
+    assert_eq!(underused(&r), Vec::<String>::new());
+}

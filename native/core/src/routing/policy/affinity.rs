@@ -50,7 +50,7 @@
 //!    agentic shape (docs/routing-benchmark.md, "Fresh engines").
 //! 6. Underused engines (`underused_share`, off by default): for a new request (no live session
 //!    booking), an endpoint whose requests over the last `demand_window_s` (decayed) are below that
-//!    share of the candidates' mean prices the uncached tokens at 0: only its backlog counts. The
+//!    share of the healthy endpoints' mean prices the uncached tokens at 0: only its backlog counts. The
 //!    expected wait judges one request; a copy of a hot prefix pays off over the requests after it.
 //!    At light load a holder's queue never outweighs a long prompt's prefill at any positive weight
 //!    (session 13 measured 0.5 and 1 as no change), so a few hot system prompts started on fewer

@@ -62,7 +62,7 @@ pub struct Candidate {
     /// it. Set only when that setting is on.
     pub fresh: bool,
     /// The endpoint is underused for this request (`underused_share`): a new request, and the
-    /// endpoint's recent requests are below that share of the candidates' mean. Set only when that
+    /// endpoint's recent requests are below that share of the healthy endpoints' mean. Set only when that
     /// setting is on.
     pub underused: bool,
 }
