@@ -16,8 +16,8 @@
 //!    the picks (printed below the row).
 //!    Then 64, 1,000 and 10,000 endpoints with underused endpoints priced (`{"book_cold_s": 2,
 //!    "underused_share": 0.5}`), each endpoint first sent 0 to 8 requests: 14 to 2,200 of them
-//!    underused, so a pick's shortlist reads them from the recent-requests order (up to 256) or walks
-//!    the wait order for them (more).
+//!    underused, so each pick's shortlist adds the least waiting of them (the load order keeps the
+//!    underused endpoints by wait, moving those that cross the cut as the pool's mean moves).
 //!    Memory: allocator bytes the filled index added (both indexes, every endpoint's engine-hash map)
 //!    over distinct indexed blocks and over memberships; and the precise index's own tables per block
 //!    (`IndexStats::index_bytes`).
@@ -60,7 +60,7 @@ fn cfg() -> RouterConfig {
     }
 }
 
-/// With underused endpoints priced: the pair docs/routing.md recommends for shared prompts.
+/// With underused endpoints priced: the pair docs/routing.md describes for retrieval and cold starts.
 fn underused_cfg() -> RouterConfig {
     RouterConfig {
         book_cold_s: 2.0,
