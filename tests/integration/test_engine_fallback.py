@@ -98,3 +98,31 @@ def test_retries_stay_with_the_request_s_model(tmp_path: Path) -> None:
             assert reply.choices[0].message.content
         assert refusing.stats.faults == 1 and healthy.stats.completed == 4  # then ejected
         assert beta.stats.generate_requests == 1
+
+
+def test_a_fallback_that_answered_is_priced_as_holding_the_prompt(tmp_path: Path) -> None:
+    """An engine without KV events counts as holding nothing (fresh: its requests' uncached tokens priced
+    at `fresh_cache_weight`) until a prompt of a block or more is sent to it. When the picked engine
+    refuses and Envoy's retry lands on a fallback, the prompt is prefilled there: the router must count
+    it, or that engine keeps drawing new prefixes as if it were empty."""
+    slow = SimOptions(itl_ms=50.0)  # the holding stream below lasts 10 s
+    settings = {"kv_events": "off"}  # freshness then rests on what the gateway sent
+    with local_stack(FreePorts(), tmp_path, sim=slow, fallbacks=1, extproc_settings=settings) as stack:
+        # A stream whose prompt is shorter than a KV block keeps one engine busy and leaves it fresh.
+        body = {"model": stack.model, "prompt": "x", "max_tokens": 200, "ignore_eos": True, "stream": True}
+        holding = post_json(stack.base_url, "/v1/completions", body)
+        response = holding.getresponse()
+        assert response.status == 200 and response.read(6) == b"data: "
+        (busy,) = [e for e in stack.engines.engines if e.stats.active == 1]
+        (idle,) = [e for e in stack.engines.engines if e is not busy]
+        view = {e["engine"]: e for e in stack.gateway.gateway.engines()}
+        assert view[busy.address]["nothing_cached"] and view[idle.address]["nothing_cached"]
+
+        # The idle fresh engine is the pick for a long prompt (a quarter of its tokens against three
+        # times them on the busy one); it refuses, and Envoy retries on the busy one, the fallback.
+        idle.faults.set(fail_code="UNAVAILABLE", fail_message="draining")
+        _chat(stack, "a question long enough to fill several KV blocks of the engine " * 4)
+        assert idle.stats.faults == 1 and busy.stats.completed == 1
+        view = {e["engine"]: e for e in stack.gateway.gateway.engines()}
+        assert not view[busy.address]["nothing_cached"], "the fallback prefilled the prompt"
+        holding.close()

@@ -25,6 +25,9 @@ pub struct EngineView {
     pub kv_usage: f64,
     /// Engine blocks the router mapped from the endpoint's KV events.
     pub cached_blocks: usize,
+    /// The router believes the engine holds nothing cached: no event shows a block and, for an engine
+    /// without events, no prompt of a block or more was sent to it (a new, restarted or cleared engine).
+    pub nothing_cached: bool,
     /// Consecutive failures (0: none) and where the router's penalty stands (`closed`, `half_open`,
     /// `ejected`).
     pub penalty_failures: u32,
@@ -66,6 +69,7 @@ pub fn engines(gateway: &Gateway) -> Vec<EngineView> {
                 waiting: e.load.engine.waiting,
                 kv_usage: e.load.engine.kv_usage,
                 cached_blocks: e.engine_blocks,
+                nothing_cached: e.nothing_cached,
                 penalty_failures: e.failures,
                 penalty: standing_name(e.standing),
             });
@@ -171,7 +175,7 @@ pub(super) fn counters(e: &mut Exposition, m: &Metrics) {
 
 type EndpointGauge = (&'static str, &'static str, fn(&EndpointInfo) -> f64);
 
-const ENDPOINT_GAUGES: [EndpointGauge; 9] = [
+const ENDPOINT_GAUGES: [EndpointGauge; 10] = [
     (
         "extproc_engine_healthy",
         "1 while the engine passes its health checks.",
@@ -211,6 +215,11 @@ const ENDPOINT_GAUGES: [EndpointGauge; 9] = [
         "extproc_engine_cached_blocks",
         "Engine KV blocks the router mapped from the engine's KV events.",
         |e| e.engine_blocks as f64,
+    ),
+    (
+        "extproc_engine_nothing_cached",
+        "1 while the router believes the engine caches nothing (new, restarted or cleared): idle, it is priced as fresh.",
+        |e| f64::from(u8::from(e.nothing_cached)),
     ),
     (
         "extproc_engine_penalty_state",

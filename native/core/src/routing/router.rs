@@ -105,6 +105,9 @@ pub struct EndpointInfo {
     pub publishes_events: bool,
     /// Engine block hashes mapped for the endpoint.
     pub engine_blocks: usize,
+    /// Nothing is cached on it as far as the router knows (`EndpointState::nothing_cached`): while it is
+    /// also idle, its requests' uncached tokens are priced at `fresh_cache_weight`.
+    pub nothing_cached: bool,
     /// Where its failure record stands (`penalty.rs`).
     pub standing: Standing,
     /// Its consecutive failures (`penalty.rs`; 0: none).
@@ -994,6 +997,7 @@ impl Router {
                     load: st.load(),
                     publishes_events: ev.publishing,
                     engine_blocks: ev.engine_map().len(),
+                    nothing_cached: st.nothing_cached(),
                     standing: st.penalty.standing(Instant::now()),
                     failures: st.penalty.failures(),
                 }

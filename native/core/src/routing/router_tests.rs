@@ -1221,8 +1221,10 @@ fn a_fallback_that_answered_is_fresh_no_more_after_a_full_block() {
     let idle = Load::default();
     drop(r.begin(&addr(1), None, u64::from(B) - 1).unwrap());
     assert!(st.fresh(&idle), "a probe cached nothing");
+    assert!(endpoint(&r, &addr(1)).nothing_cached, "as operators see it");
     drop(r.begin(&addr(1), None, u64::from(B)).unwrap());
     assert!(!st.fresh(&idle), "a full block may be cached there");
+    assert!(!endpoint(&r, &addr(1)).nothing_cached);
 }
 
 #[test]

@@ -269,6 +269,7 @@ impl PyGateway {
             d.set_item("waiting", e.waiting)?;
             d.set_item("kv_usage", e.kv_usage)?;
             d.set_item("cached_blocks", e.cached_blocks)?;
+            d.set_item("nothing_cached", e.nothing_cached)?;
             d.set_item("penalty", e.penalty)?;
             d.set_item("penalty_failures", e.penalty_failures)?;
             list.append(d)?;
