@@ -19,6 +19,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 # A difference larger than this counts as a request that one gateway made wait (a prefill of a few hundred
 # tokens on the simulated engines; well above the run-to-run jitter of a request served alike).
@@ -69,6 +70,24 @@ def pair(a: dict[tuple[str, int], dict], b: dict[tuple[str, int], dict], after_s
         if key in b and ra["start"] >= after_s
     ]
     return sorted(twins, key=lambda t: t.start)
+
+
+Records = dict[tuple[str, int], dict]
+
+
+def twin_hits(a: Records, b: Records, after_s: float) -> dict[str, Any]:
+    """Hit rates over the requests both runs served that started at or after `after_s` in each: the
+    same prompts, so their difference is the routing's alone. In a closed loop the runs' own hit
+    rates are over different requests: a faster gateway reaches other sessions and turns in the
+    window, and a turn's share of cached tokens depends on which it is."""
+    keys = [k for k, r in a.items() if k in b and r["start"] >= after_s and b[k]["start"] >= after_s]
+    prompt_a = sum(a[k]["prompt_tokens"] for k in keys)
+    prompt_b = sum(b[k]["prompt_tokens"] for k in keys)
+    if not keys or not prompt_a or not prompt_b:
+        return {"requests": len(keys), "a": None, "b": None, "pts": None}
+    hit_a = sum(a[k].get("cached_tokens") or 0 for k in keys) / prompt_a
+    hit_b = sum(b[k].get("cached_tokens") or 0 for k in keys) / prompt_b
+    return {"requests": len(keys), "a": hit_a, "b": hit_b, "pts": 100 * (hit_a - hit_b)}
 
 
 def summary(twins: Sequence[Twin]) -> dict[str, float | int | None]:

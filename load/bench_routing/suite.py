@@ -39,7 +39,7 @@ from typing import Any
 
 from load.bench import gateways as bench_gateways
 from load.bench.procs import StartError
-from load.bench_routing import followups, gateways, replicas, shapes, suite_report
+from load.bench_routing import followups, gateways, paired, replicas, shapes, suite_report
 from load.bench_routing.engines import EngineConfig, EngineWatch, start_engines
 from load.bench_routing.run import (
     Context,
@@ -292,6 +292,7 @@ def run_one(
         "topology": gw.topology,
         "doors": len(doors),
         "followups": followups.analyse(turns, warmup_s, cell.config.block_size),
+        "records": str(log_dir / "records.jsonl"),
     }
 
 
@@ -448,7 +449,20 @@ def _repeat(
     for gw in order:
         print(f"  {cell.shape} seed {cell.seed}{where}{nth}, {gw.name}", file=sys.stderr)
         runs.append(_guarded(gw, ctx, cell, shape, arrivals, args, label + suffix))
+    _add_twin_hits(runs, args.warmup)
     return runs
+
+
+def _add_twin_hits(runs: Sequence[dict[str, Any]], warmup_s: float) -> None:
+    """Each of our runs' hit rate against SMG's over the requests both served (`paired.twin_hits`):
+    `twin_hits.pts`, the routing's own difference where a closed loop's windows hold other requests."""
+    smg = next((r for r in runs if r["gateway"] == SMG.name and "records" in r), None)
+    if smg is None:
+        return
+    theirs = paired.read_records(Path(smg["records"]))
+    for run in runs:
+        if run is not smg and "records" in run:
+            run["twin_hits"] = paired.twin_hits(paired.read_records(Path(run["records"])), theirs, warmup_s)
 
 
 def _guarded(

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from load.bench_routing import paired
 
 
@@ -63,3 +65,30 @@ def test_twins_are_matched_by_session_and_turn_after_the_warmup(tmp_path: Path) 
     assert "| follow-ups | 1 | +100.0 |" in table
     assert "| same cached tokens | 1 | +10.0 |" in table
     assert "| 9.00 | s1 | 4 | 300 | 200 | 800 | 1600 |" in table
+
+
+def test_closed_loop_hits_compare_over_the_requests_both_served(tmp_path: Path) -> None:
+    # A faster gateway reaches later sessions in its window. Over its own requests it hits less (two
+    # first turns, nothing to hit yet), though on every request both served it hit as much.
+    ours = paired.read_records(
+        write(
+            tmp_path / "a.jsonl",
+            [
+                row("s1", 4, 5.0, 0.1, 900),
+                row("s2", 2, 6.0, 0.1, 300),
+                row("s3", 2, 7.0, 0.1, 0),
+                row("s4", 2, 8.0, 0.1, 0),
+            ],
+        )
+    )
+    smg = paired.read_records(
+        write(
+            tmp_path / "b.jsonl",
+            [row("s1", 2, 1.0, 0.3, 0), row("s1", 4, 6.0, 0.3, 900), row("s2", 2, 7.0, 0.3, 100)],
+        )
+    )
+    twins = paired.twin_hits(ours, smg, after_s=4.0)
+    assert twins["requests"] == 2, "s1's first turn is in SMG's warm-up; s3 and s4 only in ours"
+    assert twins["pts"] == pytest.approx((1200 - 1000) / 2000 * 100)
+    # Nothing in common: no figure rather than a zero.
+    assert paired.twin_hits(ours, smg, after_s=100.0) == {"requests": 0, "a": None, "b": None, "pts": None}

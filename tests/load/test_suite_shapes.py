@@ -259,6 +259,28 @@ def test_the_summary_names_the_worst_cold_start_apart_from_the_targets() -> None
     )
 
 
+def test_hits_are_judged_over_the_requests_both_gateways_served() -> None:
+    def point(twin_pts: float | None) -> dict[str, object]:
+        smg, ours = _run("smg", 100, 200, 0.80), _run("kv_events", 60, 150, 0.79)
+        if twin_pts is not None:
+            ours["twin_hits"] = {"requests": 80, "a": 0.8, "b": 0.8, "pts": twin_pts}
+        return {"mode": "closed", "load": None, "rate": None, "runs": [smg, ours]}
+
+    def hit_misses(twin_pts: float | None) -> list[str]:
+        doc = {"ours": [{"name": "kv_events"}], "cells": [_main_cell("agentic", [point(twin_pts)])]}
+        return suite_report.analyse(doc)["kv_events"]["misses"]["hit"]
+
+    # One point behind over each run's own requests: the same routing when the same requests agree.
+    assert hit_misses(0.0) == []
+    assert hit_misses(-0.6) == ["agentic s0 closed"], "behind on the same requests"
+    assert hit_misses(None) == ["agentic s0 closed"], "results without twins: the runs' own rates"
+    cell = _main_cell("agentic", [point(0.0)])
+    header = suite_report.HEADER.splitlines()[0]
+    line = list(suite_report._rows(cell, {"default_policy": "kv_events"}))[1]
+    cells = dict(zip(header.split("|")[1:-1], line.split("|")[1:-1], strict=True))
+    assert (cells[" hit-SMG pts "], cells[" same requests: hit-SMG pts "]) == (" -1.0 ", " +0.0 ")
+
+
 def test_a_point_measured_on_too_few_requests_is_named_with_its_count() -> None:
     def point(load: float, count: int) -> dict[str, object]:
         smg, ours = _run("smg", 100, 200, 0.9), _run("kv_events", 110, 190, 0.8)
