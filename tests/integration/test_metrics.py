@@ -231,6 +231,9 @@ def test_engine_gauges_and_the_engine_view(stack: Stack, traffic: Traffic) -> No
     assert view["protocol"] == "vllm" and view["healthy"] is True
     assert view["in_flight_requests"] == 0 and view["penalty"] == "closed" and view["problem"] is None
     assert view["cached_blocks"] == after.value("extproc_engine_cached_blocks", **labels)
+    # It served prompts of several blocks: the router no longer prices it as holding nothing.
+    assert view["nothing_cached"] is False
+    assert after.value("extproc_engine_nothing_cached", **labels) == 0
 
 
 def test_an_unknown_path_is_404(traffic: Traffic) -> None:
