@@ -122,7 +122,8 @@ def test_a_fallback_that_answered_is_priced_as_holding_the_prompt(tmp_path: Path
         # times them on the busy one); it refuses, and Envoy retries on the busy one, the fallback.
         idle.faults.set(fail_code="UNAVAILABLE", fail_message="draining")
         _chat(stack, "a question long enough to fill several KV blocks of the engine " * 4)
-        assert idle.stats.faults == 1 and busy.stats.completed == 1
+        assert idle.stats.faults == 1
+        assert wait_for(lambda: busy.stats.completed == 1), "the fallback answered"
         view = {e["engine"]: e for e in stack.gateway.gateway.engines()}
         assert not view[busy.address]["nothing_cached"], "the fallback prefilled the prompt"
         holding.close()
