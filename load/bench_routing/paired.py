@@ -25,6 +25,9 @@ from typing import Any
 # tokens on the simulated engines; well above the run-to-run jitter of a request served alike).
 SLOWER_MS = 50.0
 
+# A run's successful requests by (session, messages).
+Records = dict[tuple[str, int], dict]
+
 
 @dataclass(frozen=True)
 class Twin:
@@ -42,7 +45,7 @@ class Twin:
         return (self.ttft_a - self.ttft_b) * 1000
 
 
-def read_records(path: Path) -> dict[tuple[str, int], dict]:
+def read_records(path: Path) -> Records:
     """A run's successful requests by (session, messages): one request of a session per turn."""
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     return {
@@ -50,7 +53,7 @@ def read_records(path: Path) -> dict[tuple[str, int], dict]:
     }
 
 
-def pair(a: dict[tuple[str, int], dict], b: dict[tuple[str, int], dict], after_s: float = 0.0) -> list[Twin]:
+def pair(a: Records, b: Records, after_s: float = 0.0) -> list[Twin]:
     """The requests both runs served, started at or after `after_s` in run A, in A's start order."""
     firsts: dict[str, int] = {}
     for session, messages in a:
@@ -70,9 +73,6 @@ def pair(a: dict[tuple[str, int], dict], b: dict[tuple[str, int], dict], after_s
         if key in b and ra["start"] >= after_s
     ]
     return sorted(twins, key=lambda t: t.start)
-
-
-Records = dict[tuple[str, int], dict]
 
 
 def twin_hits(a: Records, b: Records, after_s: float) -> dict[str, Any]:
