@@ -90,7 +90,7 @@ def comparisons(doc: dict[str, Any]) -> Iterator[dict[str, Any]]:
                     "tpot": _ratio(_decode(run, "tpot_ms", "mean"), _decode(smg, "tpot_ms", "mean")),
                     "itl_p99": _ratio(_decode(run, "itl_ms", "p99"), _decode(smg, "itl_ms", "p99")),
                     "hit_pts": 100 * (run["hit_rate"] - smg["hit_rate"]),
-                    "twin_hit_pts": (run.get("twin_hits") or {}).get("pts"),
+                    "twin_hit_pts": _twin_hit_pts(run),
                     "warmup": _ratio(_warmup_mean(run), _warmup_mean(smg)),
                     "measured": _measured(run, smg),
                 }
@@ -257,7 +257,7 @@ def _rows(cell: dict[str, Any], doc: dict[str, Any]) -> Iterator[str]:
                     _f(_ratio(t["mean"], smg["ttft_ms"]["mean"]), "{:.2f}"),
                     _f(_ratio(t["p90"], smg["ttft_ms"]["p90"]), "{:.2f}"),
                     _f(100 * (r["hit_rate"] - smg["hit_rate"]), "{:+.1f}"),
-                    _f((r.get("twin_hits") or {}).get("pts"), "{:+.1f}"),
+                    _f(_twin_hit_pts(r), "{:+.1f}"),
                     _f(_ratio(_decode(r, "tpot_ms", "mean"), _decode(smg, "tpot_ms", "mean")), "{:.2f}"),
                 ]
             name = f"**{r['gateway']}**" if r["gateway"] == doc["default_policy"] else r["gateway"]
@@ -279,6 +279,11 @@ def _rows(cell: dict[str, Any], doc: dict[str, Any]) -> Iterator[str]:
                 _warmup(r, smg),
             ]
             yield "| " + " | ".join(cells) + " |"
+
+
+def _twin_hit_pts(run: dict[str, Any]) -> float | None:
+    """A run's hit difference to SMG's over the requests both served; None if not recorded."""
+    return (run.get("twin_hits") or {}).get("pts")
 
 
 def _warmup_mean(run: dict[str, Any]) -> float | None:
