@@ -383,8 +383,8 @@ SLOW_DECODE = SimOptions(itl_ms=20.0)
 
 @pytest.mark.parametrize(
     "routing_config,stays",
-    [('{"spill_abs": 2}', False), ('{"spill_abs": 2, "spill_counts": "prefilling"}', True)],
-    ids=["gate_counts_requests", "gate_counts_prefilling"],
+    [('{"spill_abs": 2, "spill_counts": "requests"}', False), ('{"spill_abs": 2}', True)],
+    ids=["gate_counts_requests", "default_gate_counts_prefilling"],
 )
 def test_a_prompt_joins_its_holder_while_the_holder_only_decodes(
     tmp_path: Path, routing_config: str, stays: bool
@@ -392,8 +392,8 @@ def test_a_prompt_joins_its_holder_while_the_holder_only_decodes(
     # The holder of the ~700-token system prompt streams three long answers on it, each past its first
     # token; the other engine is idle. A fourth request on the prompt: a spill gate (slack 2) counting
     # every request skips the holder (3 > 0 + 2), so the idle engine prefills the prompt again;
-    # counting only requests still waiting for a first token, the holder has none and keeps the
-    # request, which hits its cache.
+    # counting only requests still waiting for a first token (the default), the holder has none and
+    # keeps the request, which hits its cache.
     with local_stack(FreePorts(), tmp_path, sim=SLOW_DECODE, routing_config=routing_config) as s:
         client = s.openai()
         holder = a_holder_of_the_prompt(client, s)

@@ -48,9 +48,11 @@ pub struct RouterConfig {
     pub spill_enabled: bool,
     pub spill_abs: u32,
     pub spill_ratio: f64,
-    /// What the spill gate counts as an endpoint's requests: every request on it (`requests`, the
-    /// default) or only those still waiting for their first token (`prefilling`; `Load::
-    /// awaiting_first_token`).
+    /// What the spill gate counts as an endpoint's requests: only those still waiting for their first
+    /// token (`prefilling`, the default; `Load::awaiting_first_token`) or every request on it
+    /// (`requests`). A request past its first token only decodes: it delays a new prompt's first token
+    /// by its share of a step, not by a prefill, and counting it moved hits off a hot prefix's holder
+    /// (docs/routing-benchmark.md, session 30).
     pub spill_counts: SpillCounts,
     /// Affinity policies: what one request already on an endpoint adds to its expected wait, in
     /// prefill tokens (see `policy/affinity.rs`).
@@ -108,8 +110,8 @@ pub struct RouterConfig {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum SpillCounts {
-    #[default]
     Requests,
+    #[default]
     Prefilling,
 }
 
@@ -129,7 +131,7 @@ impl Default for RouterConfig {
             spill_enabled: true,
             spill_abs: 8,
             spill_ratio: 1.5,
-            spill_counts: SpillCounts::Requests,
+            spill_counts: SpillCounts::Prefilling,
             request_cost_tokens: 16,
             uncached_weight: 3.0,
             holder_slack_tokens: 0,

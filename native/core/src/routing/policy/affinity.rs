@@ -1,7 +1,7 @@
 //! Cache affinity, shared by `prefix_cache` (approximate index) and `kv_events` (precise index): send
 //! the request where its first token is expected soonest.
 //!
-//! 1. Spill gate (`filter.rs`) removes overloaded endpoints.
+//! 1. Spill gate (`filter.rs`) removes endpoints with too many requests waiting for a first token.
 //! 2. The rest are ranked by expected wait, in prefill tokens: the endpoint's prefill backlog (our own
 //!    requests not yet at their first token, or the engine's queued uncached tokens, whichever is
 //!    larger) + `uncached_weight` (3) x this prompt's tokens past the endpoint's cached prefix +

@@ -1,11 +1,13 @@
 //! Filters that run before scoring. Health and Envoy's subset hint are applied by the router when it
 //! builds the candidates; here is the spill gate.
 //!
-//! Spill gate: with `r_e` an endpoint's requests (`Load::requests`, or with `spill_counts =
-//! "prefilling"` only those without a first token, `Load::awaiting_first_token`) and `m = min_e r_e`,
-//! the endpoint is skipped when `r_e > m + abs` and `r_e > m * ratio`. Cache affinity then never piles
-//! more than a bounded excess of work on the endpoint holding a popular prefix; skipped endpoints stay
-//! usable as the last fallbacks.
+//! Spill gate: with `r_e` an endpoint's requests without a first token (`Load::awaiting_first_token`;
+//! with `spill_counts = "requests"` every request, `Load::requests`) and `m = min_e r_e`, the endpoint
+//! is skipped when `r_e > m + abs` and `r_e > m * ratio`. Cache affinity then never piles more than a
+//! bounded excess of queued prefills on the endpoint holding a popular prefix; skipped endpoints stay
+//! usable as the last fallbacks. Decoding requests are left to the expected wait's request cost: at
+//! most `abs` of them more than the least loaded endpoint's sent a hot prefix's hits elsewhere to be
+//! prefilled whole (docs/routing-benchmark.md, session 30).
 
 use super::Candidate;
 use crate::routing::config::{RouterConfig, SpillCounts};

@@ -80,7 +80,11 @@ mod tests {
     #[test]
     fn spill_gate_overrides_scores() {
         let rng = Rng::new(0);
-        let c = [cand(0, 30, 10), cand(1, 2, 0), cand(2, 3, 0)];
+        let mut c = [cand(0, 30, 10), cand(1, 2, 0), cand(2, 3, 0)];
+        // All of them waiting for a first token: the gate counts those.
+        for x in &mut c {
+            x.load.prefilling_requests = x.load.in_flight_requests;
+        }
         let p = weighted(&[("prefix", 100.0)], 8);
         let ranking = p.rank(&PickContext {
             candidates: &c,
