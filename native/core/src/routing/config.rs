@@ -131,7 +131,7 @@ impl Default for RouterConfig {
             spill_enabled: true,
             spill_abs: 8,
             spill_ratio: 1.5,
-            spill_counts: SpillCounts::Prefilling,
+            spill_counts: SpillCounts::default(),
             request_cost_tokens: 16,
             uncached_weight: 3.0,
             holder_slack_tokens: 0,

@@ -5,9 +5,9 @@
 //! with `spill_counts = "requests"` every request, `Load::requests`) and `m = min_e r_e`, the endpoint
 //! is skipped when `r_e > m + abs` and `r_e > m * ratio`. Cache affinity then never piles more than a
 //! bounded excess of queued prefills on the endpoint holding a popular prefix; skipped endpoints stay
-//! usable as the last fallbacks. Decoding requests are left to the expected wait's request cost: at
-//! most `abs` of them more than the least loaded endpoint's sent a hot prefix's hits elsewhere to be
-//! prefilled whole (docs/routing-benchmark.md, session 30).
+//! usable as the last fallbacks. Decoding requests are left to the expected wait's request cost:
+//! counted here, a holder decoding `abs` more answers than an idle engine sent a hot prefix's hits
+//! there to be prefilled whole (docs/routing-benchmark.md, session 30).
 
 use super::Candidate;
 use crate::routing::config::{RouterConfig, SpillCounts};
