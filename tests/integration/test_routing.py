@@ -425,3 +425,64 @@ def test_a_prompt_joins_its_holder_while_the_holder_only_decodes(
         finally:
             for stream in streams:
                 stream.close()
+
+
+def unrelated(i: int) -> list[dict[str, str]]:
+    """A prompt of ~130 tokens sharing nothing with SYSTEM or another `i`'s."""
+    words = " ".join(f"w{i}x{k}" for k in range(60))
+    return [{"role": "user", "content": f"Unrelated {i}: {words}"}]
+
+
+@pytest.mark.parametrize(
+    "routing_config,moves",
+    [('{"busy_miss_weight": 3, "demand_window_s": 60}', True), (None, False)],
+    ids=["busy_miss_weight", "default"],
+)
+def test_a_new_prompt_leaves_a_busy_holder_and_its_hits_stay(
+    tmp_path: Path, routing_config: str | None, moves: bool
+) -> None:
+    # Each engine serves one unrelated prompt; then SYSTEM's holder takes five hits on it: lately it was
+    # sent 7 requests and the other engine 1. The other engine then decodes a long answer on the prompt
+    # it holds (one request on it, past its first token), the holder has none. A new prompt cached
+    # nowhere waits 3 x its tokens on either, plus 16 for the request on the other engine: by default
+    # the holder takes it, where it would delay the hits that keep coming. With `busy_miss_weight` 3
+    # the holder, sent over 1.5x the mean, weighs the miss 3 x 0.56 more and the other engine takes it;
+    # a question on SYSTEM still goes to its holder.
+    with local_stack(FreePorts(), tmp_path, sim=SLOW_DECODE, routing_config=routing_config) as s:
+        client = s.openai()
+        took = []
+        for i in range(2):
+            before = counts(s)
+            client.chat.completions.create(model=s.model, messages=unrelated(i), max_tokens=4)
+            took.append(engine_that_took(s, before))
+            time.sleep(0.5)  # its Stored events reach the router
+        assert sorted(took) == [0, 1], "each fresh engine takes one request"
+        holder = the_engine_asked_first(client, s)
+        before = counts(s)
+        for i in range(5):
+            ask(client, s, f"Question {i}?")
+        assert landed(s, before)[holder] == 5, "the hits stay on the holder"
+
+        other = 1 - holder
+        before = counts(s)
+        stream = client.chat.completions.create(
+            model=s.model,
+            messages=unrelated(took.index(other)),
+            max_tokens=400,
+            stream=True,
+            extra_body={"ignore_eos": True},
+        )
+        try:
+            next(iter(stream))  # the first token is out: the answer only decodes now
+            assert landed(s, before)[other] == 1, "the long answer went to the holder of its prompt"
+
+            before = counts(s)
+            client.chat.completions.create(model=s.model, messages=unrelated(7), max_tokens=4)
+            assert landed(s, before)[holder] == (0 if moves else 1)
+
+            before = counts(s)
+            reply = ask(client, s, "Question five?")
+            assert landed(s, before)[holder] == 1, "a hit stays on its holder"
+            assert (reply.usage.prompt_tokens_details.cached_tokens or 0) >= 600
+        finally:
+            stream.close()

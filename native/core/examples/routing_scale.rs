@@ -18,6 +18,8 @@
 //!    "underused_share": 0.5}`), each endpoint first sent 0 to 8 requests: 14 to 2,200 of them
 //!    underused, so each pick's shortlist adds the least waiting of them (the load order keeps the
 //!    underused endpoints by wait, moving those that cross the cut as the pool's mean moves).
+//!    Then the same with busy endpoints priced instead (`{"busy_miss_weight": 1}`): about half of them
+//!    above the mean, each of those the shortlist's walk passes listed beside the first non-busy ones.
 //!    Memory: allocator bytes the filled index added (both indexes, every endpoint's engine-hash map)
 //!    over distinct indexed blocks and over memberships; and the precise index's own tables per block
 //!    (`IndexStats::index_bytes`).
@@ -69,16 +71,26 @@ fn underused_cfg() -> RouterConfig {
     }
 }
 
+/// With busy endpoints priced (`busy_miss_weight`).
+fn busy_cfg() -> RouterConfig {
+    RouterConfig {
+        busy_miss_weight: 1.0,
+        ..cfg()
+    }
+}
+
 /// Whole picks at `n` endpoints with a filled index; prints latency and memory. The last `fresh`
 /// endpoints publish events but hold nothing (engines just added): fresh whenever idle, so every pick's
-/// shortlist walks them and they take a share of the picks. `underused`: with `underused_cfg`, each
-/// endpoint first sent 0 to 8 requests (uniformly; mean 4, so 2 in 9 are under half of it).
-fn whole_picks(n: usize, fresh: usize, underused: bool) {
-    let router = Router::new("kv_events", if underused { underused_cfg() } else { cfg() }).unwrap();
+/// shortlist walks them and they take a share of the picks. `demand`: a config pricing recent
+/// requests (`underused_cfg`, `busy_cfg`), each endpoint first sent 0 to 8 requests (uniformly; mean
+/// 4, so 2 in 9 are under half of it and 4 in 9 above it).
+fn whole_picks(n: usize, fresh: usize, demand: Option<RouterConfig>) {
+    let priced = demand.is_some();
+    let router = Router::new("kv_events", demand.unwrap_or_else(cfg)).unwrap();
     router
         .set_endpoints((0..n).map(|i| (addr(i), BLOCK as u32)).collect())
         .unwrap();
-    if underused {
+    if priced {
         let mut rng = Lcg(4);
         for e in 0..n {
             for _ in 0..rng.next() % 9 {
@@ -197,6 +209,7 @@ fn ranking(n: usize) {
                         residents: 0,
                         fresh: false,
                         underused: false,
+                        busy: 0.0,
                     }
                 })
                 .collect()
@@ -257,15 +270,19 @@ fn main() {
         "index B/blk"
     );
     for n in [16, 64, 128, 1_000, 10_000].into_iter().filter(wanted) {
-        whole_picks(n, 0, false);
+        whole_picks(n, 0, None);
     }
     // A scale-out: 3% of the pool just added (300 of 10,000).
     for n in [1_000, 10_000].into_iter().filter(wanted) {
-        whole_picks(n, n * 3 / 100, false);
+        whole_picks(n, n * 3 / 100, None);
     }
     println!("with underused endpoints priced ({{\"book_cold_s\": 2, \"underused_share\": 0.5}}), 2 in 9 underused:");
     for n in [64, 1_000, 10_000].into_iter().filter(wanted) {
-        whole_picks(n, 0, true);
+        whole_picks(n, 0, Some(underused_cfg()));
+    }
+    println!("with busy endpoints priced ({{\"busy_miss_weight\": 1}}), 4 in 9 above the mean:");
+    for n in [64, 1_000, 10_000].into_iter().filter(wanted) {
+        whole_picks(n, 0, Some(busy_cfg()));
     }
     println!("\nkv_events ranking alone, synthetic candidates (1 in 8 holding a prefix):");
     println!(

@@ -88,8 +88,14 @@ pub struct RouterConfig {
     /// started on fewer engines than the pool has (cold booking) stay there otherwise, because at light
     /// load no holder's queue outweighs a long prompt's prefill (`policy/affinity.rs`, point 6).
     pub underused_share: f64,
-    /// The window of `underused_share`'s recent requests, in seconds: each request's weight decays by
-    /// `exp(-age / window)`.
+    /// Affinity policies: on an endpoint that holds none of the prompt and was sent more requests lately
+    /// (`demand_window_s`) than the healthy endpoints' mean, the request's uncached tokens weigh
+    /// `busy_miss_weight` x (its recent requests / the mean - 1) more; 0 (the default) is off. A miss
+    /// prefilled there delays the hits its prefixes keep drawing, which the expected wait (what is on
+    /// the engine now) does not see (`policy/affinity.rs`, point 7).
+    pub busy_miss_weight: f64,
+    /// The window of `underused_share`'s and `busy_miss_weight`'s recent requests, in seconds: each
+    /// request's weight decays by `exp(-age / window)`.
     pub demand_window_s: f64,
     /// Load shedding: when every candidate has at least this many queued requests (`Load::queue`), a
     /// sheddable request (negative priority) is refused (HTTP 429) instead of queued deeper; 0 never sheds.
@@ -139,6 +145,7 @@ impl Default for RouterConfig {
             resident_window_s: 5.0,
             fresh_cache_weight: Some(0.25),
             underused_share: 0.0,
+            busy_miss_weight: 0.0,
             demand_window_s: 5.0,
             shed_queue_depth: 0,
             objectives: BTreeMap::new(),
@@ -195,6 +202,9 @@ impl RouterConfig {
         }
         if !(0.0..=1.0).contains(&self.underused_share) {
             return bad("underused_share must be between 0 and 1");
+        }
+        if !(self.busy_miss_weight >= 0.0 && self.busy_miss_weight.is_finite()) {
+            return bad("busy_miss_weight must be zero or positive");
         }
         if !(self.demand_window_s > 0.0 && self.demand_window_s.is_finite()) {
             return bad("demand_window_s must be positive");

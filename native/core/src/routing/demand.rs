@@ -63,7 +63,14 @@ pub fn level_of(count: f64, now: Tick, window: Tick) -> f64 {
     count.ln() + f64::from(now) / f64::from(window.max(1))
 }
 
-fn count_at(level: f64, now: Tick, window: Tick) -> f64 {
+/// The share by which `count` exceeds `mean` (`busy_miss_weight`): `count / mean - 1`, 0 at or below
+/// the mean.
+pub fn busy_share(count: f64, mean: f64) -> f64 {
+    (count / mean - 1.0).max(0.0)
+}
+
+/// The count at `now` of a level (`RecentRequests::level`).
+pub fn count_at(level: f64, now: Tick, window: Tick) -> f64 {
     (level - f64::from(now) / f64::from(window.max(1))).exp()
 }
 

@@ -10,13 +10,13 @@ use prost::Message;
 
 use super::block_hash::{self, BlockHash};
 use super::config::RouterConfig;
-use super::demand::{self, RecentRequests};
+use super::demand::{self, busy_share, RecentRequests};
 use super::endpoint::{rank_name, split_name, EndpointState, InFlight};
 use super::endpoint_set::{EndpointId, EndpointSet, MAX_ENDPOINTS};
 use super::error::RoutingError;
 use super::events::{BatchResult, EventOutcome, EventState, OnGap};
 use super::load::{EngineLoad, Load};
-use super::load_order::LoadOrder;
+use super::load_order::{Entry, LoadOrder};
 use super::membership::Tick;
 use super::penalty::{Failure, Standing};
 use super::policy::{registry, Candidate, PickContext, Policy, PrefixSource, WaitOrder};
@@ -180,8 +180,8 @@ pub struct Router {
     shortlist_from: usize,
     /// Sessions resident per endpoint, tracked when the policy prices them (`resident_session_tokens`).
     residents: Option<Residents>,
-    /// The window of each endpoint's recent requests, in ticks, when underused endpoints are priced
-    /// (`underused_share`); 0: off, and nothing is counted.
+    /// The window of each endpoint's recent requests, in ticks, when underused or busy endpoints are
+    /// priced (`underused_share`, `busy_miss_weight`); 0: off, and nothing is counted.
     demand_window: Tick,
     /// The requests sent to the healthy endpoints lately, decayed as each endpoint's count: their sum,
     /// kept as they change (an endpoint leaving or rejoining the pool takes its count along), for the
@@ -190,9 +190,9 @@ pub struct Router {
     pool_recent: RecentRequests,
 }
 
-/// The healthy endpoints' mean recent requests below which no endpoint counts as underused: a trickle
-/// of traffic is no imbalance worth a copy.
-const UNDERUSED_MIN_MEAN: f64 = 2.0;
+/// The healthy endpoints' mean recent requests below which no endpoint counts as underused or busy: a
+/// trickle of traffic is no imbalance worth a copy or a move.
+const DEMAND_MIN_MEAN: f64 = 2.0;
 
 /// From this many healthy endpoints on, a policy with a `wait_order` ranks a shortlist (`Router::
 /// shortlist`); below it, every endpoint (a scan of a few dozen costs less than the walks).
@@ -222,14 +222,15 @@ impl Router {
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_nanos() as u64)
         });
-        let demand_window = if config.underused_share > 0.0 {
+        let demand_window = if config.underused_share > 0.0 || config.busy_miss_weight > 0.0 {
             ((config.demand_window_s * 10.0).ceil() as Tick).max(1)
         } else {
             0
         };
         let wait_order = policy.wait_order().map(|w| {
             let order = LoadOrder::new(w, seed ^ 0x5eed);
-            (w, Arc::new(if demand_window > 0 { order.with_demand() } else { order }))
+            let underused_priced = config.underused_share > 0.0;
+            (w, Arc::new(if underused_priced { order.with_demand() } else { order }))
         });
         let session_bookings = (config.book_session_s > 0.0 && policy.prefix_source() == PrefixSource::Events)
             .then(|| SessionBookings::new((config.book_session_s * 10.0).ceil() as Tick));
@@ -486,6 +487,11 @@ impl Router {
                 c.underused = st.recent.level() < below;
             }
         }
+        if let Some(mean) = self.busy_mean(healthy, now) {
+            for (c, st) in candidates.iter_mut().zip(&states) {
+                c.busy = busy_share(st.recent.at(now, self.demand_window), mean);
+            }
+        }
         if let Some(residents) = &self.residents {
             let own = req.session_key.map(session_hash);
             if let Some(counts) = residents.for_new_session(candidates.iter().map(|c| c.id), own, now) {
@@ -554,6 +560,10 @@ impl Router {
         if let Some(below) = below {
             orders.cut_underused(below);
         }
+        // An endpoint's share of recent requests above the mean (`busy_miss_weight`), from its level.
+        let busy_mean = self.busy_mean(orders.len(), now);
+        let window = self.demand_window;
+        let busy = |e: &Entry| busy_mean.map_or(0.0, |m| busy_share(demand::count_at(e.recent, now, window), m));
         let state = |id: EndpointId| table.slots.get(id).and_then(Option::as_ref);
         // Listed endpoints are healthy; a candidate is one its penalty lets in (some is, or `None`):
         // only the standing of one with failures on record depends on the time.
@@ -594,8 +604,10 @@ impl Router {
         let mut ids: Vec<EndpointId> = holders.iter().map(|&(id, _)| id).collect();
         ids.push(least);
         // The first k endpoints of a walk (with the requests the gate counts) that hold nothing of the
-        // prompt (ranked by their own keys, the holders are all in already), that the gate keeps and
-        // their penalty lets in; how many it found.
+        // prompt (ranked by their own keys, the holders are all in already), that the gate keeps, their
+        // penalty lets in and that are not busy; how many it found. The busy ones passed on the way are
+        // listed too (each a skip): their misses weigh more, so they rank at or below where the walk
+        // met them, and every endpoint after the k-th ranks below it.
         let mut first_kept = |walk: &mut dyn Iterator<Item = (EndpointId, u32)>, ids: &mut Vec<EndpointId>| {
             let mut found = 0;
             for (id, requests) in walk {
@@ -610,6 +622,10 @@ impl Router {
                     continue;
                 }
                 ids.push(id);
+                if orders.entry(id).is_some_and(|e| busy(e) > 0.0) {
+                    skip()?;
+                    continue;
+                }
                 found += 1;
             }
             Some(found)
@@ -671,6 +687,7 @@ impl Router {
                 residents: 0,
                 fresh: fresh_priced && e.fresh,
                 underused: below.is_some_and(|b| e.recent < b),
+                busy: busy(e),
             });
             states.push(st);
         }
@@ -698,9 +715,9 @@ impl Router {
     /// The level of recent requests (`demand.rs`) below which an endpoint is underused for this
     /// request: `underused_share` of the mean over the `healthy` endpoints. `None` when none is: the
     /// setting is off, the request is a follow-up (its session has a live booking: it follows its
-    /// history), or the mean is below `UNDERUSED_MIN_MEAN`.
+    /// history), or the mean is below `DEMAND_MIN_MEAN`.
     fn underused_below(&self, req: &PickRequest<'_>, healthy: usize, now: Tick) -> Option<f64> {
-        if self.demand_window == 0 || healthy == 0 {
+        if self.config.underused_share == 0.0 {
             return None;
         }
         if let (Some(bookings), Some(key)) = (&self.session_bookings, req.session_key) {
@@ -708,9 +725,26 @@ impl Router {
                 return None;
             }
         }
+        self.recent_mean(healthy, now)
+            .map(|mean| demand::level_of(self.config.underused_share * mean, now, self.demand_window))
+    }
+
+    /// The healthy endpoints' mean recent requests when busy endpoints are priced (`busy_miss_weight`):
+    /// `None` when they are not, or the mean is below `DEMAND_MIN_MEAN`.
+    fn busy_mean(&self, healthy: usize, now: Tick) -> Option<f64> {
+        (self.config.busy_miss_weight > 0.0)
+            .then(|| self.recent_mean(healthy, now))
+            .flatten()
+    }
+
+    /// The mean recent requests (`demand.rs`) over the `healthy` endpoints, when they are counted and it
+    /// is at least `DEMAND_MIN_MEAN`.
+    fn recent_mean(&self, healthy: usize, now: Tick) -> Option<f64> {
+        if self.demand_window == 0 || healthy == 0 {
+            return None;
+        }
         let mean = self.pool_recent.at(now, self.demand_window) / healthy as f64;
-        (mean >= UNDERUSED_MIN_MEAN)
-            .then(|| demand::level_of(self.config.underused_share * mean, now, self.demand_window))
+        (mean >= DEMAND_MIN_MEAN).then_some(mean)
     }
 
     /// `st` leaves the healthy pool (`leaves`) or rejoins it: the pool's recent requests lose or regain

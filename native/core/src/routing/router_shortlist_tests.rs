@@ -75,6 +75,7 @@ fn random_router(g: &mut Lcg, seed: u64) -> (Router, Vec<InFlight>) {
         book_cold_spread_share: g.pick(&[0.0, 0.0, 0.02, 0.5]),
         fresh_cache_weight: g.pick(&[None, Some(0.0), Some(0.25), Some(1.0)]),
         underused_share: g.pick(&[0.0, 0.0, 0.5, 1.0]),
+        busy_miss_weight: g.pick(&[0.0, 0.0, 1.0, 3.0]),
         ..Default::default()
     };
     let mut r = Router::new(policy, cfg).unwrap();

@@ -1354,3 +1354,55 @@ fn an_engine_leaving_the_pool_takes_its_requests_out_of_the_mean() {
     r.set_endpoints(vec![(addr(1), B), (addr(2), B)]).unwrap();
     assert_eq!(underused(&r), Vec::<String>::new());
 }
+
+#[test]
+fn a_miss_leaves_a_busy_holder_and_its_hits_stay() {
+    // Endpoint 0 holds a 30-block preamble; 1 and 2 hold other prompts (not fresh). Lately 0 was sent 9
+    // requests, 1 and 2 three each: mean 5, and 0 is busy by 0.8 of it. 0 has nothing on it, 1 and 2 a
+    // request each with 64 tokens to prefill: a wait of 80. A new prompt of 160 tokens cached nowhere
+    // waits 3 x 160 = 480 on 0 and 80 + 480 on the others; busy (weight 3), 0 adds 3 x 0.8 x 160 = 384.
+    // A question after the preamble (8 uncached tokens on 0) stays: 24 + 19 there, 80 + 3 x 128 elsewhere.
+    let route = |busy_miss_weight: f64, sent: bool| {
+        let r = router_with(
+            "kv_events",
+            3,
+            RouterConfig {
+                seed: Some(5),
+                busy_miss_weight,
+                ..Default::default()
+            },
+        );
+        let preamble = prompt(1, 30);
+        for (i, p) in [(0, &preamble), (1, &prompt(2, 10)), (2, &prompt(3, 10))] {
+            let batch = stored_batch(0, p, i as i64 + 1);
+            assert_eq!(r.apply_kv_events(&addr(i), &batch).outcome.kind(), "applied");
+        }
+        if sent {
+            for (i, n) in [(0, 9), (1, 2), (2, 2)] {
+                for _ in 0..n {
+                    drop(r.begin(&addr(i), None, 8).unwrap());
+                }
+            }
+        }
+        let _backlog: Vec<InFlight> = (1..3).map(|i| r.begin(&addr(i), None, 64).unwrap()).collect();
+        let miss = r.pick(&prompt(20, 40), None).unwrap().primary.to_string();
+        let hit = r
+            .pick(&[preamble.clone(), prompt(21, 2)].concat(), None)
+            .unwrap()
+            .primary
+            .to_string();
+        (miss, hit)
+    };
+    assert_eq!(
+        route(0.0, true),
+        (addr(0), addr(0)),
+        "off: the idle holder takes the miss"
+    );
+    let (miss, hit) = route(3.0, true);
+    assert_ne!(miss, addr(0), "the miss leaves the busy holder");
+    assert_eq!(hit, addr(0), "the hit stays on its holder");
+    // Without recent requests the mean is under 2: nobody is busy.
+    assert_eq!(route(3.0, false).0, addr(0));
+    assert!(RouterConfig::from_json(r#"{"busy_miss_weight": -1}"#).is_err());
+    assert_eq!(RouterConfig::default().busy_miss_weight, 0.0);
+}

@@ -57,7 +57,16 @@
 //!    engines than the pool has (cold booking) stay there, and the other engines idle. An engine that
 //!    lasts underused takes new requests (copying what they share) until its demand reaches the share;
 //!    follow-ups keep their history (their session's booking marks them as not new).
-//! 7. Fallbacks: the rest of that order, then the spilled endpoints by load.
+//! 7. Busy endpoints (`busy_miss_weight`, off by default): on an endpoint that holds none of the prompt
+//!    and was sent more requests over the last `demand_window_s` than the healthy endpoints' mean, the
+//!    uncached tokens weigh that much more per share above the mean: `uncached_weight +
+//!    busy_miss_weight x (recent / mean - 1)`. The holder of a hot prefix serves mostly hits, whose
+//!    prefills are short, so its backlog is often the smallest and a burst of new prompts lands on it
+//!    one by one; the hits that arrive during those prefills queue behind them. Only a whole miss is
+//!    priced: on an endpoint holding part of the prompt the term moved partial hits off their holders
+//!    (Zipf at seed 3), and an endpoint below the mean is not discounted (that drew hits off their
+//!    holders too); docs/routing-benchmark.md, session 31.
+//! 8. Fallbacks: the rest of that order, then the spilled endpoints by load.
 //!
 //! Prefill dominates time to first token, and an engine busy prefilling a long uncached prompt delays
 //! every request behind it: a cache hit there can cost more than a miss on an idle engine.
@@ -83,6 +92,9 @@ pub struct Affinity {
     pub resident_cost: u32,
     /// Weight of the uncached tokens on a fresh endpoint (`fresh_cache_weight`); `None` is off.
     pub fresh_weight: Option<f64>,
+    /// Extra weight of the uncached tokens per share of recent requests above the mean
+    /// (`busy_miss_weight`): 0 is off.
+    pub busy_weight: f64,
 }
 
 impl Affinity {
@@ -96,13 +108,15 @@ impl Affinity {
             holder_slack: cfg.holder_slack_tokens,
             resident_cost: cfg.resident_session_tokens,
             fresh_weight: cfg.fresh_cache_weight,
+            busy_weight: cfg.busy_miss_weight,
         }
     }
 
     /// The ranking of candidates holding nothing of the prompt: every such candidate's uncached tokens
     /// are the whole prompt, so its expected wait is `base_wait` plus the same term for all, and its
     /// key is (kept, that wait, 0 cached, load) then tie and id (`rank_top`); the holder band needs
-    /// cached blocks.
+    /// cached blocks. A busy candidate (`busy_miss_weight`) adds a term of its own, so it ranks at or
+    /// below its place in this order (the router's shortlist lists those it passes).
     pub fn wait_order(&self) -> WaitOrder {
         WaitOrder {
             request_cost: self.request_cost,
@@ -117,6 +131,7 @@ impl Affinity {
         let weight = match self.fresh_weight {
             _ if c.underused => 0.0,
             Some(w) if c.fresh => w,
+            _ if c.cached_blocks == 0 => self.uncached_weight + self.busy_weight * c.busy,
             _ => self.uncached_weight,
         };
         base_wait(&c.load, self.request_cost)
@@ -237,6 +252,7 @@ mod tests {
             holder_slack: 0,
             resident_cost: 0,
             fresh_weight: None,
+            busy_weight: 0.0,
         }
     }
 
@@ -327,6 +343,7 @@ mod tests {
         let c = [cand(0, 1, 6), fresh];
         let with = |w: Option<f64>| Affinity {
             fresh_weight: w,
+            busy_weight: 0.0,
             ..weighted(8, 16, 3.0)
         };
         assert_eq!(rank(&with(None), &c)[0], 0, "off: the default weight");
@@ -432,6 +449,7 @@ mod selection_tests {
                     residents: 0,
                     fresh: false,
                     underused: false,
+                    busy: 0.0,
                 },
             )
     }
@@ -459,6 +477,7 @@ mod selection_tests {
                 holder_slack: 0,
                 resident_cost: 0,
                 fresh_weight: None,
+                busy_weight: 0.0,
             };
             let rng = Rng::new(seed);
             let ctx = PickContext { candidates: &candidates, session_key: None, rng: &rng };

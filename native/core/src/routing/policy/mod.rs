@@ -65,6 +65,9 @@ pub struct Candidate {
     /// endpoint's recent requests are below that share of the healthy endpoints' mean. Set only when that
     /// setting is on.
     pub underused: bool,
+    /// How far the endpoint's recent requests exceed the healthy endpoints' mean, as a share of it
+    /// (`busy_miss_weight`): recent / mean - 1 when above it, else 0. Set only when that setting is on.
+    pub busy: f64,
 }
 
 impl Candidate {

@@ -24,6 +24,7 @@ pub fn cand(id: usize, requests: u32, cached: u32) -> Candidate {
         residents: 0,
         fresh: false,
         underused: false,
+        busy: 0.0,
     }
 }
 
