@@ -1361,7 +1361,8 @@ fn a_miss_leaves_a_busy_holder_and_its_hits_stay() {
     // requests, 1 and 2 three each: mean 5, and 0 is busy by 0.8 of it. 0 has nothing on it, 1 and 2 a
     // request each with 64 tokens to prefill: a wait of 80. A new prompt of 160 tokens cached nowhere
     // waits 3 x 160 = 480 on 0 and 80 + 480 on the others; busy (weight 3), 0 adds 3 x 0.8 x 160 = 384.
-    // A question after the preamble (8 uncached tokens on 0) stays: 24 + 19 there, 80 + 3 x 128 elsewhere.
+    // A question after the preamble (8 uncached tokens on 0) stays: 0 holds part of it, so only 3 x 8
+    // there (a whole miss only is priced), 80 + 3 x 128 elsewhere.
     let route = |busy_miss_weight: f64, sent: bool| {
         let r = router_with(
             "kv_events",
