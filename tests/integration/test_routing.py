@@ -28,16 +28,19 @@ def ask(client: openai.OpenAI, stack: Stack, question: str) -> openai.types.chat
     )
 
 
+def unrelated(i: int) -> list[dict[str, str]]:
+    """A prompt of ~130 tokens sharing nothing with SYSTEM or another `i`'s."""
+    words = " ".join(f"w{i}x{k}" for k in range(60))
+    return [{"role": "user", "content": f"Unrelated {i}: {words}"}]
+
+
 def serve_every_engine(client: openai.OpenAI, stack: Stack) -> None:
     """One request per engine, each sharing nothing with SYSTEM or the others, so that every engine has
     served and holds something, as in a pool that has run a while. A new engine is fresh (its misses
     count at `fresh_cache_weight`, 0.25): each takes one of these, and none is fresh after."""
     before = counts(stack)
     for i in range(len(before)):
-        words = " ".join(f"w{i}x{k}" for k in range(60))
-        client.chat.completions.create(
-            model=stack.model, messages=[{"role": "user", "content": f"Unrelated {i}: {words}"}], max_tokens=4
-        )
+        client.chat.completions.create(model=stack.model, messages=unrelated(i), max_tokens=4)
         time.sleep(0.5)  # its Stored events reach the router
     assert landed(stack, before) == [1] * len(before), "each fresh engine takes one request"
 
@@ -425,12 +428,6 @@ def test_a_prompt_joins_its_holder_while_the_holder_only_decodes(
         finally:
             for stream in streams:
                 stream.close()
-
-
-def unrelated(i: int) -> list[dict[str, str]]:
-    """A prompt of ~130 tokens sharing nothing with SYSTEM or another `i`'s."""
-    words = " ".join(f"w{i}x{k}" for k in range(60))
-    return [{"role": "user", "content": f"Unrelated {i}: {words}"}]
 
 
 @pytest.mark.parametrize(
