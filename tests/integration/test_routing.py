@@ -34,15 +34,20 @@ def unrelated(i: int) -> list[dict[str, str]]:
     return [{"role": "user", "content": f"Unrelated {i}: {words}"}]
 
 
-def serve_every_engine(client: openai.OpenAI, stack: Stack) -> None:
+def serve_every_engine(client: openai.OpenAI, stack: Stack) -> list[int]:
     """One request per engine, each sharing nothing with SYSTEM or the others, so that every engine has
     served and holds something, as in a pool that has run a while. A new engine is fresh (its misses
-    count at `fresh_cache_weight`, 0.25): each takes one of these, and none is fresh after."""
+    count at `fresh_cache_weight`, 0.25): each takes one of these, and none is fresh after. Returns the
+    engine that took `unrelated(i)`, for each `i`."""
     before = counts(stack)
+    took = []
     for i in range(len(before)):
+        asked = counts(stack)
         client.chat.completions.create(model=stack.model, messages=unrelated(i), max_tokens=4)
+        took.append(engine_that_took(stack, asked))
         time.sleep(0.5)  # its Stored events reach the router
     assert landed(stack, before) == [1] * len(before), "each fresh engine takes one request"
+    return took
 
 
 def the_engine_asked_first(client: openai.OpenAI, stack: Stack) -> int:
@@ -447,13 +452,7 @@ def test_a_new_prompt_leaves_a_busy_holder_and_its_hits_stay(
     # a question on SYSTEM still goes to its holder.
     with local_stack(FreePorts(), tmp_path, sim=SLOW_DECODE, routing_config=routing_config) as s:
         client = s.openai()
-        took = []
-        for i in range(2):
-            before = counts(s)
-            client.chat.completions.create(model=s.model, messages=unrelated(i), max_tokens=4)
-            took.append(engine_that_took(s, before))
-            time.sleep(0.5)  # its Stored events reach the router
-        assert sorted(took) == [0, 1], "each fresh engine takes one request"
+        took = serve_every_engine(client, s)
         holder = the_engine_asked_first(client, s)
         before = counts(s)
         for i in range(5):

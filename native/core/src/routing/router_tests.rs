@@ -1265,6 +1265,28 @@ fn an_engine_that_publishes_is_fresh_while_its_events_show_nothing() {
     assert!(st.fresh(&idle));
 }
 
+/// Three endpoints: 0 holds a preamble of `preamble_blocks` blocks, 1 and 2 hold other prompts (none is
+/// fresh). Returns the router and the preamble.
+fn preamble_on_0(cfg: RouterConfig, preamble_blocks: u32) -> (Router, Vec<u32>) {
+    let r = router_with("kv_events", 3, cfg);
+    let preamble = prompt(1, preamble_blocks);
+    for (i, p) in [(0, &preamble), (1, &prompt(2, 10)), (2, &prompt(3, 10))] {
+        let batch = stored_batch(0, p, i as i64 + 1);
+        assert_eq!(r.apply_kv_events(&addr(i), &batch).outcome.kind(), "applied");
+    }
+    (r, preamble)
+}
+
+/// `n` requests sent to endpoint `i` lately, each ended, for each `(i, n)`: the recent requests that
+/// `underused_share` and `busy_miss_weight` count.
+fn sent_lately(r: &Router, sent: &[(usize, usize)]) {
+    for &(i, n) in sent {
+        for _ in 0..n {
+            drop(r.begin(&addr(i), None, 8).unwrap());
+        }
+    }
+}
+
 #[test]
 fn an_underused_engine_takes_new_requests_and_follow_ups_keep_their_history() {
     // Endpoint 0 holds a 10-block preamble; endpoints 1 and 2 hold other prompts (not fresh). Lately 0
@@ -1272,28 +1294,18 @@ fn an_underused_engine_takes_new_requests_and_follow_ups_keep_their_history() {
     // preamble waits 3 x 8 uncached tokens on idle 0 and 3 x 48 elsewhere; underused, 2 prices its
     // uncached tokens at 0. A follow-up of a session booked on 0 stays there.
     let route = |underused_share: f64| {
-        let r = router_with(
-            "kv_events",
-            3,
+        let (r, preamble) = preamble_on_0(
             RouterConfig {
                 seed: Some(5),
                 underused_share,
                 ..Default::default()
             },
+            10,
         );
-        let preamble = prompt(1, 10);
-        for (i, p) in [(0, &preamble), (1, &prompt(2, 10)), (2, &prompt(3, 10))] {
-            let batch = stored_batch(0, p, i as i64 + 1);
-            assert_eq!(r.apply_kv_events(&addr(i), &batch).outcome.kind(), "applied");
-        }
         let turn = |s: u32, blocks: u32| [preamble.clone(), prompt(10 + s, blocks)].concat();
         // Session "s" starts before any imbalance (mean under 2): the holder takes it.
         let first = r.pick(&turn(0, 2), Some("s")).unwrap().primary.to_string();
-        for (i, n) in [(0, 6), (1, 3)] {
-            for _ in 0..n {
-                drop(r.begin(&addr(i), None, 8).unwrap());
-            }
-        }
+        sent_lately(&r, &[(0, 6), (1, 3)]);
         let follow_up = r.pick(&turn(0, 4), Some("s")).unwrap().primary.to_string();
         let new = r.pick(&turn(1, 2), Some("t")).unwrap().primary.to_string();
         (first, follow_up, new)
@@ -1324,11 +1336,7 @@ fn an_engine_leaving_the_pool_takes_its_requests_out_of_the_mean() {
             ..Default::default()
         },
     );
-    for (i, n) in [(0, 12), (1, 2), (2, 4)] {
-        for _ in 0..n {
-            drop(r.begin(&addr(i), None, 8).unwrap());
-        }
-    }
+    sent_lately(&r, &[(0, 12), (1, 2), (2, 4)]);
     let underused = |r: &Router| -> Vec<String> {
         let t = prompt(1, 4);
         let req = PickRequest {
@@ -1364,26 +1372,16 @@ fn a_miss_leaves_a_busy_holder_and_its_hits_stay() {
     // A question after the preamble (8 uncached tokens on 0) stays: 0 holds part of it, so only 3 x 8
     // there (a whole miss only is priced), 80 + 3 x 128 elsewhere.
     let route = |busy_miss_weight: f64, sent: bool| {
-        let r = router_with(
-            "kv_events",
-            3,
+        let (r, preamble) = preamble_on_0(
             RouterConfig {
                 seed: Some(5),
                 busy_miss_weight,
                 ..Default::default()
             },
+            30,
         );
-        let preamble = prompt(1, 30);
-        for (i, p) in [(0, &preamble), (1, &prompt(2, 10)), (2, &prompt(3, 10))] {
-            let batch = stored_batch(0, p, i as i64 + 1);
-            assert_eq!(r.apply_kv_events(&addr(i), &batch).outcome.kind(), "applied");
-        }
         if sent {
-            for (i, n) in [(0, 9), (1, 2), (2, 2)] {
-                for _ in 0..n {
-                    drop(r.begin(&addr(i), None, 8).unwrap());
-                }
-            }
+            sent_lately(&r, &[(0, 9), (1, 2), (2, 2)]);
         }
         let _backlog: Vec<InFlight> = (1..3).map(|i| r.begin(&addr(i), None, 64).unwrap()).collect();
         let miss = r.pick(&prompt(20, 40), None).unwrap().primary.to_string();
