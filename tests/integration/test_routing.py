@@ -153,18 +153,18 @@ def test_a_prefix_group_stays_on_its_holder_while_it_prefills_other_work(
 
 @pytest.mark.parametrize(
     "routing_config,joins_the_first",
-    [('{"book_cold_s": 2}', True), (None, False)],
-    ids=["cold_booking", "default"],
+    [(None, True), ('{"book_cold_s": 0}', False)],
+    ids=["default", "cold_booking_off"],
 )
 def test_a_burst_of_a_new_prefix_waits_for_the_engine_prefilling_it(
     tmp_path: Path, routing_config: str | None, joins_the_first: bool
 ) -> None:
     # A prefix no engine holds yet (a cold start, a new shared prompt) arrives twice in quick succession:
     # the second request is routed while the first engine is still prefilling it (~1.4 s here), before any
-    # Stored event. With cold booking the router counts the prefix on that engine and the second joins it;
-    # without (the default: docs/routing-benchmark.md has why), the prefix looks cold everywhere and the
-    # second goes to the idle engine, prefilling it again. Both engines have served before: a fresh
-    # engine would take the second either way.
+    # Stored event. With cold booking (the default, spread over half the pool: one of these two engines)
+    # the router counts the prefix on that engine and the second joins it; without, the prefix looks
+    # cold everywhere and the second goes to the idle engine, prefilling it again. Both engines have
+    # served before: a fresh engine would take the second either way.
     with local_stack(FreePorts(), tmp_path, sim=SLOW_PREFILL, routing_config=routing_config) as s:
         client = s.openai()
         serve_every_engine(client, s)
@@ -186,16 +186,18 @@ def test_a_burst_of_a_new_prefix_waits_for_the_engine_prefilling_it(
 
 @pytest.mark.parametrize(
     "config",
-    ['{"book_cold_s": 2, "book_cold_spread": 2}', '{"book_cold_s": 2, "book_cold_spread_share": 0.5}'],
-    ids=["two_engines", "half_the_pool"],
+    ['{"book_cold_s": 2, "book_cold_spread": 2, "book_cold_spread_share": 0}', None],
+    ids=["two_engines", "default_half_the_pool"],
 )
-def test_cold_booking_spreads_a_burst_over_as_many_engines_as_asked(tmp_path: Path, config: str) -> None:
+def test_cold_booking_spreads_a_burst_over_as_many_engines_as_asked(
+    tmp_path: Path, config: str | None
+) -> None:
     # A burst of a new prefix is spread over two engines before its bookings count (`book_cold_spread`
-    # 2, or half of three engines rounded up). The first request goes to one engine; the second, routed
-    # while that one is still prefilling, goes to another (one booked engine is not yet two); the third
-    # joins one of the two, not the third engine, which holds nothing. Counted from the first booking
-    # (`book_cold_spread` 1) the second would join the first (the test above). Every engine has served
-    # before: a fresh one would take the third.
+    # 2, or by default half of three engines rounded up). The first request goes to one engine; the
+    # second, routed while that one is still prefilling, goes to another (one booked engine is not yet
+    # two); the third joins one of the two, not the third engine, which holds nothing. Counted from the
+    # first booking (one engine of two: the test above) the second would join the first. Every engine
+    # has served before: a fresh one would take the third.
     with local_stack(FreePorts(), tmp_path, engines=3, sim=SLOW_PREFILL, routing_config=config) as s:
         client = s.openai()
         serve_every_engine(client, s)
@@ -225,8 +227,8 @@ def ask_as(
 
 @pytest.mark.parametrize(
     "routing_config,follows",
-    [(None, True), ('{"book_session_s": 0}', False)],
-    ids=["default", "session_booking_off"],
+    [('{"book_cold_s": 0}', True), ('{"book_cold_s": 0, "book_session_s": 0}', False)],
+    ids=["session_booking", "session_booking_off"],
 )
 def test_a_session_turn_sent_during_its_previous_turn_follows_it(
     tmp_path: Path, routing_config: str | None, follows: bool
@@ -237,7 +239,8 @@ def test_a_session_turn_sent_during_its_previous_turn_follows_it(
     # session, and the next turn joins it and reads the prompt from the cache; without, the prompt looks
     # cold everywhere and the turn goes to the idle engine, prefilling it again. That another
     # session does not see the booking is a Rust test (`a_session_turn_follows_its_previous_turn_before_
-    # its_events`). Both engines have served before.
+    # its_events`). Both engines have served before. Cold booking (on by default) is off in both runs: the
+    # first turn's prompt is cold, and its cold booking would send any request with it there too.
     with local_stack(FreePorts(), tmp_path, sim=SLOW_PREFILL, routing_config=routing_config) as s:
         client = s.openai()
         serve_every_engine(client, s)

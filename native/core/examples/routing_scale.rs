@@ -14,8 +14,8 @@
 //!    Then 1,000 and 10,000 endpoints again with 3% of them just added (`fresh` column): they publish
 //!    events but hold nothing, so each pick's shortlist walks the fresh ones and they take a share of
 //!    the picks (printed below the row).
-//!    Then 64, 1,000 and 10,000 endpoints with underused endpoints priced (`{"book_cold_s": 2,
-//!    "underused_share": 0.5}`), each endpoint first sent 0 to 8 requests: 14 to 2,200 of them
+//!    Then 64, 1,000 and 10,000 endpoints with underused endpoints priced (`{"underused_share": 0.5}`
+//!    beside the default cold booking), each endpoint first sent 0 to 8 requests: 14 to 2,200 of them
 //!    underused, so each pick's shortlist adds the least waiting of them (the load order keeps the
 //!    underused endpoints by wait, moving those that cross the cut as the pool's mean moves).
 //!    Then the same with busy endpoints priced instead (`{"busy_miss_weight": 1}`): about half of them
@@ -62,10 +62,9 @@ fn cfg() -> RouterConfig {
     }
 }
 
-/// With underused endpoints priced: the pair docs/routing.md describes for retrieval and cold starts.
+/// With underused endpoints priced (`underused_share`, a setting; cold booking is on by default).
 fn underused_cfg() -> RouterConfig {
     RouterConfig {
-        book_cold_s: 2.0,
         underused_share: 0.5,
         ..cfg()
     }
@@ -276,7 +275,7 @@ fn main() {
     for n in [1_000, 10_000].into_iter().filter(wanted) {
         whole_picks(n, n * 3 / 100, None);
     }
-    println!("with underused endpoints priced ({{\"book_cold_s\": 2, \"underused_share\": 0.5}}), 2 in 9 underused:");
+    println!("with underused endpoints priced ({{\"underused_share\": 0.5}}), 2 in 9 underused:");
     for n in [64, 1_000, 10_000].into_iter().filter(wanted) {
         whole_picks(n, 0, Some(underused_cfg()));
     }

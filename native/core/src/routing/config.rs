@@ -23,6 +23,9 @@ pub struct RouterConfig {
     /// show anywhere (a new shared prefix, or every prompt of a cold start), for this many seconds; 0 is
     /// off. Its engine prefills it while a burst of the same prefix arrives; without the booking each of
     /// those looks cold too and is spread, prefilling the prefix again elsewhere (`policy/affinity.rs`).
+    /// On by default (2 s, spread over half the pool, `book_cold_spread_share`): without it, a few hot
+    /// system prompts arriving at full rate on fresh engines were prefilled on every engine and the
+    /// backlog ran for seconds (docs/routing-benchmark.md, sessions 32-33).
     pub book_cold_s: f64,
     /// Cold booking: how many engines a burst of one cold prefix is spread over before its bookings
     /// count. 1 keeps the burst on the first engine; 2 lets the second request of the burst go where
@@ -31,6 +34,7 @@ pub struct RouterConfig {
     /// Cold booking: the same spread as a share of the healthy endpoints: the bookings count once
     /// `ceil(share x healthy)` engines hold one, or `book_cold_spread` if more; 0 is off. A fixed
     /// number of engines per new prefix is too few in a large pool (docs/routing.md, cold booking).
+    /// 0.5 by default: one engine per new prefix left a hot system prompt's pool lopsided afterwards.
     pub book_cold_spread_share: f64,
     /// Precise mode: a request with a session key (`x-session-id` or `user`) books its prompt on its
     /// primary for this many seconds, for its own session only; 0 is off. A later request of that
@@ -128,9 +132,9 @@ impl Default for RouterConfig {
             max_engine_blocks: 1 << 20,
             routed_ttl_s: 120.0,
             book_routed_s: 0.0,
-            book_cold_s: 0.0,
+            book_cold_s: 2.0,
             book_cold_spread: 1,
-            book_cold_spread_share: 0.0,
+            book_cold_spread_share: 0.5,
             book_session_s: 5.0,
             max_fallbacks: 3,
             seed: None,

@@ -949,6 +949,8 @@ fn booking_counts_a_just_routed_prefix_before_its_events() {
             RouterConfig {
                 seed: Some(1),
                 book_routed_s,
+                // Off: a cold prompt's own booking would count it on the first endpoint too.
+                book_cold_s: 0.0,
                 ..Default::default()
             },
         );
@@ -983,6 +985,8 @@ fn a_session_turn_follows_its_previous_turn_before_its_events() {
             RouterConfig {
                 seed: Some(1),
                 book_session_s,
+                // Off: the first turn's prompt is cold, and its cold booking is seen by every request.
+                book_cold_s: 0.0,
                 ..Default::default()
             },
         );
@@ -1048,11 +1052,14 @@ fn cold_booking_keeps_a_burst_of_a_new_prefix_on_as_many_engines_as_asked() {
     assert_eq!(burst(2.0, 1, 0.6), 3);
     assert_eq!(burst(2.0, 3, 0.25), 3);
     assert_eq!(burst(2.0, 1, 1.0), 4);
+    // The default: booked for 2 s over half the pool.
+    let d = RouterConfig::default();
+    assert_eq!(burst(d.book_cold_s, d.book_cold_spread, d.book_cold_spread_share), 2);
     assert!(RouterConfig::from_json(r#"{"book_cold_spread": 0}"#).is_err());
     assert!(RouterConfig::from_json(r#"{"book_cold_spread_share": 1.5}"#).is_err());
     assert!(RouterConfig::from_json(r#"{"book_cold_spread_share": -0.1}"#).is_err());
     assert_eq!(RouterConfig::default().book_cold_spread, 1);
-    assert_eq!(RouterConfig::default().book_cold_spread_share, 0.0);
+    assert_eq!(RouterConfig::default().book_cold_spread_share, 0.5);
 }
 
 #[test]
@@ -1083,7 +1090,7 @@ fn cold_booking_leaves_a_prompt_the_events_show_to_the_events() {
     let second = r.pick(&shared, None).unwrap();
     assert_eq!(second.cached_blocks, 10, "nothing booked beyond what the events show");
     assert!(RouterConfig::from_json(r#"{"book_cold_s": -1}"#).is_err());
-    assert_eq!(RouterConfig::default().book_cold_s, 0.0);
+    assert_eq!(RouterConfig::default().book_cold_s, 2.0);
 }
 
 #[test]
