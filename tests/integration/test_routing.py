@@ -153,18 +153,19 @@ def test_a_prefix_group_stays_on_its_holder_while_it_prefills_other_work(
 
 @pytest.mark.parametrize(
     "routing_config,joins_the_first",
-    [(None, True), ('{"book_cold_s": 0}', False)],
-    ids=["default", "cold_booking_off"],
+    [('{"book_cold_spread": 1}', True), (None, False)],
+    ids=["one_engine", "default_two_of_two"],
 )
 def test_a_burst_of_a_new_prefix_waits_for_the_engine_prefilling_it(
     tmp_path: Path, routing_config: str | None, joins_the_first: bool
 ) -> None:
     # A prefix no engine holds yet (a cold start, a new shared prompt) arrives twice in quick succession:
     # the second request is routed while the first engine is still prefilling it (~1.4 s here), before any
-    # Stored event. With cold booking (the default, spread over half the pool: one of these two engines)
-    # the router counts the prefix on that engine and the second joins it; without, the prefix looks
-    # cold everywhere and the second goes to the idle engine, prefilling it again. Both engines have
-    # served before: a fresh engine would take the second either way.
+    # Stored event. With cold booking on one engine (`book_cold_spread` 1, the share 0.5 of two) the
+    # router counts the prefix on that engine and the second joins it; by default a new prefix starts on
+    # at least two engines, so here, as without cold booking, the prefix looks cold everywhere and the
+    # second goes to the idle engine, prefilling it again. Both engines have served before: a fresh
+    # engine would take the second either way.
     with local_stack(FreePorts(), tmp_path, sim=SLOW_PREFILL, routing_config=routing_config) as s:
         client = s.openai()
         serve_every_engine(client, s)

@@ -30,6 +30,7 @@ pub struct RouterConfig {
     /// Cold booking: how many engines a burst of one cold prefix is spread over before its bookings
     /// count. 1 keeps the burst on the first engine; 2 lets the second request of the burst go where
     /// the load says (a second engine prefills the prefix too) and the rest follow the two bookings.
+    /// 2 by default: a new hot prompt kept on one engine of two cost 4-6% of mean TTFT at 50% load.
     pub book_cold_spread: u32,
     /// Cold booking: the same spread as a share of the healthy endpoints: the bookings count once
     /// `ceil(share x healthy)` engines hold one, or `book_cold_spread` if more; 0 is off. A fixed
@@ -133,7 +134,7 @@ impl Default for RouterConfig {
             routed_ttl_s: 120.0,
             book_routed_s: 0.0,
             book_cold_s: 2.0,
-            book_cold_spread: 1,
+            book_cold_spread: 2,
             book_cold_spread_share: 0.5,
             book_session_s: 5.0,
             max_fallbacks: 3,

@@ -1052,13 +1052,13 @@ fn cold_booking_keeps_a_burst_of_a_new_prefix_on_as_many_engines_as_asked() {
     assert_eq!(burst(2.0, 1, 0.6), 3);
     assert_eq!(burst(2.0, 3, 0.25), 3);
     assert_eq!(burst(2.0, 1, 1.0), 4);
-    // The default: booked for 2 s over half the pool.
+    // The default: booked for 2 s over half the pool, at least two engines.
     let d = RouterConfig::default();
     assert_eq!(burst(d.book_cold_s, d.book_cold_spread, d.book_cold_spread_share), 2);
     assert!(RouterConfig::from_json(r#"{"book_cold_spread": 0}"#).is_err());
     assert!(RouterConfig::from_json(r#"{"book_cold_spread_share": 1.5}"#).is_err());
     assert!(RouterConfig::from_json(r#"{"book_cold_spread_share": -0.1}"#).is_err());
-    assert_eq!(RouterConfig::default().book_cold_spread, 1);
+    assert_eq!(RouterConfig::default().book_cold_spread, 2);
     assert_eq!(RouterConfig::default().book_cold_spread_share, 0.5);
 }
 
