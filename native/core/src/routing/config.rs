@@ -23,14 +23,14 @@ pub struct RouterConfig {
     /// show anywhere (a new shared prefix, or every prompt of a cold start), for this many seconds; 0 is
     /// off. Its engine prefills it while a burst of the same prefix arrives; without the booking each of
     /// those looks cold too and is spread, prefilling the prefix again elsewhere (`policy/affinity.rs`).
-    /// On by default (2 s, spread over half the pool, `book_cold_spread_share`): without it, a few hot
+    /// On by default (2 s, over half the pool and at least two engines): without it, a few hot
     /// system prompts arriving at full rate on fresh engines were prefilled on every engine and the
     /// backlog ran for seconds (docs/routing-benchmark.md, sessions 32-33).
     pub book_cold_s: f64,
     /// Cold booking: how many engines a burst of one cold prefix is spread over before its bookings
     /// count. 1 keeps the burst on the first engine; 2 lets the second request of the burst go where
     /// the load says (a second engine prefills the prefix too) and the rest follow the two bookings.
-    /// 2 by default: a new hot prompt kept on one engine of two cost 4-6% of mean TTFT at 50% load.
+    /// 2 by default: a new hot prompt kept on one engine of two cost 4-7% of mean TTFT at 50% load.
     pub book_cold_spread: u32,
     /// Cold booking: the same spread as a share of the healthy endpoints: the bookings count once
     /// `ceil(share x healthy)` engines hold one, or `book_cold_spread` if more; 0 is off. A fixed
