@@ -1058,8 +1058,8 @@ fn cold_booking_keeps_a_burst_of_a_new_prefix_on_as_many_engines_as_asked() {
     assert!(RouterConfig::from_json(r#"{"book_cold_spread": 0}"#).is_err());
     assert!(RouterConfig::from_json(r#"{"book_cold_spread_share": 1.5}"#).is_err());
     assert!(RouterConfig::from_json(r#"{"book_cold_spread_share": -0.1}"#).is_err());
-    assert_eq!(RouterConfig::default().book_cold_spread, 2);
-    assert_eq!(RouterConfig::default().book_cold_spread_share, 0.5);
+    assert_eq!(d.book_cold_spread, 2);
+    assert_eq!(d.book_cold_spread_share, 0.5);
 }
 
 #[test]
