@@ -12,6 +12,7 @@ import json
 import signal
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from extproc.models import resolve_model_dir
 from extproc.simulator.cluster import PROTOCOLS, start_engines
@@ -85,6 +86,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     zmq_events.add_argument("--kv-events-zmq-topic", default="", help="topic frame of every message")
     parser.add_argument(
+        "--request-log",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="write one JSON line per request: its engine, and every engine's cached blocks of its prompt",
+    )
+    parser.add_argument(
         "--script",
         default=None,
         metavar="JSON|@FILE",
@@ -153,6 +161,7 @@ async def serve(args: argparse.Namespace) -> None:
         options=args.options,
         protocol=args.protocol,
         metrics_base_port=args.metrics_port,
+        request_log=args.request_log,
     )
     for engine in cluster.engines:
         engine.faults.set(**args.fault_settings)

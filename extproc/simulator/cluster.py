@@ -24,6 +24,7 @@ from extproc.simulator.faults import FaultPlan
 from extproc.simulator.http_control import ControlServer
 from extproc.simulator.model import load_model_spec
 from extproc.simulator.options import DEFAULT_OPTIONS, SimOptions
+from extproc.simulator.request_log import RequestLog
 from extproc.simulator.script import Script
 from extproc.simulator.sglang import SglangEngine
 from extproc.simulator.vocab import load_tokenizer, load_vocab
@@ -149,6 +150,7 @@ class SimEngine:
 @dataclass
 class SimCluster:
     engines: list[SimEngine] = field(default_factory=list)
+    request_log: RequestLog | None = None
 
     @property
     def script(self) -> Script:
@@ -161,6 +163,8 @@ class SimCluster:
 
     async def stop(self, grace: float | None = STOP_GRACE_S) -> None:
         await asyncio.gather(*(engine.stop(grace) for engine in self.engines))
+        if self.request_log is not None:
+            self.request_log.close()
 
 
 async def _bind(
@@ -238,12 +242,14 @@ async def start_engines(
     options: SimOptions = DEFAULT_OPTIONS,
     protocol: Protocol = "vllm",
     metrics_base_port: int | None = None,
+    request_log: Path | None = None,
 ) -> SimCluster:
     """Start `count` engines on base_port, base_port+1, ... (base_port 0: each on a free port).
 
     `metrics_base_port` serves each engine's /metrics and /faults on metrics_base_port + i (0: free
     ports; None: no HTTP endpoint). `options.kv_events_zmq` adds vLLM's ZMQ KV-event publisher per engine
-    and DP rank.
+    and DP rank. `request_log` writes where each request went and which engines held its prompt
+    (`request_log.py`).
     """
     if count < 1:
         raise ValueError(f"count must be at least 1, got {count}")
@@ -271,6 +277,11 @@ async def start_engines(
             cluster.engines.append(engine)
             if options.kv_events_zmq is not None:
                 _kv_publishers(engine, options, i, count)
+        if request_log is not None:
+            cores = [engine.core for engine in cluster.engines]
+            cluster.request_log = RequestLog(request_log, cores)
+            for core in cores:
+                core.request_log = cluster.request_log
     except BaseException:
         await cluster.stop(grace=None)
         raise

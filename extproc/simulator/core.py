@@ -28,6 +28,7 @@ from extproc.simulator.kv_events import KvEventHub
 from extproc.simulator.model import ModelSpec
 from extproc.simulator.options import DEFAULT_OPTIONS, TIMING_FIELDS, SimOptions
 from extproc.simulator.planned import OutputPlan
+from extproc.simulator.request_log import RequestLog
 from extproc.simulator.sampler import GenerationParams, Step, TokenSampler
 from extproc.simulator.scheduler import Mailbox, Scheduler, Sequence
 from extproc.simulator.script import Script
@@ -128,6 +129,8 @@ class EngineCore:
         # Scripted outputs: the configured rules for this model, and those added at run time (a cluster's
         # engines share one, so a rule that answers one request does so whichever engine gets it).
         self.script = script if script is not None else Script(options.script, spec.served_name)
+        # Set by the cluster when asked to log where each request went (`request_log.py`).
+        self.request_log: RequestLog | None = None
 
     def retime(self, **changes: float) -> SimOptions:
         """New timing (TIMING_FIELDS) for every step and stream from now on; none given: the start's."""
@@ -219,6 +222,8 @@ class EngineCore:
                     cache_limit=cache_limit,
                 )
             )
+        if self.request_log is not None:
+            self.request_log.observe(self, rank, request_id, sequences[0])
         request = Request(request_id, sequences, mailbox, rank)
         self._requests.setdefault(request_id, []).append(request)
         self.stats.active += 1

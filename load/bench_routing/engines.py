@@ -90,8 +90,14 @@ class Engines:
         self.child.stop()
 
 
-def start_engines(config: EngineConfig, log_dir: Path, name: str = "engines") -> Engines:
+def start_engines(
+    config: EngineConfig, log_dir: Path, name: str = "engines", request_log: Path | None = None
+) -> Engines:
+    """The simulated engines of one run, as a child process logging under `log_dir`; `request_log`: where
+    the simulator writes each request's engine and every engine's cached blocks of it (`placement.py`)."""
     argv = config.argv()
+    if request_log is not None:
+        argv += ["--request-log", str(request_log)]
     child = spawn(name, argv, log_dir)
     found: list[tuple[str, int]] = []
 

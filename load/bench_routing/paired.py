@@ -39,6 +39,9 @@ class Twin:
     cached_a: int
     cached_b: int
     first_turn: bool
+    # Where each went (records of suites since session 35): "e<engine> <held>/<best held>" tokens.
+    where_a: str = ""
+    where_b: str = ""
 
     @property
     def diff_ms(self) -> float:
@@ -68,11 +71,21 @@ def pair(a: Records, b: Records, after_s: float = 0.0) -> list[Twin]:
             cached_a=ra.get("cached_tokens") or 0,
             cached_b=b[key].get("cached_tokens") or 0,
             first_turn=key[1] == firsts[key[0]],
+            where_a=_where(ra),
+            where_b=_where(b[key]),
         )
         for key, ra in a.items()
         if key in b and ra["start"] >= after_s
     ]
     return sorted(twins, key=lambda t: t.start)
+
+
+def _where(row: dict) -> str:
+    """The engine a request reached and its cached prefix there against the best engine's, in tokens
+    at arrival (`placement.py`); empty for records without them."""
+    if row.get("engine") is None:
+        return ""
+    return f"e{row['engine']} {row['held_tokens']}/{row['best_held_tokens']}"
 
 
 def twin_hits(a: Records, b: Records, after_s: float) -> dict[str, Any]:
@@ -132,13 +145,14 @@ def report(twins: Sequence[Twin], worst: int) -> str:
             "",
             f"Worst {worst} for A (largest A-B):",
             "",
-            "| start s | session | messages | TTFT A ms | TTFT B ms | cached A | cached B |",
-            "|---|---|---|---|---|---|---|",
+            "| start s | session | messages | TTFT A ms | TTFT B ms | cached A | cached B "
+            "| A at: held/best | B at |",
+            "|---|---|---|---|---|---|---|---|---|",
         ]
         for t in sorted(twins, key=lambda t: t.diff_ms, reverse=True)[:worst]:
             lines.append(
                 f"| {t.start:.2f} | {t.session} | {t.messages} | {t.ttft_a * 1000:.0f} "
-                f"| {t.ttft_b * 1000:.0f} | {t.cached_a} | {t.cached_b} |"
+                f"| {t.ttft_b * 1000:.0f} | {t.cached_a} | {t.cached_b} | {t.where_a} | {t.where_b} |"
             )
     return "\n".join(lines)
 

@@ -39,7 +39,7 @@ from typing import Any
 
 from load.bench import gateways as bench_gateways
 from load.bench.procs import StartError
-from load.bench_routing import followups, gateways, paired, replicas, shapes, suite_report
+from load.bench_routing import followups, gateways, paired, placement, replicas, shapes, suite_report
 from load.bench_routing.engines import EngineConfig, EngineWatch, start_engines
 from load.bench_routing.run import (
     Context,
@@ -244,12 +244,12 @@ def run_one(
     """One gateway on fresh engines: closed loop (`arrivals` None) or open loop; its summary."""
     log_dir = ctx.log_dir / f"{cell.shape}-s{cell.seed}-e{cell.config.engines}-b{cell.config.num_blocks}"
     log_dir = log_dir / f"{label}-{gw.name}"
-    engines = start_engines(cell.config, log_dir)
+    engines = start_engines(cell.config, log_dir, request_log=log_dir / "engine-requests.jsonl")
     try:
         with _routing_config(gw.routing_config):
             doors = _start(gw, replace(ctx, config=cell.config), engines.addresses, log_dir)
         try:
-            turns, watch, wall_s = asyncio.run(
+            turns, wall0, watch, wall_s = asyncio.run(
                 _drive(
                     [d.base_url for d in doors],
                     ctx.model,
@@ -266,7 +266,8 @@ def run_one(
     finally:
         engines.stop()
     records = [r for _, r in turns]
-    _write_records(log_dir / "records.jsonl", turns)
+    arrivals = placement.read_log(log_dir / "engine-requests.jsonl")
+    _write_records(log_dir / "records.jsonl", turns, arrivals, wall0)
     summary = summarize(records, warmup_s, duration_s)
     flight = watch["mean_in_flight"]
     mean_flight = sum(flight) / len(flight) if flight else 0.0
@@ -292,6 +293,8 @@ def run_one(
         "topology": gw.topology,
         "doors": len(doors),
         "followups": followups.analyse(turns, warmup_s, cell.config.block_size),
+        # Where the requests went against where their prompts were cached (`placement.py`).
+        "placement": placement.summarize(arrivals, wall0 + warmup_s) if arrivals else None,
         "records": str(log_dir / "records.jsonl"),
     }
 
@@ -311,13 +314,16 @@ def _start(gw: Gateway, ctx: Context, engines: list[str], log_dir: Path) -> list
     )
 
 
-def _write_records(path: Path, turns: Sequence[tuple[Any, Record]]) -> None:
+def _write_records(
+    path: Path, turns: Sequence[tuple[Any, Record]], arrivals: Sequence[placement.Arrival], wall0: float
+) -> None:
     """Every request of the run, one JSON line each in arrival order (times in seconds from the run's
-    start), to look at how a run unfolded: when queues formed, which session lost its history."""
-    rows = sorted(turns, key=lambda pair: pair[1].start)
-    with path.open("w") as out:
-        for spec, r in rows:
-            row = {
+    start), to look at how a run unfolded: when queues formed, which session lost its history, which
+    engine served it and how much of its prompt the best-holding engine had (`placement.annotate`)."""
+    rows = []
+    for spec, r in sorted(turns, key=lambda pair: pair[1].start):
+        rows.append(
+            {
                 "start": r.start,
                 "ttft": r.ttft,
                 "latency": r.latency,
@@ -329,6 +335,10 @@ def _write_records(path: Path, turns: Sequence[tuple[Any, Record]]) -> None:
                 "session": getattr(spec, "user", ""),
                 "messages": len(spec.messages),
             }
+        )
+    placement.annotate(rows, arrivals, wall0)
+    with path.open("w") as out:
+        for row in rows:
             out.write(json.dumps(json_safe(row)) + "\n")
 
 
@@ -340,8 +350,9 @@ async def _drive(
     cell: Cell,
     arrivals: Sequence[float] | None,
     duration_s: float,
-) -> tuple[list[tuple[RoutedSpec, Record]], dict[str, Any], float]:
-    """The run's (spec, record) pairs, the engines' report and the wall time."""
+) -> tuple[list[tuple[RoutedSpec, Record]], float, dict[str, Any], float]:
+    """The run's (spec, record) pairs, the wall time of their zero, the engines' report and the run's
+    length."""
     target = SplitTarget(base_urls, model)
     try:
         begun = time.monotonic()
@@ -353,7 +364,8 @@ async def _drive(
                 specs = shapes.interleave(shape, len(arrivals))
                 prepared = [target.prepare(s) for s in specs]
                 await open_loop(target, prepared, arrivals)
-        return target.turns, watch.report(), time.monotonic() - begun  # type: ignore[return-value]
+        wall0 = target.wall0 if target.wall0 is not None else time.time()
+        return target.turns, wall0, watch.report(), time.monotonic() - begun  # type: ignore[return-value]
     finally:
         target.close()
 

@@ -228,8 +228,10 @@ def _f(v: float | None, fmt: str = "{:.0f}") -> str:
 
 HEADER = (
     "| seed | load | gateway | hit % | TTFT mean ms | p90 | p99 | req/s | TPOT mean ms | ITL p99 ms "
-    "| served max/mean | in-flight max/mean | turns kept % | mean/SMG | p90/SMG | hit-SMG pts "
-    "| same requests: hit-SMG pts | TPOT/SMG | warm-up mean ms (/SMG) |\n" + "|---" * 19 + "|"
+    "| served max/mean | in-flight max/mean | turns kept % | prefix missed pts (holder idle) | mean/SMG "
+    "| p90/SMG | hit-SMG pts | same requests: hit-SMG pts | TPOT/SMG | warm-up mean ms (/SMG) |\n"
+    + "|---" * 20
+    + "|"
 )
 
 
@@ -237,6 +239,15 @@ def _kept(run: dict[str, Any]) -> str:
     """The share of follow-up turns that reached an engine holding their history (`followups.py`)."""
     kept = (run.get("followups") or {}).get("kept")
     return _f(None if kept is None else 100 * kept, "{:.0f}")
+
+
+def _missed(run: dict[str, Any]) -> str:
+    """Prompt tokens per 100 that another engine held when the request arrived, not the one it reached,
+    and of them those an idle holder had (`placement.py`); `-` for runs recorded without it."""
+    p = run.get("placement") or {}
+    if p.get("missed_pts") is None:
+        return "-"
+    return f"{p['missed_pts']:.1f} ({p['missed_idle_pts']:.1f})"
 
 
 def _rows(cell: dict[str, Any], doc: dict[str, Any]) -> Iterator[str]:
@@ -248,7 +259,7 @@ def _rows(cell: dict[str, Any], doc: dict[str, Any]) -> Iterator[str]:
             load += f" run {point.get('repeat', 0) + 1}"
         for r in point["runs"]:
             if "failed" in r:
-                yield f"| {cell['seed']} | {load} | {r['gateway']} | failed to start |" + " |" * 15
+                yield f"| {cell['seed']} | {load} | {r['gateway']} | failed to start |" + " |" * 16
                 continue
             t = r["ttft_ms"]
             ratios = ["-", "-", "-", "-", "-"]
@@ -275,6 +286,7 @@ def _rows(cell: dict[str, Any], doc: dict[str, Any]) -> Iterator[str]:
                 _f(r["served_max_over_mean"], "{:.2f}"),
                 _f(r["in_flight_max_over_mean"], "{:.2f}"),
                 _kept(r),
+                _missed(r),
                 *ratios,
                 _warmup(r, smg),
             ]

@@ -5,6 +5,7 @@ from the usage both gateways pass through from the engine; every request of the 
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from load.loadgen.openai_target import OpenAITarget, Prepared
@@ -38,6 +39,9 @@ class SplitTarget:
             raise ValueError("no gateway to send to")
         self.doors = [RoutingTarget(url, model) for url in base_urls]
         self.turns: list[tuple[ChatSpec, Record]] = []
+        # The wall time of the records' zero (their `start`s count from a perf_counter origin), to join
+        # them to what the engines logged.
+        self.wall0: float | None = None
         self._next = 0
 
     def prepare(self, spec: ChatSpec, via: int | None = None) -> tuple[ChatSpec, int, Prepared]:
@@ -48,6 +52,8 @@ class SplitTarget:
 
     async def send(self, prepared: tuple[ChatSpec, int, Prepared], run_start: float) -> Record:
         spec, door, request = prepared
+        if self.wall0 is None:
+            self.wall0 = time.time() - (time.perf_counter() - run_start)
         record = await self.doors[door].send(request, run_start)
         self.turns.append((spec, record))
         return record
