@@ -151,6 +151,45 @@ def test_a_prefix_group_stays_on_its_holder_while_it_prefills_other_work(
         assert arrived[holder] == (1 if joins_the_holder else 0), arrived
 
 
+# ~2,500 tokens of tail (14 a sentence): at 1 ms a token its prefill runs ~2.5 s, and it outweighs
+# three times SYSTEM's tokens.
+VERY_LONG_TAIL = " ".join(f"Annex {i}: the counts of sheet {i} stand as filed." for i in range(180))
+
+
+@pytest.mark.parametrize(
+    "routing_config,stays",
+    [('{"prefill_progress": true}', True), (None, False)],
+    ids=["prefill_progress", "default"],
+)
+def test_a_holder_halfway_through_a_long_prefill_keeps_its_prefix_group(
+    tmp_path: Path, routing_config: str | None, stays: bool
+) -> None:
+    # SYSTEM's holder learned its prefill speed from SYSTEM's own first prefill (~700 tokens). It then
+    # takes a request on SYSTEM with a ~2,500-token tail. 1.2 s into that prefill a question on SYSTEM
+    # arrives: counted whole, the holder's backlog (~2,500) outweighs prefilling SYSTEM again on the
+    # idle engine (3 x ~700), and it goes there; with `prefill_progress` the backlog reads ~1,400 left
+    # at the measured speed (~1,000 tokens/s), and the question stays with its cached prefix.
+    slow = SimOptions(prefill_ms_per_token=1.0)
+    with local_stack(FreePorts(), tmp_path, sim=slow, routing_config=routing_config) as s:
+        client = s.openai()
+        holder = a_holder_of_the_prompt(client, s)
+
+        busy = threading.Thread(target=ask, args=(client, s, "Summarize this. " + VERY_LONG_TAIL))
+        before = counts(s)
+        busy.start()
+        wait_for_a_request(s, before)
+        assert counts(s)[holder] == before[holder] + 1, "the long tail went to the prefix holder"
+        time.sleep(1.2)
+
+        before = counts(s)
+        reply = ask(client, s, "Question one?")
+        arrived = landed(s, before)
+        busy.join()
+        assert arrived[holder] == (1 if stays else 0), arrived
+        cached = reply.usage.prompt_tokens_details.cached_tokens or 0
+        assert (cached >= 600) == stays, cached
+
+
 @pytest.mark.parametrize(
     "routing_config,joins_the_first",
     [('{"book_cold_spread": 1}', True), (None, False)],

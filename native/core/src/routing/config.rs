@@ -99,6 +99,12 @@ pub struct RouterConfig {
     /// prefilled there delays the hits its prefixes keep drawing, which the expected wait (what is on
     /// the engine now) does not see (`policy/affinity.rs`, point 7).
     pub busy_miss_weight: f64,
+    /// Affinity policies: an endpoint holding part of the prompt has its own prefill backlog read less
+    /// what it has done of it since its current prefill began, at its measured prefill speed
+    /// (`prefill_progress.rs`); off (false) by default. Without it a prefill under way counts whole
+    /// until its first token, and a request whose prefix that endpoint holds goes elsewhere to
+    /// prefill it again for about the same first-token time.
+    pub prefill_progress: bool,
     /// The window of `underused_share`'s and `busy_miss_weight`'s recent requests, in seconds: each
     /// request's weight decays by `exp(-age / window)`.
     pub demand_window_s: f64,
@@ -151,6 +157,7 @@ impl Default for RouterConfig {
             fresh_cache_weight: Some(0.25),
             underused_share: 0.0,
             busy_miss_weight: 0.0,
+            prefill_progress: false,
             demand_window_s: 5.0,
             shed_queue_depth: 0,
             objectives: BTreeMap::new(),

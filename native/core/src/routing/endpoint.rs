@@ -12,6 +12,7 @@ use super::events::EventState;
 use super::load::{EngineLoad, Load};
 use super::load_order::LoadOrder;
 use super::penalty::Penalty;
+use super::prefill_progress::{now_us, PrefillClock};
 
 /// An endpoint's name as the engine address and data-parallel rank it stands for: `"{address}#{rank}"` is
 /// one rank of an engine with DP size > 1; any other name (no `#`, or a suffix that is not a number) is
@@ -78,6 +79,8 @@ pub struct EndpointState {
     publishing: AtomicBool,
     /// Requests sent to it lately (`underused_share`); counted only when that setting is on.
     pub recent: RecentRequests,
+    /// When its current prefill began and its measured prefill speed (`prefill_progress`).
+    pub prefill_clock: PrefillClock,
 }
 
 impl EndpointState {
@@ -108,6 +111,7 @@ impl EndpointState {
             events_empty: AtomicBool::new(true),
             publishing: AtomicBool::new(false),
             recent: RecentRequests::default(),
+            prefill_clock: PrefillClock::default(),
         }
     }
 
@@ -242,6 +246,8 @@ pub struct InFlight {
     tokens: u64,
     prefill: u64,
     prefilling: bool,
+    /// `now_us` at the pick: the request's first token times the endpoint's prefill speed.
+    began_us: u64,
     /// The request is the probe of a half-open endpoint: the slot frees when it ends.
     probe: Option<u64>,
 }
@@ -252,13 +258,17 @@ impl InFlight {
         endpoint.in_flight_requests.fetch_add(1, Ordering::Relaxed);
         endpoint.in_flight_tokens.fetch_add(tokens, Ordering::Relaxed);
         endpoint.in_flight_prefill.fetch_add(prefill, Ordering::Relaxed);
-        endpoint.in_flight_prefilling.fetch_add(1, Ordering::Relaxed);
+        let began_us = now_us();
+        if endpoint.in_flight_prefilling.fetch_add(1, Ordering::Relaxed) == 0 {
+            endpoint.prefill_clock.restart(began_us);
+        }
         endpoint.changed();
         InFlight {
             endpoint,
             tokens,
             prefill,
             prefilling: true,
+            began_us,
             probe: None,
         }
     }
@@ -276,6 +286,13 @@ impl InFlight {
     /// The engine sent its first token: the prompt is prefilled. Later calls do nothing.
     pub fn first_token(&mut self) {
         let had_prefill = self.prefill > 0;
+        if self.prefilling {
+            let now = now_us();
+            self.endpoint.prefill_clock.sample(self.prefill, self.began_us, now);
+            if self.endpoint.in_flight_prefilling.load(Ordering::Relaxed) > 1 {
+                self.endpoint.prefill_clock.restart(now); // the next pending prefill runs now
+            }
+        }
         // The load order ranks by the prefill tokens, and by the prefilling count only when the spill
         // gate counts it: otherwise a cached request's first token changes nothing it ranks by.
         if self.take_prefill() && (had_prefill || self.endpoint.order_counts_prefilling()) {

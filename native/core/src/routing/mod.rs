@@ -29,6 +29,7 @@ pub mod membership;
 pub mod mix_hash;
 pub mod penalty;
 pub mod policy;
+pub mod prefill_progress;
 pub mod prefix_index;
 pub mod residents;
 pub mod rng;

@@ -20,6 +20,7 @@ use super::load_order::{Entry, LoadOrder};
 use super::membership::Tick;
 use super::penalty::{Failure, Standing};
 use super::policy::{registry, Candidate, PickContext, Policy, PrefixSource, WaitOrder};
+use super::prefill_progress;
 use super::prefix_index::{EventIndex, RoutedIndex};
 use super::residents::Residents;
 use super::rng::Rng;
@@ -517,6 +518,7 @@ impl Router {
         } else {
             1 + self.config.max_fallbacks
         };
+        self.credit_progress(&states, &mut candidates);
         let ranking = self.rank(&candidates, req, wanted);
         Ok(Decision {
             states,
@@ -692,6 +694,7 @@ impl Router {
             states.push(st);
         }
         drop(orders);
+        self.credit_progress(&states, &mut candidates);
         let ranking = self.rank(&candidates, req, k);
         Some(Decision {
             states,
@@ -699,6 +702,23 @@ impl Router {
             ranking,
             chains,
         })
+    }
+
+    /// With `prefill_progress`, each candidate holding part of the prompt has its own prefill backlog
+    /// less what it has done of it since its current prefill began (`prefill_progress.rs`). Only the
+    /// holders: the load order cannot follow time, and a shortlist ranks every holder but only the
+    /// first of the rest by their keys there, so crediting those too would decide unlike ranking every
+    /// endpoint; what progress does is keep a hit on its holder, which needs the holders alone.
+    fn credit_progress(&self, states: &[&Arc<EndpointState>], candidates: &mut [Candidate]) {
+        if !self.config.prefill_progress {
+            return;
+        }
+        let now = prefill_progress::now_us();
+        for (c, st) in candidates.iter_mut().zip(states) {
+            if c.cached_blocks > 0 && c.load.prefill_tokens > 0 {
+                c.load.prefill_tokens = st.prefill_clock.remaining(c.load.prefill_tokens, now);
+            }
+        }
     }
 
     fn rank(&self, candidates: &[Candidate], req: &PickRequest<'_>, wanted: usize) -> Vec<usize> {

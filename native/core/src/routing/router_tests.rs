@@ -3,6 +3,7 @@
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
+use std::time::Instant;
 
 use prost::Message;
 
@@ -1411,4 +1412,72 @@ fn a_miss_leaves_a_busy_holder_and_its_hits_stay() {
     assert_eq!(route(3.0, false).0, addr(0));
     assert!(RouterConfig::from_json(r#"{"busy_miss_weight": -1}"#).is_err());
     assert_eq!(RouterConfig::default().busy_miss_weight, 0.0);
+}
+
+#[test]
+fn a_holders_prefill_under_way_is_credited_at_its_measured_speed() {
+    // Endpoint 0 holds a 30-block preamble (120 tokens); 1 and 2 hold other prompts. 0 has timed one
+    // prefill (2,000 tokens in t1), then took a 3,000-token prompt and has been at it for 2 x t1: at the
+    // measured speed it has done 4,000 tokens' worth, all of it. A question after the preamble waits
+    // 3,000 + 3 x 8 on 0 as the backlog stands whole, 3 x 128 elsewhere: off, it leaves its holder; on,
+    // 0's backlog reads as done and the hit stays.
+    let route = |prefill_progress: bool| {
+        let (r, preamble) = preamble_on_0(
+            RouterConfig {
+                seed: Some(5),
+                prefill_progress,
+                ..Default::default()
+            },
+            30,
+        );
+        let timed = Instant::now();
+        let mut first = r.begin(&addr(0), None, 2_000).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        first.first_token();
+        let t1 = timed.elapsed(); // at least the time the endpoint measured
+        drop(first);
+        let _backlog = r.begin(&addr(0), None, 3_000).unwrap();
+        let begun = Instant::now(); // no earlier than its prefill began
+        std::thread::sleep(2 * t1);
+        assert!(begun.elapsed() >= 2 * t1);
+        r.pick(&[preamble.clone(), prompt(21, 2)].concat(), None)
+            .unwrap()
+            .primary
+            .to_string()
+    };
+    assert_ne!(route(false), addr(0), "off: the whole backlog sends the hit elsewhere");
+    assert_eq!(route(true), addr(0), "on: the holder's prefill is done by now");
+    assert!(
+        RouterConfig::from_json(r#"{"prefill_progress": true}"#)
+            .unwrap()
+            .prefill_progress
+    );
+    assert!(!RouterConfig::default().prefill_progress);
+}
+
+#[test]
+fn progress_is_credited_to_holders_only() {
+    // Nobody holds a new prompt. Endpoint 1 has a timed speed and a 3,000-token prefill done by the
+    // clock; 2 has 500 tokens pending and no speed (nothing credited); 0 3,000 and no speed. A whole miss
+    // ranks the non-holders by their backlog as the load order keeps it, whole: 2 (500) takes it, where
+    // crediting 1 would have sent it there (a shortlist could not credit 1 either).
+    let (r, _) = preamble_on_0(
+        RouterConfig {
+            seed: Some(5),
+            prefill_progress: true,
+            ..Default::default()
+        },
+        30,
+    );
+    let timed = Instant::now();
+    let mut first = r.begin(&addr(1), None, 2_000).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(2));
+    first.first_token();
+    let t1 = timed.elapsed();
+    drop(first);
+    let _backlog = r.begin(&addr(1), None, 3_000).unwrap();
+    let _busy0 = r.begin(&addr(0), None, 3_000).unwrap();
+    let _some2 = r.begin(&addr(2), None, 500).unwrap();
+    std::thread::sleep(2 * t1);
+    assert_eq!(r.pick(&prompt(30, 40), None).unwrap().primary.to_string(), addr(2));
 }
