@@ -315,11 +315,15 @@ def _start(gw: Gateway, ctx: Context, engines: list[str], log_dir: Path) -> list
 
 
 def _write_records(
-    path: Path, turns: Sequence[tuple[Any, Record]], arrivals: Sequence[placement.Arrival], wall0: float
+    path: Path,
+    turns: Sequence[tuple[Any, Record]],
+    arrivals: Sequence[placement.Arrival] = (),
+    wall0: float = 0.0,
 ) -> None:
     """Every request of the run, one JSON line each in arrival order (times in seconds from the run's
     start), to look at how a run unfolded: when queues formed, which session lost its history, which
-    engine served it and how much of its prompt the best-holding engine had (`placement.annotate`)."""
+    engine served it and how much of its prompt the best-holding engine had (`placement.annotate`, where
+    the engines logged their requests: `arrivals`, with `wall0` the wall time of the records' zero)."""
     rows = []
     for spec, r in sorted(turns, key=lambda pair: pair[1].start):
         rows.append(
