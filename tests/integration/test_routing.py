@@ -86,6 +86,26 @@ def wait_for_a_request(stack: Stack, before: list[int], timeout_s: float = 5.0) 
         time.sleep(0.02)
 
 
+def ask_while_the_holder_prefills(
+    client: openai.OpenAI, stack: Stack, tail: str, after_s: float
+) -> tuple[int, list[int], openai.types.chat.ChatCompletion]:
+    """Every engine serves once, one takes SYSTEM (the holder); a request on SYSTEM with `tail` goes to
+    the holder, and `after_s` after it reached the engine a question on SYSTEM is asked while the tail
+    is still prefilling. Returns the holder, where the question landed and its reply."""
+    holder = a_holder_of_the_prompt(client, stack)
+    busy = threading.Thread(target=ask, args=(client, stack, "Summarize this. " + tail))
+    before = counts(stack)
+    busy.start()
+    wait_for_a_request(stack, before)
+    assert counts(stack)[holder] == before[holder] + 1, "the long tail went to the prefix holder"
+    time.sleep(after_s)
+    before = counts(stack)
+    reply = ask(client, stack, "Question one?")
+    arrived = landed(stack, before)
+    busy.join()
+    return holder, arrived, reply
+
+
 def test_shared_prefix_follows_the_engine_that_holds_it(stack: Stack) -> None:
     client = stack.openai()
     before = counts(stack)
@@ -136,18 +156,7 @@ def test_a_prefix_group_stays_on_its_holder_while_it_prefills_other_work(
     # before (a fresh one would take the follow-up at either weight).
     with local_stack(FreePorts(), tmp_path, sim=SLOW_PREFILL, routing_config=routing_config) as s:
         client = s.openai()
-        holder = a_holder_of_the_prompt(client, s)
-
-        busy = threading.Thread(target=ask, args=(client, s, "Summarize this. " + LONG_TAIL))
-        before = counts(s)
-        busy.start()
-        wait_for_a_request(s, before)
-        assert counts(s)[holder] == before[holder] + 1, "the long tail went to the prefix holder"
-
-        before = counts(s)
-        ask(client, s, "Question one?")
-        arrived = landed(s, before)
-        busy.join()
+        holder, arrived, _ = ask_while_the_holder_prefills(client, s, LONG_TAIL, after_s=0.0)
         assert arrived[holder] == (1 if joins_the_holder else 0), arrived
 
 
@@ -172,19 +181,7 @@ def test_a_holder_halfway_through_a_long_prefill_keeps_its_prefix_group(
     slow = SimOptions(prefill_ms_per_token=1.0)
     with local_stack(FreePorts(), tmp_path, sim=slow, routing_config=routing_config) as s:
         client = s.openai()
-        holder = a_holder_of_the_prompt(client, s)
-
-        busy = threading.Thread(target=ask, args=(client, s, "Summarize this. " + VERY_LONG_TAIL))
-        before = counts(s)
-        busy.start()
-        wait_for_a_request(s, before)
-        assert counts(s)[holder] == before[holder] + 1, "the long tail went to the prefix holder"
-        time.sleep(1.2)
-
-        before = counts(s)
-        reply = ask(client, s, "Question one?")
-        arrived = landed(s, before)
-        busy.join()
+        holder, arrived, reply = ask_while_the_holder_prefills(client, s, VERY_LONG_TAIL, after_s=1.2)
         assert arrived[holder] == (1 if stays else 0), arrived
         cached = reply.usage.prompt_tokens_details.cached_tokens or 0
         assert (cached >= 600) == stays, cached

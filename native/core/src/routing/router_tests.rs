@@ -1414,6 +1414,16 @@ fn a_miss_leaves_a_busy_holder_and_its_hits_stay() {
     assert_eq!(RouterConfig::default().busy_miss_weight, 0.0);
 }
 
+/// Endpoint `i` times one prefill of 2,000 tokens (`prefill_progress`'s speed sample); returns at least
+/// the time it measured, so its speed is at least 2,000 tokens per returned time.
+fn time_a_prefill(r: &Router, i: usize) -> std::time::Duration {
+    let timed = Instant::now();
+    let mut first = r.begin(&addr(i), None, 2_000).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(2));
+    first.first_token();
+    timed.elapsed()
+}
+
 #[test]
 fn a_holders_prefill_under_way_is_credited_at_its_measured_speed() {
     // Endpoint 0 holds a 30-block preamble (120 tokens); 1 and 2 hold other prompts. 0 has timed one
@@ -1430,12 +1440,7 @@ fn a_holders_prefill_under_way_is_credited_at_its_measured_speed() {
             },
             30,
         );
-        let timed = Instant::now();
-        let mut first = r.begin(&addr(0), None, 2_000).unwrap();
-        std::thread::sleep(std::time::Duration::from_millis(2));
-        first.first_token();
-        let t1 = timed.elapsed(); // at least the time the endpoint measured
-        drop(first);
+        let t1 = time_a_prefill(&r, 0);
         let _backlog = r.begin(&addr(0), None, 3_000).unwrap();
         let begun = Instant::now(); // no earlier than its prefill began
         std::thread::sleep(2 * t1);
@@ -1469,12 +1474,7 @@ fn progress_is_credited_to_holders_only() {
         },
         30,
     );
-    let timed = Instant::now();
-    let mut first = r.begin(&addr(1), None, 2_000).unwrap();
-    std::thread::sleep(std::time::Duration::from_millis(2));
-    first.first_token();
-    let t1 = timed.elapsed();
-    drop(first);
+    let t1 = time_a_prefill(&r, 1);
     let _backlog = r.begin(&addr(1), None, 3_000).unwrap();
     let _busy0 = r.begin(&addr(0), None, 3_000).unwrap();
     let _some2 = r.begin(&addr(2), None, 500).unwrap();
