@@ -79,8 +79,10 @@ pub struct EndpointState {
     publishing: AtomicBool,
     /// Requests sent to it lately (`underused_share`); counted only when that setting is on.
     pub recent: RecentRequests,
-    /// When its current prefill began and its measured prefill speed (`prefill_progress`).
+    /// When its current prefill began and its measured prefill speed (`prefill_progress`); kept only
+    /// when `clocked` (the setting is on): otherwise a request reads no clock.
     pub prefill_clock: PrefillClock,
+    clocked: bool,
 }
 
 impl EndpointState {
@@ -112,7 +114,14 @@ impl EndpointState {
             publishing: AtomicBool::new(false),
             recent: RecentRequests::default(),
             prefill_clock: PrefillClock::default(),
+            clocked: false,
         }
+    }
+
+    /// The endpoint keeps its prefill clock (`prefill_progress`).
+    pub fn with_prefill_clock(mut self) -> Self {
+        self.clocked = true;
+        self
     }
 
     /// The endpoint, keeping `order` up to date.
@@ -246,7 +255,8 @@ pub struct InFlight {
     tokens: u64,
     prefill: u64,
     prefilling: bool,
-    /// `now_us` at the pick: the request's first token times the endpoint's prefill speed.
+    /// `now_us` at the pick (0 when the endpoint keeps no clock): the request's first token times the
+    /// endpoint's prefill speed.
     began_us: u64,
     /// The request is the probe of a half-open endpoint: the slot frees when it ends.
     probe: Option<u64>,
@@ -258,8 +268,8 @@ impl InFlight {
         endpoint.in_flight_requests.fetch_add(1, Ordering::Relaxed);
         endpoint.in_flight_tokens.fetch_add(tokens, Ordering::Relaxed);
         endpoint.in_flight_prefill.fetch_add(prefill, Ordering::Relaxed);
-        let began_us = now_us();
-        if endpoint.in_flight_prefilling.fetch_add(1, Ordering::Relaxed) == 0 {
+        let began_us = if endpoint.clocked { now_us() } else { 0 };
+        if endpoint.in_flight_prefilling.fetch_add(1, Ordering::Relaxed) == 0 && endpoint.clocked {
             endpoint.prefill_clock.restart(began_us);
         }
         endpoint.changed();
@@ -286,7 +296,7 @@ impl InFlight {
     /// The engine sent its first token: the prompt is prefilled. Later calls do nothing.
     pub fn first_token(&mut self) {
         let had_prefill = self.prefill > 0;
-        if self.prefilling {
+        if self.prefilling && self.endpoint.clocked {
             let now = now_us();
             self.endpoint.prefill_clock.sample(self.prefill, self.began_us, now);
             if self.endpoint.in_flight_prefilling.load(Ordering::Relaxed) > 1 {

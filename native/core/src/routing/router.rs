@@ -319,6 +319,9 @@ impl Router {
                     t.slots.resize(id + 1, None);
                 }
                 let mut st = EndpointState::new(address, id, block_size, self.config.max_engine_blocks);
+                if self.config.prefill_progress {
+                    st = st.with_prefill_clock();
+                }
                 if let Some((_, order)) = &self.wait_order {
                     st = st.with_order(order.clone());
                     order.update(&st);

@@ -1481,3 +1481,23 @@ fn progress_is_credited_to_holders_only() {
     std::thread::sleep(2 * t1);
     assert_eq!(r.pick(&prompt(30, 40), None).unwrap().primary.to_string(), addr(2));
 }
+
+#[test]
+fn only_a_router_crediting_progress_keeps_prefill_clocks() {
+    // Off, a request reads no clock: a timed prefill leaves no speed behind. On, the same prefill does.
+    let rate_after_a_prefill = |prefill_progress: bool| {
+        let (r, _) = preamble_on_0(
+            RouterConfig {
+                seed: Some(5),
+                prefill_progress,
+                ..Default::default()
+            },
+            30,
+        );
+        time_a_prefill(&r, 0);
+        let st = r.read_table().get(&addr(0)).unwrap().clone();
+        st.prefill_clock.rate()
+    };
+    assert_eq!(rate_after_a_prefill(false), 0.0);
+    assert!(rate_after_a_prefill(true) > 0.0);
+}
