@@ -1414,6 +1414,16 @@ fn a_miss_leaves_a_busy_holder_and_its_hits_stay() {
     assert_eq!(RouterConfig::default().busy_miss_weight, 0.0);
 }
 
+/// `preamble_on_0`'s three endpoints (a 30-block preamble on 0) with `prefill_progress` on or off.
+fn progress_router(prefill_progress: bool) -> (Router, Vec<u32>) {
+    let cfg = RouterConfig {
+        seed: Some(5),
+        prefill_progress,
+        ..Default::default()
+    };
+    preamble_on_0(cfg, 30)
+}
+
 /// Endpoint `i` times one prefill of 2,000 tokens (`prefill_progress`'s speed sample); returns at least
 /// the time it measured, so its speed is at least 2,000 tokens per returned time.
 fn time_a_prefill(r: &Router, i: usize) -> std::time::Duration {
@@ -1432,14 +1442,7 @@ fn a_holders_prefill_under_way_is_credited_at_its_measured_speed() {
     // 3,000 + 3 x 8 on 0 as the backlog stands whole, 3 x 128 elsewhere: off, it leaves its holder; on,
     // 0's backlog reads as done and the hit stays.
     let route = |prefill_progress: bool| {
-        let (r, preamble) = preamble_on_0(
-            RouterConfig {
-                seed: Some(5),
-                prefill_progress,
-                ..Default::default()
-            },
-            30,
-        );
+        let (r, preamble) = progress_router(prefill_progress);
         let t1 = time_a_prefill(&r, 0);
         let _backlog = r.begin(&addr(0), None, 3_000).unwrap();
         let begun = Instant::now(); // no earlier than its prefill began
@@ -1466,14 +1469,7 @@ fn progress_is_credited_to_holders_only() {
     // clock; 2 has 500 tokens pending and no speed (nothing credited); 0 3,000 and no speed. A whole miss
     // ranks the non-holders by their backlog as the load order keeps it, whole: 2 (500) takes it, where
     // crediting 1 would have sent it there (a shortlist could not credit 1 either).
-    let (r, _) = preamble_on_0(
-        RouterConfig {
-            seed: Some(5),
-            prefill_progress: true,
-            ..Default::default()
-        },
-        30,
-    );
+    let (r, _) = progress_router(true);
     let t1 = time_a_prefill(&r, 1);
     let _backlog = r.begin(&addr(1), None, 3_000).unwrap();
     let _busy0 = r.begin(&addr(0), None, 3_000).unwrap();
@@ -1486,14 +1482,7 @@ fn progress_is_credited_to_holders_only() {
 fn only_a_router_crediting_progress_keeps_prefill_clocks() {
     // Off, a request reads no clock: a timed prefill leaves no speed behind. On, the same prefill does.
     let rate_after_a_prefill = |prefill_progress: bool| {
-        let (r, _) = preamble_on_0(
-            RouterConfig {
-                seed: Some(5),
-                prefill_progress,
-                ..Default::default()
-            },
-            30,
-        );
+        let (r, _) = progress_router(prefill_progress);
         time_a_prefill(&r, 0);
         let st = r.read_table().get(&addr(0)).unwrap().clone();
         st.prefill_clock.rate()
