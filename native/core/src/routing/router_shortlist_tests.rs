@@ -155,8 +155,11 @@ fn a_shortlist_decides_as_ranking_every_endpoint() {
         // A few picks in a row, each changing the loads the next one sees.
         for step in 0..4 {
             let t = tokens(g.below(4) as u32, g.below(3) as u32, step);
+            // Sessions: a later step of a session whose earlier prompt was the prefix alone (no tail)
+            // extends it and finds its booking (`book_session_s`).
             let req = PickRequest {
                 token_ids: &t,
+                session_key: g.pick(&[None, Some("a"), Some("b")]),
                 ..Default::default()
             };
             let (clock, now) = (Instant::now(), r.now());
