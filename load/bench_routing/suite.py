@@ -10,7 +10,9 @@ Per (shape, seed, engine config):
    the shape's sessions in progress (`shapes.interleave`), the same arrivals and prompts for every
    gateway.
 `--repeats N` runs every point N times (same arrivals, fresh engines each time), the gateways in turn
-within each repeat; the report quotes the median ratio over the repeats and the worst one. Reported over
+within each repeat; the report quotes the median ratio over the repeats and the worst one.
+`--confirm-over R` runs a point again, up to `--confirm-runs` runs, when one of ours measured a mean TTFT
+over R x SMG's: one run of a closed-loop point can move by a quarter with no change of policy. Reported over
 the requests that started after the warm-up: hit rate, TTFT mean/p50/p90/p99, completions
 per second, max/mean engine load (requests served, and mean requests in flight). The report
 (`suite_report.py`, JSON + markdown) leads with the shape where our default policy's mean TTFT over
@@ -139,6 +141,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=1,
         help="runs of every point (same arrivals, fresh engines each); the report quotes their median",
     )
+    p.add_argument(
+        "--confirm-over",
+        type=float,
+        default=None,
+        metavar="RATIO",
+        help="a point where a run of ours measured a mean TTFT over RATIO x SMG's runs again until it has"
+        " --confirm-runs runs (one run of a closed-loop point can move 28%%: docs/routing-benchmark.md)",
+    )
+    p.add_argument("--confirm-runs", type=int, default=3, help="runs of a point --confirm-over picks")
     p.add_argument("--duration", type=float, default=None)
     p.add_argument("--warmup", type=float, default=None)
     p.add_argument("--engines", type=int, default=EngineConfig.engines, help="engines in the main grid")
@@ -173,6 +184,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         p.error("--warmup must be shorter than --duration")
     if args.repeats < 1:
         p.error("--repeats must be at least 1")
+    if args.confirm_over is not None and not args.confirm_over > 0:
+        p.error("--confirm-over must be a positive ratio")
+    if args.confirm_runs < 1:
+        p.error("--confirm-runs must be at least 1")
     if args.no_closed and args.rate is None:
         p.error("--no-closed needs --rate (the capacity open-loop loads are shares of)")
     args.variants = [_variant(v, p) for v in args.variant]
@@ -417,9 +432,8 @@ def run_cell(
     }
     capacity = args.rate
     if not args.no_closed:
-        for repeat in range(args.repeats):
-            where = f" {cell.sweep}: closed loop"
-            runs = _repeat(order, ctx, cell, shape, None, args, where, "closed", repeat)
+        where = f" {cell.sweep}: closed loop"
+        for repeat, runs in _point(order, ctx, cell, shape, None, args, where, "closed"):
             out["points"].append(
                 {"mode": "closed", "load": None, "rate": None, "repeat": repeat, "runs": runs}
             )
@@ -433,11 +447,52 @@ def run_cell(
     for load in args.loads:
         rate = load * capacity
         arrivals = open_loop_arrivals(rate, args.duration, cell.seed)
-        for repeat in range(args.repeats):
-            where = f": open loop {load:.0%}"
-            runs = _repeat(order, ctx, cell, shape, arrivals, args, where, f"open{int(load * 100)}", repeat)
+        where = f": open loop {load:.0%}"
+        for repeat, runs in _point(order, ctx, cell, shape, arrivals, args, where, f"open{int(load * 100)}"):
             out["points"].append({"mode": "open", "load": load, "rate": rate, "repeat": repeat, "runs": runs})
     return out
+
+
+def _point(
+    order: Sequence[Gateway],
+    ctx: Context,
+    cell: Cell,
+    shape: shapes.Shape,
+    arrivals: Sequence[float] | None,
+    args: argparse.Namespace,
+    where: str,
+    label: str,
+) -> Iterator[tuple[int, list[dict[str, Any]]]]:
+    """A point's repeats, each as it ends: `--repeats` of them, then more up to `--confirm-runs` when
+    one of ours measured over `--confirm-over` (`runs_wanted`)."""
+    done: list[list[dict[str, Any]]] = []
+    while len(done) < (wanted := runs_wanted(done, args.repeats, args.confirm_over, args.confirm_runs)):
+        runs = _repeat(order, ctx, cell, shape, arrivals, args, where, label, len(done), wanted)
+        done.append(runs)
+        yield len(done) - 1, runs
+
+
+def runs_wanted(
+    done: Sequence[Sequence[dict[str, Any]]], repeats: int, confirm_over: float | None, confirm_runs: int
+) -> int:
+    """How many runs a point gets, given the repeats `done` so far: `repeats`, or `confirm_runs` once
+    `repeats` are done and one of ours measured a mean TTFT over `confirm_over` x SMG's in any of them."""
+    if confirm_over is None or len(done) < repeats:
+        return repeats
+    over = any(ratio > confirm_over for runs in done for ratio in _ours_over_smg(runs))
+    return max(repeats, confirm_runs) if over else repeats
+
+
+def _ours_over_smg(runs: Sequence[dict[str, Any]]) -> list[float]:
+    """Each of our runs' mean TTFT over SMG's in one repeat (none without SMG's)."""
+    smg = next((r for r in runs if r["gateway"] == SMG.name and "ttft_ms" in r), None)
+    if smg is None or not smg["ttft_ms"].get("mean"):
+        return []
+    return [
+        r["ttft_ms"]["mean"] / smg["ttft_ms"]["mean"]
+        for r in runs
+        if r["gateway"] not in (SMG.name, ROUND_ROBIN.name) and "ttft_ms" in r
+    ]
 
 
 def open_loop_arrivals(rate: float, duration_s: float, seed: int) -> list[float]:
@@ -456,10 +511,12 @@ def _repeat(
     where: str,
     label: str,
     repeat: int,
+    of: int,
 ) -> list[dict[str, Any]]:
-    """One repeat of a point: each gateway in turn. The progress line names the repeat when there are
-    several; its log folders take a suffix after the first, so single runs keep their folder names."""
-    nth = f" (run {repeat + 1} of {args.repeats})" if args.repeats > 1 else ""
+    """Repeat `repeat` of a point's `of`: each gateway in turn. The progress line names the repeat when
+    there are several; its log folders take a suffix after the first, so single runs keep their folder
+    names."""
+    nth = f" (run {repeat + 1} of {of})" if of > 1 else ""
     suffix = f"-r{repeat}" if repeat else ""
     runs = []
     for gw in order:
@@ -561,6 +618,8 @@ def _write(
             "loads": list(args.loads),
             "seeds": list(args.seeds),
             "repeats": args.repeats,
+            "confirm_over": args.confirm_over,
+            "confirm_runs": args.confirm_runs,
             "clients_per_engine": shapes.CLIENTS_PER_ENGINE,
             "engine": asdict(replace(EngineConfig(), time_scale=args.time_scale)),
             "argv": sys.argv[1:],

@@ -255,7 +255,8 @@ def _rows(cell: dict[str, Any], doc: dict[str, Any]) -> Iterator[str]:
         runs = _runs(point)
         smg = runs.get("smg")
         load = "closed" if point["mode"] == "closed" else f"{point['load']:.0%} ({point['rate']:.1f}/s)"
-        if (doc.get("settings") or {}).get("repeats", 1) > 1:
+        settings = doc.get("settings") or {}
+        if settings.get("repeats", 1) > 1 or settings.get("confirm_over") is not None:
             load += f" run {point.get('repeat', 0) + 1}"
         for r in point["runs"]:
             if "failed" in r:
@@ -329,6 +330,12 @@ def markdown(doc: dict[str, Any]) -> str:
         + (
             f" Each point run {s['repeats']} times: the targets are judged on its median ratios."
             if s.get("repeats", 1) > 1
+            else ""
+        )
+        + (
+            f" A point where one of ours measured over {s['confirm_over']}x SMG's mean TTFT was run"
+            f" {s['confirm_runs']} times: it is judged on its median ratios."
+            if s.get("confirm_over") is not None
             else ""
         ),
         "",
