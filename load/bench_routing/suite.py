@@ -463,13 +463,22 @@ def _point(
     where: str,
     label: str,
 ) -> Iterator[tuple[int, list[dict[str, Any]]]]:
-    """A point's repeats, each as it ends: `--repeats` of them, then more up to `--confirm-runs` when
-    one of ours measured over `--confirm-over` (`runs_wanted`)."""
+    """A point's repeats, each as it ends (each gateway in turn within one): `--repeats` of them, then
+    more up to `--confirm-runs` when one of ours measured over `--confirm-over` (`runs_wanted`). The
+    progress line names the repeat when there are several; its log folders take a suffix after the
+    first, so single runs keep their folder names."""
     done: list[list[dict[str, Any]]] = []
     while len(done) < (wanted := runs_wanted(done, args.repeats, args.confirm_over, args.confirm_runs)):
-        runs = _repeat(order, ctx, cell, shape, arrivals, args, where, label, len(done), wanted)
+        repeat = len(done)
+        nth = f" (run {repeat + 1} of {wanted})" if wanted > 1 else ""
+        suffix = f"-r{repeat}" if repeat else ""
+        runs = []
+        for gw in order:
+            print(f"  {cell.shape} seed {cell.seed}{where}{nth}, {gw.name}", file=sys.stderr)
+            runs.append(_guarded(gw, ctx, cell, shape, arrivals, args, label + suffix))
+        _add_twin_hits(runs, args.warmup)
         done.append(runs)
-        yield len(done) - 1, runs
+        yield repeat, runs
 
 
 def runs_wanted(
@@ -479,51 +488,14 @@ def runs_wanted(
     `repeats` are done and one of ours measured a mean TTFT over `confirm_over` x SMG's in any of them."""
     if confirm_over is None or len(done) < repeats:
         return repeats
-    over = any(ratio > confirm_over for runs in done for ratio in _ours_over_smg(runs))
+    over = any(ratio > confirm_over for runs in done for ratio in suite_report.mean_ratios(runs))
     return max(repeats, confirm_runs) if over else repeats
-
-
-def _ours_over_smg(runs: Sequence[dict[str, Any]]) -> list[float]:
-    """Each of our runs' mean TTFT over SMG's in one repeat (none without SMG's)."""
-    smg = next((r for r in runs if r["gateway"] == SMG.name and "ttft_ms" in r), None)
-    if smg is None or not smg["ttft_ms"].get("mean"):
-        return []
-    return [
-        r["ttft_ms"]["mean"] / smg["ttft_ms"]["mean"]
-        for r in runs
-        if r["gateway"] not in (SMG.name, ROUND_ROBIN.name) and "ttft_ms" in r
-    ]
 
 
 def open_loop_arrivals(rate: float, duration_s: float, seed: int) -> list[float]:
     """Poisson arrivals at `rate` per second over `duration_s`, drawn from `seed`."""
     drawn = poisson_arrivals(rate, int(rate * duration_s * 1.5) + 10, seed)
     return [t for t in drawn if t < duration_s]
-
-
-def _repeat(
-    order: Sequence[Gateway],
-    ctx: Context,
-    cell: Cell,
-    shape: shapes.Shape,
-    arrivals: Sequence[float] | None,
-    args: argparse.Namespace,
-    where: str,
-    label: str,
-    repeat: int,
-    of: int,
-) -> list[dict[str, Any]]:
-    """Repeat `repeat` of a point's `of`: each gateway in turn. The progress line names the repeat when
-    there are several; its log folders take a suffix after the first, so single runs keep their folder
-    names."""
-    nth = f" (run {repeat + 1} of {of})" if of > 1 else ""
-    suffix = f"-r{repeat}" if repeat else ""
-    runs = []
-    for gw in order:
-        print(f"  {cell.shape} seed {cell.seed}{where}{nth}, {gw.name}", file=sys.stderr)
-        runs.append(_guarded(gw, ctx, cell, shape, arrivals, args, label + suffix))
-    _add_twin_hits(runs, args.warmup)
-    return runs
 
 
 def _add_twin_hits(runs: Sequence[dict[str, Any]], warmup_s: float) -> None:

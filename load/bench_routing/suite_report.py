@@ -57,6 +57,18 @@ def _runs(point: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {r["gateway"]: r for r in point["runs"] if "failed" not in r}
 
 
+def mean_ratios(runs: Sequence[dict[str, Any]]) -> list[float]:
+    """Mean TTFT over SMG's of each run of ours (not SMG's or round robin's) in one repeat of a point;
+    none without SMG's run."""
+    by_gateway = _runs({"runs": runs})
+    smg = by_gateway.pop("smg", None)
+    by_gateway.pop("round_robin", None)
+    if smg is None:
+        return []
+    ratios = (_ratio(r["ttft_ms"]["mean"], smg["ttft_ms"]["mean"]) for r in by_gateway.values())
+    return [r for r in ratios if r is not None]
+
+
 def comparisons(doc: dict[str, Any]) -> Iterator[dict[str, Any]]:
     """Per cell, point and gateway of ours: its figures over SMG's on the same engines and arrivals."""
     settings = doc.get("settings") or {}
