@@ -57,16 +57,32 @@ def _runs(point: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {r["gateway"]: r for r in point["runs"] if "failed" not in r}
 
 
-def mean_ratios(runs: Sequence[dict[str, Any]]) -> list[float]:
-    """Mean TTFT over SMG's of each run of ours (not SMG's or round robin's) in one repeat of a point;
-    none without SMG's run."""
+def target_misses(runs: Sequence[dict[str, Any]], mean_over: float) -> list[str]:
+    """What one repeat of a point measured past the targets, per run of ours (not SMG's or round
+    robin's): a mean TTFT over `mean_over` x SMG's, a p90 over `P90_MAX` x SMG's, a hit rate more than
+    `HIT_SLACK_PTS` under SMG's (`judged_hit_pts`); each as a short phrase, none without SMG's run."""
     by_gateway = _runs({"runs": runs})
     smg = by_gateway.pop("smg", None)
     by_gateway.pop("round_robin", None)
     if smg is None:
         return []
-    ratios = (_ratio(r["ttft_ms"]["mean"], smg["ttft_ms"]["mean"]) for r in by_gateway.values())
-    return [r for r in ratios if r is not None]
+    out = []
+    for name, run in by_gateway.items():
+        mean = _ratio(run["ttft_ms"]["mean"], smg["ttft_ms"]["mean"])
+        p90 = _ratio(run["ttft_ms"].get("p90"), smg["ttft_ms"].get("p90"))
+        hits = judged_hit_pts({"hit_pts": _hit_pts(run, smg), "twin_hit_pts": _twin_hit_pts(run)})
+        if mean is not None and mean > mean_over:
+            out.append(f"{name} mean {mean:.2f}x")
+        if p90 is not None and p90 > P90_MAX:
+            out.append(f"{name} p90 {p90:.2f}x")
+        if hits < -HIT_SLACK_PTS:
+            out.append(f"{name} hits {hits:+.1f} pts")
+    return out
+
+
+def _hit_pts(run: dict[str, Any], smg: dict[str, Any]) -> float:
+    """A run's hit rate less SMG's, in points, each over its own requests."""
+    return 100 * (run["hit_rate"] - smg["hit_rate"])
 
 
 def comparisons(doc: dict[str, Any]) -> Iterator[dict[str, Any]]:
@@ -101,7 +117,7 @@ def comparisons(doc: dict[str, Any]) -> Iterator[dict[str, Any]]:
                     "throughput": _ratio(run["requests_per_s"], smg["requests_per_s"]),
                     "tpot": _ratio(_decode(run, "tpot_ms", "mean"), _decode(smg, "tpot_ms", "mean")),
                     "itl_p99": _ratio(_decode(run, "itl_ms", "p99"), _decode(smg, "itl_ms", "p99")),
-                    "hit_pts": 100 * (run["hit_rate"] - smg["hit_rate"]),
+                    "hit_pts": _hit_pts(run, smg),
                     "twin_hit_pts": _twin_hit_pts(run),
                     "warmup": _ratio(_warmup_mean(run), _warmup_mean(smg)),
                     "measured": _measured(run, smg),

@@ -1,5 +1,6 @@
-"""`suite.py --confirm-over`: a point where one of ours measured over the ratio is run again up to
-`--confirm-runs` runs; others keep `--repeats`."""
+"""`suite.py --confirm-over`: a point where one of ours missed a target (a mean TTFT over the ratio, a
+p90 over 1.05x, hits more than half a point under SMG's) is run again up to `--confirm-runs` runs;
+others keep `--repeats`."""
 
 from __future__ import annotations
 
@@ -7,15 +8,29 @@ from typing import Any
 
 import pytest
 
-from load.bench_routing import suite
+from load.bench_routing import suite, suite_report
 
 
-def repeat(ours_ms: float, smg_ms: float = 100.0, rr_ms: float = 500.0) -> list[dict[str, Any]]:
-    """One repeat's runs: SMG, ours (the default and a variant at the same figure) and round robin."""
+def run(gateway: str, mean_ms: float, p90_ms: float | None = None, hit_rate: float = 0.8) -> dict[str, Any]:
+    return {
+        "gateway": gateway,
+        "ttft_ms": {"mean": mean_ms, "p90": 2 * mean_ms if p90_ms is None else p90_ms},
+        "hit_rate": hit_rate,
+    }
+
+
+def repeat(
+    ours_ms: float,
+    smg_ms: float = 100.0,
+    rr_ms: float = 500.0,
+    ours_p90_ms: float | None = None,
+    ours_hits: float = 0.8,
+) -> list[dict[str, Any]]:
+    """One repeat's runs: SMG, ours and round robin (SMG's and ours' hit rates 0.8 unless given)."""
     return [
-        {"gateway": "smg", "ttft_ms": {"mean": smg_ms}},
-        {"gateway": "kv_events", "ttft_ms": {"mean": ours_ms}},
-        {"gateway": "round_robin", "ttft_ms": {"mean": rr_ms}},
+        run("smg", smg_ms),
+        run("kv_events", ours_ms, ours_p90_ms, ours_hits),
+        run("round_robin", rr_ms, hit_rate=0.1),
     ]
 
 
@@ -37,8 +52,33 @@ def test_a_run_of_ours_over_the_ratio_asks_for_more_runs() -> None:
     assert suite.runs_wanted([repeat(90.0), repeat(120.0)], 4, 0.95, 3) == 4, "never fewer than --repeats"
 
 
+def test_a_p90_or_hit_rate_past_the_targets_asks_for_more_runs() -> None:
+    # The mean well under the ratio, but the p90 over 1.05x SMG's (200 ms).
+    assert suite.runs_wanted([repeat(80.0, ours_p90_ms=212.0)], 1, 0.95, 3) == 3
+    assert suite.runs_wanted([repeat(80.0, ours_p90_ms=209.0)], 1, 0.95, 3) == 1, "1.045x: within"
+    # Hits 0.6 points under SMG's over each run's own requests: confirm; 0.4 under: settled.
+    assert suite.runs_wanted([repeat(80.0, ours_hits=0.794)], 1, 0.95, 3) == 3
+    assert suite.runs_wanted([repeat(80.0, ours_hits=0.796)], 1, 0.95, 3) == 1
+    # Over the requests both served (recorded as `twin_hits`), that difference is the one judged.
+    twin = repeat(80.0, ours_hits=0.7)
+    twin[1]["twin_hits"] = {"pts": 0.0}
+    assert suite.runs_wanted([twin], 1, 0.95, 3) == 1
+    twin[1]["twin_hits"] = {"pts": -1.0}
+    assert suite.runs_wanted([repeat(80.0), twin], 1, 0.95, 3) == 3
+
+
+def test_the_misses_are_named() -> None:
+    runs = repeat(120.0, ours_p90_ms=300.0, ours_hits=0.7)
+    assert suite_report.target_misses(runs, 0.95) == [
+        "kv_events mean 1.20x",
+        "kv_events p90 1.50x",
+        "kv_events hits -10.0 pts",
+    ]
+    assert suite_report.target_misses(repeat(90.0), 0.95) == []
+
+
 def test_a_failed_or_smg_less_repeat_asks_for_nothing() -> None:
-    ours = {"gateway": "kv_events", "ttft_ms": {"mean": 300.0}}
+    ours = run("kv_events", 300.0)
     failed = [{"gateway": "smg", "failed": "port taken"}, ours]
     assert suite.runs_wanted([failed], 1, 0.95, 3) == 1
     assert suite.runs_wanted([[ours]], 1, 0.95, 3) == 1
