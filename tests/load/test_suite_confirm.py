@@ -14,8 +14,9 @@ from load.bench_routing import suite, suite_report
 def run(gateway: str, mean_ms: float, p90_ms: float | None = None, hit_rate: float = 0.8) -> dict[str, Any]:
     return {
         "gateway": gateway,
-        "ttft_ms": {"mean": mean_ms, "p90": 2 * mean_ms if p90_ms is None else p90_ms},
+        "ttft_ms": {"mean": mean_ms, "p90": 2 * mean_ms if p90_ms is None else p90_ms, "p99": 3 * mean_ms},
         "hit_rate": hit_rate,
+        "requests_per_s": 10.0,
     }
 
 
